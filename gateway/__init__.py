@@ -1,0 +1,1 @@
+"""The HTTP/SSE gateway: OpenAI, Anthropic, Ollama and Responses APIs over the frontend's gRPC."""

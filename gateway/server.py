@@ -1,0 +1,92 @@
+"""Gateway entrypoint: `run_gateway(config)` serves the FastAPI app with uvicorn.
+
+Shutdown follows the reference design: on SIGTERM/SIGINT the gateway stops admission (new
+requests get 503 and /health turns 503), gives active responses `grace_period_s` (five seconds by
+default) to finish, then closes the listener and exits 0. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Generator, Sequence
+
+import uvicorn
+
+from gateway.app import create_app
+from gateway.config import GatewayConfig
+from services.common.config import load_config
+from services.common.logging import setup_logging
+
+log = logging.getLogger(__name__)
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn with Helios' shutdown: stop admission, grace period, then exit (status 0)."""
+
+    def __init__(self, config: uvicorn.Config, gateway_config: GatewayConfig) -> None:
+        super().__init__(config)
+        self.gateway_config = gateway_config
+        self._shutdown_task: asyncio.Task[None] | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self) -> None:
+        if self._shutdown_task is not None:
+            log.warning("second signal: closing now")
+            self.should_exit = True
+            self.force_exit = True
+            return
+        self._shutdown_task = asyncio.get_running_loop().create_task(self._graceful())
+
+    async def _graceful(self) -> None:
+        state = getattr(self.config.app.state, "gateway", None)  # type: ignore[union-attr]
+        if state is not None:
+            state.accepting = False
+            log.info("admission stopped; waiting for %d active responses", state.active)
+            deadline = asyncio.get_running_loop().time() + self.gateway_config.grace_period_s
+            while state.active and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+        self.should_exit = True
+
+
+async def _serve(config: GatewayConfig) -> int:
+    app = create_app(config)
+    server = GatewayServer(uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=1,
+        lifespan="on",
+    ), config)
+    log.info("gateway listening", extra={"fields": {"url": f"http://{config.host}:{config.port}"}})
+    await server.serve()
+    return 0 if server.started else 1
+
+
+def run_gateway(config: GatewayConfig) -> int:
+    setup_logging("gateway", config.log_level, config.log_format)
+    return asyncio.run(_serve(config))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = load_config(GatewayConfig, argv, section="gateway", prog="helios serve gateway")
+    return run_gateway(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Helios services: frontend, imageprep, engine, their shared code (common) and the CLI."""

@@ -1,0 +1,206 @@
+"""`helios run`: start the four services as child processes on local sockets.
+
+imageprep, engine and frontend listen on unix sockets in a private runtime directory; the
+gateway listens on HTTP. The launcher waits until every service reports SERVING and the
+gateway's /health answers 200, prints the URL, forwards SIGINT/SIGTERM, and stops the services
+in dependency order (gateway first, so active responses finish while the rest still serve).
+It exits 0 after a clean drain, 1 if a service failed or did not stop cleanly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+log = logging.getLogger("helios.run")
+
+# Start order; shutdown goes the other way (gateway first).
+SERVICE_ORDER = ("imageprep", "engine", "frontend", "gateway")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    model: str                      # core or model directory
+    host: str = "127.0.0.1"
+    port: int = 8000
+    config_file: str = ""           # YAML with per-service sections
+    api_key: str = ""
+    startup_timeout_s: float = 900.0
+    stop_timeout_s: float = 60.0
+    runtime_dir: str = ""           # where the sockets go ('' = a fresh temporary directory)
+    extra: dict[str, list[str]] = field(default_factory=dict)  # per-service extra flags
+
+
+def _set_parent_death_signal() -> None:
+    """Child preexec: own process group (the terminal's Ctrl-C reaches only the launcher, which
+    stops services in order) and SIGTERM when the launcher dies (Linux prctl)."""
+    os.setpgrp()
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+class Launcher:
+    def __init__(self, options: RunOptions) -> None:
+        self.options = options
+        self._own_runtime_dir = not options.runtime_dir
+        self.runtime_dir = Path(options.runtime_dir or tempfile.mkdtemp(prefix="helios-"))
+        self.addresses = {
+            name: f"unix://{self.runtime_dir / (name + '.sock')}"
+            for name in ("imageprep", "engine", "frontend")
+        }
+        self.processes: dict[str, subprocess.Popen] = {}
+        self._stop = threading.Event()
+        self._first_signal_at: float | None = None
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.options.host in ("0.0.0.0", "") else self.options.host
+        return f"http://{host}:{self.options.port}"
+
+    def _command(self, name: str) -> list[str]:
+        o = self.options
+        cmd = [sys.executable, "-m", "services.cli.main", "serve", name]
+        if o.config_file:
+            cmd += ["--config", o.config_file]
+        if name == "imageprep":
+            cmd += ["--listen", self.addresses["imageprep"]]
+        elif name == "engine":
+            cmd += ["--listen", self.addresses["engine"], "--model", o.model,
+                    "--imageprep-address", self.addresses["imageprep"]]
+        elif name == "frontend":
+            cmd += ["--listen", self.addresses["frontend"], "--model", o.model,
+                    "--engine-address", self.addresses["engine"],
+                    "--imageprep-address", self.addresses["imageprep"]]
+        else:
+            cmd += ["--host", o.host, "--port", str(o.port),
+                    "--frontend-address", self.addresses["frontend"]]
+            if o.api_key:
+                cmd += ["--api-key", o.api_key]
+        return cmd + list(o.extra.get(name, []))
+
+    def _spawn(self, name: str) -> None:
+        cmd = self._command(name)
+        log.info("starting %s: %s", name, " ".join(cmd))
+        self.processes[name] = subprocess.Popen(cmd, preexec_fn=_set_parent_death_signal)
+
+    def _grpc_serving(self, name: str) -> bool:
+        try:
+            with grpc.insecure_channel(self.addresses[name]) as channel:
+                response = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=""), timeout=2.0)
+                return response.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            return False
+
+    def _gateway_ready(self) -> bool:
+        try:
+            return httpx.get(self.url + "/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _failed_child(self) -> str | None:
+        for name, proc in self.processes.items():
+            if proc.poll() is not None:
+                return name
+        return None
+
+    def _wait_ready(self) -> bool:
+        deadline = time.monotonic() + self.options.startup_timeout_s
+        pending = list(SERVICE_ORDER)
+        while pending and not self._stop.is_set():
+            failed = self._failed_child()
+            if failed:
+                log.error("%s exited with %s during startup", failed,
+                          self.processes[failed].returncode)
+                return False
+            name = pending[0]
+            ready = self._gateway_ready() if name == "gateway" else self._grpc_serving(name)
+            if ready:
+                log.info("%s is SERVING", name)
+                pending.pop(0)
+                continue
+            if time.monotonic() > deadline:
+                log.error("startup timed out waiting for %s", name)
+                return False
+            time.sleep(0.2)
+        return not pending
+
+    def _handle_signal(self, signum: int, _frame) -> None:
+        # A second signal at least a second after the first kills the services (impatient
+        # Ctrl-C); duplicates arriving together (a signal sent to the whole group) do not.
+        now = time.monotonic()
+        if self._first_signal_at is None:
+            self._first_signal_at = now
+        elif now - self._first_signal_at > 1.0:
+            log.warning("second signal: killing services")
+            for proc in self.processes.values():
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+        self._stop.set()
+
+    def _stop_all(self) -> bool:
+        """Stop services gateway-first; True when each exited 0 on its own."""
+        clean = True
+        for name in reversed(SERVICE_ORDER):
+            proc = self.processes.get(name)
+            if proc is None:
+                continue
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=self.options.stop_timeout_s)
+                except subprocess.TimeoutExpired:
+                    log.error("%s did not stop in %.0f s; killing it", name,
+                              self.options.stop_timeout_s)
+                    proc.kill()
+                    proc.wait()
+            if proc.returncode != 0:
+                log.error("%s exited with %s", name, proc.returncode)
+                clean = False
+        return clean
+
+    def run(self) -> int:
+        previous = {sig: signal.signal(sig, self._handle_signal)
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+        failed = False
+        try:
+            for name in SERVICE_ORDER:
+                self._spawn(name)
+            if self._wait_ready():
+                print(f"Helios is serving {self.options.model} at {self.url} "
+                      f"(OpenAI {self.url}/v1, Anthropic {self.url}/v1/messages, "
+                      f"Ollama {self.url}/api)", flush=True)
+                while not self._stop.wait(0.5):
+                    child = self._failed_child()
+                    if child:
+                        log.error("%s exited unexpectedly with %s", child,
+                                  self.processes[child].returncode)
+                        failed = True
+                        break
+            elif not self._stop.is_set():
+                failed = True  # startup failed or timed out (not interrupted by a signal)
+            clean = self._stop_all()
+            return 0 if clean and not failed else 1
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if self._own_runtime_dir:
+                shutil.rmtree(self.runtime_dir, ignore_errors=True)

@@ -1,0 +1,194 @@
+"""The async gRPC server every service runs: health, reflection, typed errors, graceful shutdown.
+
+A service supplies its servicer bindings and a `Lifecycle` (load, stop admission, drain, close);
+`serve` does the rest the same way for all four services:
+
+1. bind the listen address (host:port or unix:///path), start serving health NOT_SERVING;
+2. `lifecycle.start(health)` loads the model / assets; SERVING once it returns (a lifecycle with
+   `dynamic_health = True` sets its own status, e.g. the frontend tracking its upstreams);
+3. on SIGTERM/SIGINT: health NOT_SERVING, `stop_admission()`, `drain(grace_period_s)`, stop the
+   server, `close()`, exit 0 (1 if the drain failed);
+4. a failure reported through `health.fail(exc)` or raised by `start()` exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.common.config import ServiceConfig
+from services.common.grpc_errors import ErrorInterceptor
+
+log = logging.getLogger(__name__)
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+# Generous message limits: prepared pixel tensors and long prompts travel over these channels.
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+)
+
+
+@dataclass(frozen=True)
+class ServiceBinding:
+    """One gRPC service to host: its full proto name, servicer and generated `add_*` function."""
+
+    name: str
+    servicer: Any
+    add_to_server: Callable[[Any, grpc.aio.Server], None]
+
+
+class HealthReporter:
+    """What a lifecycle may do to health: flip SERVING / NOT_SERVING, or report a fatal failure."""
+
+    def __init__(self, servicer: health.aio.HealthServicer, names: Sequence[str]) -> None:
+        self._servicer = servicer
+        self._names = ("", *names)
+        self.serving = False
+        self.fatal: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+
+    async def set_serving(self, serving: bool) -> None:
+        if serving != self.serving:
+            log.info("health %s", "SERVING" if serving else "NOT_SERVING")
+        self.serving = serving
+        for name in self._names:
+            await self._servicer.set(name, SERVING if serving else NOT_SERVING)
+
+    def fail(self, exc: BaseException) -> None:
+        """Report an unrecoverable failure: the service drains and exits 1."""
+        if not self.fatal.done():
+            self.fatal.set_result(exc)
+
+
+class Lifecycle(Protocol):
+    dynamic_health: bool
+
+    async def start(self, health: HealthReporter) -> None: ...
+    async def stop_admission(self) -> None: ...
+    async def drain(self, timeout_s: float) -> bool: ...
+    async def close(self) -> None: ...
+
+
+class BasicLifecycle:
+    """A lifecycle with nothing to load or drain (override what a service needs)."""
+
+    dynamic_health = False
+
+    async def start(self, health: HealthReporter) -> None:
+        return None
+
+    async def stop_admission(self) -> None:
+        return None
+
+    async def drain(self, timeout_s: float) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
+
+
+def _prepare_listen(address: str) -> None:
+    if address.startswith("unix://"):
+        path = Path(address.removeprefix("unix://"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+async def serve(
+    *,
+    service: str,
+    config: ServiceConfig,
+    bindings: Sequence[ServiceBinding],
+    lifecycle: Lifecycle,
+) -> int:
+    """Run one service until SIGTERM/SIGINT or a fatal failure; return the exit code."""
+    server = grpc.aio.server(interceptors=[ErrorInterceptor(service)], options=CHANNEL_OPTIONS)
+    for binding in bindings:
+        binding.add_to_server(binding.servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [b.name for b in bindings]
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME],
+        server,
+    )
+    reporter = HealthReporter(health_servicer, names)
+    await reporter.set_serving(False)
+
+    _prepare_listen(config.listen)
+    try:
+        port = server.add_insecure_port(config.listen)
+    except RuntimeError as exc:
+        log.error("cannot listen on %s: %s", config.listen, exc)
+        return 1
+    await server.start()
+    log.info("%s listening", service, extra={"fields": {"listen": config.listen, "port": port,
+                                                        "pid": os.getpid()}})
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    exit_code = 0
+    start_task = asyncio.create_task(lifecycle.start(reporter), name=f"{service}-start")
+    stop_task = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({start_task, stop_task, reporter.fatal},
+                                 return_when=asyncio.FIRST_COMPLETED)
+    if start_task in done and start_task.exception() is not None:
+        log.error("%s failed to start: %s", service, start_task.exception(),
+                  exc_info=start_task.exception())
+        exit_code = 1
+    elif start_task in done:
+        if not lifecycle.dynamic_health:
+            await reporter.set_serving(True)
+        log.info("%s ready", service)
+        done, _ = await asyncio.wait({stop_task, reporter.fatal},
+                                     return_when=asyncio.FIRST_COMPLETED)
+    if reporter.fatal.done():
+        exc = reporter.fatal.result()
+        log.error("%s failed: %s", service, exc, exc_info=exc)
+        exit_code = 1
+    if not start_task.done():
+        start_task.cancel()
+        with contextlib.suppress(BaseException):
+            await start_task
+
+    log.info("%s shutting down", service)
+    await reporter.set_serving(False)
+    drained = True
+    try:
+        await lifecycle.stop_admission()
+        drained = await lifecycle.drain(config.grace_period_s)
+    except Exception:  # noqa: BLE001 - a failed drain is reported through the exit code
+        log.exception("%s drain failed", service)
+        drained = False
+    await server.stop(grace=1.0)
+    try:
+        await lifecycle.close()
+    except Exception:  # noqa: BLE001
+        log.exception("%s close failed", service)
+        drained = False
+    stop_task.cancel()
+    if not drained:
+        exit_code = 1
+    log.info("%s stopped", service, extra={"fields": {"exit_code": exit_code}})
+    return exit_code

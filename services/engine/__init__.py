@@ -1,0 +1,1 @@
+"""The model engine: weights, paged KV cache, prefix cache, scheduler, runner (GPU or CPU)."""

@@ -1,0 +1,1 @@
+"""The frontend: tokenizer, chat templates, detokenization, stop strings, reasoning/tool parsing."""

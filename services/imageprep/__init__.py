@@ -1,0 +1,1 @@
+"""Image preparation: safe decoding, Qwen-VL preprocessing, prompt expansion, retention cache."""
