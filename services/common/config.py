@@ -136,7 +136,7 @@ def load_config(
     """Build `cls` from defaults < YAML < env < flags (< explicit overrides)."""
     env = os.environ if env is None else env
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    names = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     parser = build_parser(cls, prog=prog)
     parsed = vars(parser.parse_args(list(argv or [])))
 

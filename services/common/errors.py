@@ -77,7 +77,7 @@ class HeliosError(Exception):
         if self._cause_text:
             return self._cause_text
         cause = self.__cause__ or self.__context__
-        parts = []
+        parts: list[str] = []
         while cause is not None and len(parts) < 8:
             parts.append(f"{type(cause).__name__}: {cause}")
             cause = cause.__cause__ or cause.__context__

@@ -55,9 +55,13 @@ _STATUS_FOR_KIND: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.RATE_LIMITED: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
-_PB_KIND = {kind: common_pb2.ErrorKind.Value(f"ERROR_KIND_{kind.name}") for kind in ErrorKind}
+_PB_KIND: dict[ErrorKind, Any] = {
+    kind: common_pb2.ErrorKind.Value(f"ERROR_KIND_{kind.name}") for kind in ErrorKind
+}
 _KIND_FROM_PB = {value: kind for kind, value in _PB_KIND.items()}
-_PB_STAGE = {stage: common_pb2.ErrorStage.Value(f"ERROR_STAGE_{stage.name}") for stage in ErrorStage}
+_PB_STAGE: dict[ErrorStage, Any] = {
+    stage: common_pb2.ErrorStage.Value(f"ERROR_STAGE_{stage.name}") for stage in ErrorStage
+}
 _STAGE_FROM_PB = {value: stage for stage, value in _PB_STAGE.items()}
 
 
@@ -203,7 +207,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 raise
             except NotImplementedError:
                 await self._unimplemented(context, method)
-            except Exception as exc:  # noqa: BLE001 - converted to a typed status
+            except Exception as exc:
                 await self._abort(context, self._convert(exc, method), method)
 
         return wrapper
@@ -222,7 +226,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 raise
             except NotImplementedError:
                 await self._unimplemented(context, method)
-            except Exception as exc:  # noqa: BLE001 - converted to a typed status
+            except Exception as exc:
                 await self._abort(context, self._convert(exc, method), method)
 
         return wrapper

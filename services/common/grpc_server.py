@@ -149,9 +149,11 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
 
     exit_code = 0
-    start_task = asyncio.create_task(lifecycle.start(reporter), name=f"{service}-start")
-    stop_task = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait({start_task, stop_task, reporter.fatal},
+    start_task: asyncio.Future[Any] = asyncio.create_task(lifecycle.start(reporter),
+                                                          name=f"{service}-start")
+    stop_task: asyncio.Future[Any] = asyncio.create_task(stop.wait())
+    fatal: asyncio.Future[Any] = reporter.fatal
+    done, _ = await asyncio.wait({start_task, stop_task, fatal},
                                  return_when=asyncio.FIRST_COMPLETED)
     if start_task in done and start_task.exception() is not None:
         log.error("%s failed to start: %s", service, start_task.exception(),
@@ -161,11 +163,11 @@ async def serve(
         if not lifecycle.dynamic_health:
             await reporter.set_serving(True)
         log.info("%s ready", service)
-        done, _ = await asyncio.wait({stop_task, reporter.fatal},
+        done, _ = await asyncio.wait({stop_task, fatal},
                                      return_when=asyncio.FIRST_COMPLETED)
     if reporter.fatal.done():
-        exc = reporter.fatal.result()
-        log.error("%s failed: %s", service, exc, exc_info=exc)
+        failure = reporter.fatal.result()
+        log.error("%s failed: %s", service, failure, exc_info=failure)
         exit_code = 1
     if not start_task.done():
         start_task.cancel()
@@ -178,13 +180,13 @@ async def serve(
     try:
         await lifecycle.stop_admission()
         drained = await lifecycle.drain(config.grace_period_s)
-    except Exception:  # noqa: BLE001 - a failed drain is reported through the exit code
+    except Exception:
         log.exception("%s drain failed", service)
         drained = False
     await server.stop(grace=1.0)
     try:
         await lifecycle.close()
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.exception("%s close failed", service)
         drained = False
     stop_task.cancel()

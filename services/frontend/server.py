@@ -6,6 +6,8 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
+import grpc
+
 from services.common.config import load_config
 from services.common.core import TOKENIZER_ROLES, ModelSource, open_model
 from services.common.grpc_client import UpstreamHealth, open_channel
@@ -27,7 +29,7 @@ class FrontendLifecycle:
         self.model: ModelSource | None = None
         self._health: HealthReporter | None = None
         self._upstreams: list[UpstreamHealth] = []
-        self._channels = []
+        self._channels: list[grpc.aio.Channel] = []
 
     async def start(self, health: HealthReporter) -> None:
         self._health = health
