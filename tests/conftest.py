@@ -19,3 +19,12 @@ def demo_model_dir(demo_core: Path) -> Path:
     from services.common.assets import cache_root
 
     return cache_root() / "demo" / "model-seed0"
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """URL of a fresh real redis-server on loopback, stopped after the test."""
+    from tests.support.redis_server import RedisServer
+
+    with RedisServer.start(tmp_path / "redis") as server:
+        yield server.url
