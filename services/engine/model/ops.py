@@ -1,0 +1,241 @@
+"""The primitive ops of the forward pass: plain-torch references and the dispatch to kernels.
+
+Each op `<name>` below dispatches: when its first tensor is on CUDA and
+`services.engine.kernels` imports and exposes a callable `<name>` (same signature, same
+semantics), that kernel runs; otherwise the plain-torch reference `reference_<name>` does.
+`HELIOS_KERNELS=torch` (read once per process; `kernel_ops.cache_clear()` re-reads it) forces
+the references everywhere. Kernel tests compare against the `reference_*` functions.
+
+Shapes: T packed rows, H hidden, Hq/Hk query/KV heads, D head_dim, I intermediate size.
+Nothing here synchronises with the device except the CPU-only varlen attention path, so the
+CUDA path can be captured in a graph.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from services.engine.model.attention import AttentionMetadata
+
+log = logging.getLogger(__name__)
+
+OP_NAMES = ("rms_norm", "fused_add_rms_norm", "apply_rotary", "silu_and_mul", "write_kv",
+            "paged_attention")
+
+
+@functools.cache
+def kernel_ops() -> dict[str, Callable[..., Any]]:
+    """The kernels `services.engine.kernels` provides, by op name (empty when forced off)."""
+    if os.environ.get("HELIOS_KERNELS", "").strip().lower() == "torch":
+        return {}
+    try:
+        import services.engine.kernels as kernels
+    except ImportError:
+        return {}
+    except Exception:  # a broken kernel module must not take the engine down
+        log.exception("services.engine.kernels failed to import; using torch reference ops")
+        return {}
+    return {name: fn for name in OP_NAMES if callable(fn := getattr(kernels, name, None))}
+
+
+def _kernel(name: str, tensor: torch.Tensor) -> Callable[..., Any] | None:
+    return kernel_ops().get(name) if tensor.is_cuda else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatching ops (the names the model calls)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, H] -> [T, H]: x / rms(x) * weight, computed in float32."""
+    kernel = _kernel("rms_norm", x)
+    return kernel(x, weight, eps) if kernel else reference_rms_norm(x, weight, eps)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x [T, H], residual [T, H]) -> (rms_norm(x + residual), x + residual)."""
+    kernel = _kernel("fused_add_rms_norm", x)
+    if kernel:
+        return kernel(x, residual, weight, eps)
+    return reference_fused_add_rms_norm(x, residual, weight, eps)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                 cos_sin_cache: torch.Tensor, is_neox: bool = True
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q [T, Hq, D] and k [T, Hk, D] by their positions (int64 [T]).
+
+    cos_sin_cache [max_pos, D]: cos of each of the D/2 frequencies in the first half, sin in
+    the second. is_neox: rotate the two halves of D (Llama/Qwen/Mistral); otherwise
+    interleaved pairs (GPT-J). Returns the rotated (q, k); kernels may rotate in place.
+    """
+    kernel = _kernel("apply_rotary", q)
+    if kernel:
+        return kernel(q, k, positions, cos_sin_cache, is_neox)
+    return reference_apply_rotary(q, k, positions, cos_sin_cache, is_neox)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [T, 2I] (gate then up) -> silu(gate) * up [T, I]."""
+    kernel = _kernel("silu_and_mul", x)
+    return kernel(x) if kernel else reference_silu_and_mul(x)
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store k, v [T, Hk, D] at flat slots (int64 [T]) of the caches, in place; -1 is skipped."""
+    kernel = _kernel("write_kv", k)
+    if kernel:
+        kernel(k, v, k_cache, v_cache, slot_mapping)
+    else:
+        reference_write_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Causal attention of q [T, Hq, D] over the paged KV of each row's sequence -> [T, Hq, D].
+
+    The new rows' K/V must already be written (write_kv). Padding rows return finite garbage.
+    """
+    kernel = _kernel("paged_attention", q)
+    if kernel:
+        return kernel(q, k_cache, v_cache, meta, scale)
+    if q.is_cuda:
+        return reference_paged_attention(q, k_cache, v_cache, meta, scale)
+    return varlen_paged_attention(q, k_cache, v_cache, meta, scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain-torch references
+
+
+def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def reference_fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    new_residual = x + residual
+    return reference_rms_norm(new_residual, weight, eps), new_residual
+
+
+def reference_apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                           cos_sin_cache: torch.Tensor, is_neox: bool = True
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = cos_sin_cache.index_select(0, positions).float().chunk(2, dim=-1)  # [T, D/2]
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)                                  # [T, 1, D/2]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        if is_neox:
+            x1, x2 = xf.chunk(2, dim=-1)
+            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        else:
+            x1, x2 = xf[..., 0::2], xf[..., 1::2]
+            out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        return out.to(x.dtype)
+
+    return rotate(q), rotate(k)
+
+
+def reference_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def reference_write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    # Without a host sync we cannot drop the -1 rows, so each padding row re-writes what a
+    # valid row writes (same slot, same value: duplicates are harmless), or, when no row is
+    # valid, slot 0's current contents back to slot 0.
+    valid = slot_mapping >= 0                                    # [T]
+    any_valid = valid.any()
+    first = torch.argmax(valid.to(torch.int32)).view(1)         # first valid row (0 if none)
+    fallback_slot = torch.where(any_valid, slot_mapping.index_select(0, first), 0)
+    slots = torch.where(valid, slot_mapping, fallback_slot)      # [T]
+    for src, cache in ((k, k_cache), (v, v_cache)):
+        flat = cache.view(-1, *cache.shape[2:])                  # [num_slots, Hk, D]
+        fallback = torch.where(any_valid, src.index_select(0, first), flat[:1].to(src.dtype))
+        values = torch.where(valid[:, None, None], src, fallback)       # [T, Hk, D]
+        flat.index_copy_(0, slots, values.to(cache.dtype))
+
+
+def _gather_kv(cache: torch.Tensor, page_table: torch.Tensor, num_positions: int
+               ) -> torch.Tensor:
+    """KV of positions [0, num_positions) for each sequence: [B, num_positions, Hk, D]."""
+    page_size = cache.shape[1]
+    pos = torch.arange(num_positions, device=cache.device)
+    page_idx = (pos // page_size).clamp(max=page_table.shape[1] - 1)
+    pages = page_table[:, page_idx].long().clamp(0, cache.shape[0] - 1)      # [B, S]
+    slots = pages * page_size + pos % page_size                               # [B, S]
+    return cache.view(-1, *cache.shape[2:])[slots]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+            scale: float) -> torch.Tensor:
+    """q [B, L, Hq, D], k/v [B, S, Hk, D], allowed bool [B, L, S] -> [B, L, Hq, D] (float32)."""
+    b, L, hq, d = q.shape
+    hk = k.shape[2]
+    qg = q.float().view(b, L, hk, hq // hk, d).permute(0, 2, 3, 1, 4)   # [B, Hk, G, L, D]
+    kt = k.float().permute(0, 2, 3, 1).unsqueeze(2)                    # [B, Hk, 1, D, S]
+    vg = v.float().permute(0, 2, 1, 3).unsqueeze(2)                    # [B, Hk, 1, S, D]
+    scores = torch.matmul(qg, kt) * scale                              # [B, Hk, G, L, S]
+    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), vg)              # [B, Hk, G, L, D]
+    return out.permute(0, 3, 1, 2, 4).reshape(b, L, hq, d)
+
+
+def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Graph-safe reference: pad the batch to [B, max_query_len, ...] with tensor ops only."""
+    num_rows = q.shape[0]
+    num_seqs = meta.seq_lens.shape[0]
+    max_q, max_s = meta.max_query_len, meta.max_seq_len
+    qsl = meta.query_start_loc.long()
+    rows = torch.arange(num_rows, device=q.device)
+    valid = rows < qsl[-1]                                                    # [T]
+    seq = torch.searchsorted(qsl[1:], rows, right=True).clamp(max=num_seqs - 1)
+    offset = rows - qsl[seq]
+    seq = torch.where(valid, seq, 0)
+    offset = torch.where(valid, offset, max_q)         # padding rows share a spare row
+    padded_q = q.new_zeros(num_seqs, max_q + 1, *q.shape[1:])                 # [B, L+1, Hq, D]
+    padded_q[seq, offset] = q
+    q_lens = qsl[1:] - qsl[:-1]                                               # [B]
+    seq_lens = meta.seq_lens.long()
+    query_pos = (seq_lens - q_lens)[:, None] + torch.arange(max_q + 1, device=q.device)
+    key_pos = torch.arange(max_s, device=q.device)
+    allowed = (key_pos[None, None, :] <= query_pos[:, :, None]) & (
+        key_pos[None, None, :] < seq_lens[:, None, None])                    # [B, L+1, S]
+    allowed[:, :, 0] = True                            # keep rows finite (masked rows unused)
+    k = _gather_kv(k_cache, meta.page_table, max_s)
+    v = _gather_kv(v_cache, meta.page_table, max_s)
+    out = _attend(padded_q, k, v, allowed, scale)
+    return out[seq, offset].to(q.dtype)
+
+
+def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """The CPU path: one sequence at a time (reads lengths on the host; never for graphs)."""
+    out = torch.zeros_like(q)
+    starts = meta.query_start_loc.tolist()
+    seq_lens = meta.seq_lens.tolist()
+    for i, seq_len in enumerate(seq_lens):
+        begin, end = starts[i], starts[i + 1]
+        q_len = end - begin
+        table = meta.page_table[i : i + 1]
+        k = _gather_kv(k_cache, table, seq_len)
+        v = _gather_kv(v_cache, table, seq_len)
+        query_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        allowed = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]
+        out[begin:end] = _attend(q[None, begin:end], k, v, allowed[None], scale)[0].to(q.dtype)
+    return out
