@@ -1,0 +1,283 @@
+"""Serving benchmark that mirrors `vllm bench serve`: random prompts of exact length, ignore EOS,
+fixed concurrency, rate inf; against the engine's gRPC endpoint and/or the full HTTP path.
+
+    python benchmarks/bench_serving.py                # starts `helios run --demo` itself
+    python benchmarks/bench_serving.py --engine unix:///tmp/run/engine.sock \
+        --http http://127.0.0.1:8000 --model helios-demo \
+        --input-len 128 --output-len 128 --concurrency 1,16 --out benchmarks/out/serving.json
+
+For each concurrency C it sends N = max(--min-prompts, 5 * C) requests, C at a time, each one as
+soon as a slot frees. Per request it records TTFT (first token), TPOT ((e2e - TTFT) / (tokens - 1))
+and ITL (gaps between successive streamed chunks, as vLLM counts them). It prints a table last
+and writes every number as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    ttft_s: float = 0.0
+    e2e_s: float = 0.0
+    output_tokens: int = 0
+    itl_s: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+@dataclass
+class RunSummary:
+    target: str
+    concurrency: int
+    requests: int
+    failed: int
+    duration_s: float
+    input_len: int
+    output_len: int
+    output_tok_s: float
+    total_tok_s: float
+    ttft_ms: dict[str, float]
+    tpot_ms: dict[str, float]
+    itl_ms: dict[str, float]
+    peak_gpu_mem_mib: float | None = None
+
+
+def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float]:
+    if not values:
+        return {"mean": float("nan"), "p50": float("nan"), "p99": float("nan")}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * scale
+
+    return {"mean": statistics.fmean(ordered) * scale, "p50": pick(0.5), "p99": pick(0.99)}
+
+
+def random_prompt(rng: random.Random, length: int, vocab_limit: int) -> list[int]:
+    return [rng.randrange(0, vocab_limit) for _ in range(length)]
+
+
+# ----------------------------------------------------------------------------- engine gRPC
+
+
+async def engine_request(stub, prompt: list[int], output_len: int) -> RequestResult:
+    from services.common.pb import common_pb2, engine_pb2
+
+    request = engine_pb2.EngineGenerateRequest(
+        request_id=f"bench-{uuid.uuid4().hex[:12]}", prompt_token_ids=prompt,
+        sampling=common_pb2.SamplingParams(max_tokens=output_len, ignore_eos=True,
+                                           temperature=0.0))
+    start = time.perf_counter()
+    result = RequestResult(ok=False)
+    last = None
+    try:
+        async for response in stub.Generate(request):
+            now = time.perf_counter()
+            new = sum(len(o.token_ids) for o in response.outputs)
+            if new == 0:
+                continue
+            if result.output_tokens == 0:
+                result.ttft_s = now - start
+            else:
+                result.itl_s.append(now - last)
+            last = now
+            result.output_tokens += new
+        result.e2e_s = time.perf_counter() - start
+        result.ok = result.output_tokens == output_len
+        if not result.ok:
+            result.error = f"got {result.output_tokens} tokens, wanted {output_len}"
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+# ----------------------------------------------------------------------------- HTTP
+
+
+async def http_request(client, url: str, model: str, prompt: list[int],
+                       output_len: int) -> RequestResult:
+    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "ignore_eos": True,
+            "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    result = RequestResult(ok=False)
+    last = None
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread())[:300]!r}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    result.output_tokens = chunk["usage"]["completion_tokens"]
+                if "error" in chunk:
+                    result.error = str(chunk["error"])
+                    return result
+                if not any(c.get("text") for c in chunk.get("choices", [])):
+                    continue
+                now = time.perf_counter()
+                if last is None:
+                    result.ttft_s = now - start
+                else:
+                    result.itl_s.append(now - last)
+                last = now
+        result.e2e_s = time.perf_counter() - start
+        result.ok = result.output_tokens == output_len
+        if not result.ok:
+            result.error = f"usage says {result.output_tokens} tokens, wanted {output_len}"
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+async def run_level(send, concurrency: int, prompts: list[list[int]]) -> tuple[list[RequestResult], float]:
+    queue: asyncio.Queue[list[int]] = asyncio.Queue()
+    for prompt in prompts:
+        queue.put_nowait(prompt)
+    results: list[RequestResult] = []
+
+    async def worker() -> None:
+        while True:
+            try:
+                prompt = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            results.append(await send(prompt))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return results, time.perf_counter() - start
+
+
+def gpu_memory_mib() -> float | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+        return float(out.split()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def summarize(target: str, concurrency: int, input_len: int, output_len: int,
+              results: list[RequestResult], duration: float) -> RunSummary:
+    good = [r for r in results if r.ok]
+    output_tokens = sum(r.output_tokens for r in good)
+    tpots = [(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in good if r.output_tokens > 1]
+    return RunSummary(
+        target=target, concurrency=concurrency, requests=len(results),
+        failed=len(results) - len(good), duration_s=duration, input_len=input_len,
+        output_len=output_len, output_tok_s=output_tokens / duration,
+        total_tok_s=(output_tokens + input_len * len(good)) / duration,
+        ttft_ms=percentiles([r.ttft_s for r in good]), tpot_ms=percentiles(tpots),
+        itl_ms=percentiles([x for r in good for x in r.itl_s]),
+        peak_gpu_mem_mib=gpu_memory_mib())
+
+
+def print_table(summaries: list[RunSummary]) -> None:
+    print(f"\n{'target':<8}{'C':>5}{'reqs':>6}{'fail':>5}{'out tok/s':>11}{'tot tok/s':>11}"
+          f"{'TTFT p50':>10}{'p99':>9}{'TPOT p50':>10}{'p99':>9}{'ITL p50':>9}{'p99':>9}")
+    for s in summaries:
+        print(f"{s.target:<8}{s.concurrency:>5}{s.requests:>6}{s.failed:>5}{s.output_tok_s:>11.1f}"
+              f"{s.total_tok_s:>11.1f}{s.ttft_ms['p50']:>10.1f}{s.ttft_ms['p99']:>9.1f}"
+              f"{s.tpot_ms['p50']:>10.2f}{s.tpot_ms['p99']:>9.2f}{s.itl_ms['p50']:>9.2f}"
+              f"{s.itl_ms['p99']:>9.2f}")
+
+
+async def main_async(args: argparse.Namespace) -> list[RunSummary]:
+    import httpx
+
+    from services.common.grpc_client import open_channel
+    from services.common.pb import engine_pb2_grpc
+
+    rng = random.Random(args.seed)
+    summaries: list[RunSummary] = []
+    targets = []
+    if args.engine:
+        channel = open_channel(args.engine)
+        stub = engine_pb2_grpc.EngineStub(channel)
+        targets.append(("engine", lambda p: engine_request(stub, p, args.output_len)))
+    if args.http:
+        client = httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=httpx.Limits(
+            max_connections=max(args.concurrency) + 8))
+        targets.append(("http", lambda p: http_request(client, args.http, args.model, p,
+                                                       args.output_len)))
+    for name, send in targets:
+        warm, _ = await run_level(send, 2, [random_prompt(rng, args.input_len, args.vocab_limit)
+                                            for _ in range(2)])
+        if not all(r.ok for r in warm):
+            raise SystemExit(f"{name}: warm-up failed: {[r.error for r in warm]}")
+        for concurrency in args.concurrency:
+            count = max(args.min_prompts, args.prompts_per_concurrency * concurrency)
+            prompts = [random_prompt(rng, args.input_len, args.vocab_limit) for _ in range(count)]
+            results, duration = await run_level(send, concurrency, prompts)
+            summary = summarize(name, concurrency, args.input_len, args.output_len, results,
+                                duration)
+            summaries.append(summary)
+            errors = {r.error for r in results if not r.ok}
+            print(f"{name} C={concurrency}: {summary.output_tok_s:.1f} output tok/s, "
+                  f"{summary.failed} failed {sorted(errors)[:3]}", flush=True)
+    if args.engine:
+        await channel.close()
+    if args.http:
+        await client.aclose()
+    return summaries
+
+
+def _run_against_demo(args: argparse.Namespace) -> list[RunSummary]:
+    import tempfile
+
+    from tests.support.processes import HeliosRun
+
+    with tempfile.TemporaryDirectory() as tmp, HeliosRun.start_demo(Path(tmp)) as run:
+        args.engine, args.http = run.addresses["engine"], run.url
+        return asyncio.run(main_async(args))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", help="engine gRPC address (tokens in, tokens out)")
+    parser.add_argument("--http", help="gateway base URL (the full HTTP path)")
+    parser.add_argument("--model", default="helios-demo", help="model name for HTTP requests")
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[1, 16, 64, 256])
+    parser.add_argument("--prompts-per-concurrency", type=int, default=5)
+    parser.add_argument("--min-prompts", type=int, default=10)
+    parser.add_argument("--vocab-limit", type=int, default=150000,
+                        help="prompt ids are drawn from [0, this) (below special tokens)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = parser.parse_args()
+    if args.engine or args.http:
+        summaries = asyncio.run(main_async(args))
+    else:  # no target given: serve the demo model locally and measure both paths
+        summaries = _run_against_demo(args)
+    print_table(summaries)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps([asdict(s) for s in summaries], indent=2) + "\n")
+    return 0 if all(s.failed == 0 for s in summaries) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
