@@ -110,12 +110,17 @@ class ModelConfig:
     def max_context(self) -> int:
         """Longest sequence this engine runs exactly like the reference model.
 
-        Sliding-window attention is not implemented: within the window it equals full attention,
-        so the context is capped to the window instead of silently diverging past it.
+        Dynamic NTK rope stretches max_position_embeddings by its factor (the config states the
+        pretraining length). Sliding-window attention is not implemented: within the window it
+        equals full attention, so the context is capped to the window instead of silently
+        diverging past it.
         """
+        limit = self.max_position_embeddings
+        if self.rope.rope_type == "dynamic":
+            limit = int(limit * self.rope.factor)
         if self.sliding_window:
-            return min(self.max_position_embeddings, self.sliding_window)
-        return self.max_position_embeddings
+            return min(limit, self.sliding_window)
+        return limit
 
     @property
     def kv_bytes_per_token(self) -> int:
