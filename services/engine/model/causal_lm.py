@@ -11,6 +11,8 @@ it in a CUDA graph. Positions must be below `max_positions` (the rotary table's 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,6 +45,9 @@ class CausalLM(nn.Module):
     def device(self) -> torch.device:
         return self.embed.device
 
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return [cast(DecoderLayer, layer) for layer in self.layers]
+
     @property
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed if self.lm_head is None else self.lm_head
@@ -52,7 +57,7 @@ class CausalLM(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed)                        # [T, H]
         residual: torch.Tensor | None = None
-        for index, layer in enumerate(self.layers):
+        for index, layer in enumerate(self.decoder_layers()):
             k_cache, v_cache = kv_cache.layer(index)
             x, residual = layer(x, residual, positions, self.cos_sin_cache, k_cache, v_cache,
                                 meta)

@@ -60,7 +60,7 @@ def weight_targets(model: CausalLM) -> dict[str, torch.Tensor]:
                                         "model.norm.weight": model.norm}
     if model.lm_head is not None:
         targets["lm_head.weight"] = model.lm_head
-    for i, layer in enumerate(model.layers):
+    for i, layer in enumerate(model.decoder_layers()):
         prefix = f"model.layers.{i}."
         attn, mlp = layer.attn, layer.mlp
         fused = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
