@@ -1,0 +1,1 @@
+"""The prefix checkpoint cache: history keys (`history.py`) and checkpoint ownership (`cache.py`)."""

@@ -1,0 +1,80 @@
+"""The values the prefix checkpoint cache hands out: opaque handles and typed outcomes."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRef:
+    """An immutable exact checkpoint as callers see it (opaque: pass it back to the cache)."""
+
+    checkpoint_id: int     # monotonic within one cache, never reused
+    endpoint: int          # tokens the checkpoint covers (its snapshot's consumed length)
+    snapshot_id: int       # snapshot row: partial tail page + final hidden state at endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixHit:
+    """A lookup's answer: the deepest ready checkpoint on the history (or none)."""
+
+    checkpoint: CheckpointRef | None
+    page_ids: tuple[int, ...]   # complete pages covering [0, endpoint // page_size), in order
+
+    @property
+    def endpoint(self) -> int:
+        return self.checkpoint.endpoint if self.checkpoint else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """Proof of one pin on a checkpoint (and so on all its ancestors); give it to `unpin`."""
+
+    checkpoint: CheckpointRef
+    serial: int
+
+
+class PublishOutcome(enum.Enum):
+    CREATED = "created"      # the proposal's pages and snapshot now belong to the cache
+    EXISTING = "existing"    # an equal checkpoint exists: the proposal's resources stay yours
+
+
+@dataclass(frozen=True, slots=True)
+class Publication:
+    outcome: PublishOutcome
+    checkpoint: CheckpointRef   # the created one, or the existing equal one
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredResources:
+    """Storage of an evicted checkpoint: still reserved until `final_use_fence` completes."""
+
+    page_ids: tuple[int, ...]
+    snapshot_ids: tuple[int, ...]
+    final_use_fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReusableResources:
+    """Ids whose final-use fence completed: the caller may reuse their storage now."""
+
+    page_ids: tuple[int, ...] = ()
+    snapshot_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BlockEvent:
+    """Complete 64-token blocks that became cached (stored) or stopped being cached."""
+
+    stored: bool
+    block_keys: tuple[bytes, ...]   # in prefix order
+    parent_key: bytes               # key of the block before the first; b"" at the root
+
+
+@dataclass(frozen=True, slots=True)
+class Advance:
+    """What `advance_completed(fence)` made true."""
+
+    published: tuple[CheckpointRef, ...]   # created checkpoints that joined lookup
+    reusable: ReusableResources
