@@ -1,0 +1,64 @@
+"""Triton kernels for the engine's hot ops, one module per kernel.
+
+`services.engine.model.ops` calls a function here, by the same name, when its tensors are on
+CUDA and this package exposes it (`getattr(kernels, name, None)`); otherwise it runs its
+plain-torch reference. The exported names and signatures match `model/ops.py` exactly:
+
+    rms_norm(x, weight, eps) -> out
+    fused_add_rms_norm(x, residual, weight, eps) -> (normed, x + residual)
+    apply_rotary(q, k, positions, cos_sin_cache, is_neox=True) -> (q, k)
+    silu_and_mul(x) -> out
+    write_kv(k, v, k_cache, v_cache, slot_mapping) -> None     (in place)
+    paged_attention(q, k_cache, v_cache, meta, scale) -> out
+
+Each also takes keyword-only `out=` buffers (and `scratch=` for attention) so a CUDA graph can
+capture it without allocating. Triton is imported lazily: importing this package on a machine
+without triton (or without CUDA) costs nothing, and the names are simply absent there, so the
+reference path runs. Set TRITON_INTERPRET=1 before first use to run the kernels on the CPU
+through Triton's interpreter (the CPU tests do this, on small shapes).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from typing import Any
+
+# exported name -> module (under this package) that defines it
+_EXPORTS: dict[str, str] = {
+    "rms_norm": "rms_norm",
+    "fused_add_rms_norm": "rms_norm",
+    "apply_rotary": "rotary",
+    "silu_and_mul": "activation",
+    "write_kv": "kv_write",
+    "paged_attention": "attention",
+    "AttentionScratch": "attention",
+}
+
+__all__ = ["is_available", *_EXPORTS]
+
+
+def is_available() -> bool:
+    """True when the kernels can run here: triton is importable and there is a CUDA device,
+    or Triton's CPU interpreter is switched on (TRITON_INTERPRET=1)."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return True
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None or not is_available():
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

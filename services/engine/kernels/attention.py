@@ -1,0 +1,240 @@
+"""Paged attention over the KV cache: decode, prefill over a cached prefix, or any mix of the
+two, in one launch (plus a small reduction launch when the KV range is split).
+
+    paged_attention(q [T, Hq, D], k_cache, v_cache [pages, page_size, Hk, D], meta, scale)
+        -> [T, Hq, D]
+
+`meta` is the model's `AttentionMetadata` (read by attribute): `query_start_loc` int32 [B+1]
+(packed query offsets), `seq_lens` int32 [B] (KV length after this step, the step's own keys
+already written), `page_table` int32 [B, max_pages], and the host ints `max_query_len`,
+`max_seq_len`. Query token j of sequence i sits at position seq_lens[i] - q_len_i + j and
+sees KV [0, position]. Rows past `query_start_loc[B]` are padding: they come back as zeros.
+
+The launch shape depends only on host ints (T, B, max_query_len, max_seq_len, the head
+counts), never on tensor values, so nothing synchronizes and a CUDA graph captured with
+`max_seq_len` set to the longest context it will see replays correctly for shorter ones.
+Split-K (`plan.num_splits > 1`) needs fp32 scratch; pass an `AttentionScratch` allocated once
+(`AttentionScratch.allocate`) to keep the call allocation-free, or leave it to the wrapper.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from services.common.errors import UnsupportedError, ValidationError
+from services.engine.kernels.attention_kernel import _paged_attention_kernel, _reduce_splits_kernel
+from services.engine.kernels.common import (
+    cdiv,
+    check_float,
+    check_last_dim_contiguous,
+    check_out,
+    check_rank,
+    check_same_device,
+    next_power_of_2,
+    sm_count,
+)
+
+MAX_SPLITS = 64
+MIN_SPLIT_TOKENS = 256  # a split reads at least this many KV positions
+PROGRAMS_PER_SM = 4  # split until about this many programs per multiprocessor are in flight
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionPlan:
+    """How one `paged_attention` call is launched; a pure function of host-side sizes."""
+
+    block_q: int  # query tokens per program
+    block_m: int  # tile rows: block_q * group, rounded up to a power of two (>= 16)
+    block_n: int  # KV positions per tile
+    num_splits: int  # KV ranges per (block, kv head); 1 = no reduction step
+    split_len: int  # KV positions per split, a multiple of block_n
+    num_blocks: int  # grid axis 0: an upper bound on query blocks over all sequences
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionScratch:
+    """Preallocated fp32 split-K buffers: `partial_out` holds rows of D values, `partial_lse`
+    one value per row; a call may use up to `partial_lse.numel()` rows (T * Hq * splits)."""
+
+    partial_out: torch.Tensor  # [rows * D] fp32
+    partial_lse: torch.Tensor  # [rows] fp32
+
+    @classmethod
+    def allocate(
+        cls, max_tokens: int, num_q_heads: int, head_dim: int, device: torch.device | str,
+        max_splits: int = MAX_SPLITS,
+    ) -> AttentionScratch:
+        rows = max_tokens * num_q_heads * max_splits
+        return cls(
+            partial_out=torch.empty(rows * head_dim, dtype=torch.float32, device=device),
+            partial_lse=torch.empty(rows, dtype=torch.float32, device=device),
+        )
+
+    def max_splits(self, num_tokens: int, num_q_heads: int, head_dim: int) -> int:
+        rows = num_tokens * num_q_heads
+        return min(self.partial_lse.numel() // rows, self.partial_out.numel() // (rows * head_dim))
+
+
+def plan_attention(
+    *,
+    num_tokens: int,
+    num_seqs: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    max_query_len: int,
+    max_seq_len: int,
+    num_sms: int,
+    num_splits: int | None = None,
+    max_splits: int = MAX_SPLITS,
+) -> AttentionPlan:
+    """Pick tile sizes and the split count. Decode-only steps (max_query_len == 1) put one
+    token's query-head group in a tile and split long KV ranges until the grid fills the
+    device; prefill and mixed steps use wide tiles and split only when the grid is small."""
+    group = num_q_heads // num_kv_heads
+    if max_query_len <= 1:
+        block_q = 1
+        block_m = max(16, next_power_of_2(group))
+        block_n = 64 if head_dim <= 128 else 32
+        num_warps, num_stages = 4, 3
+    else:
+        block_m = 128 if head_dim <= 128 else 64
+        block_m = max(block_m, next_power_of_2(group))
+        block_q = max(1, block_m // group)
+        block_m = max(16, next_power_of_2(block_q * group))
+        block_n = 64 if head_dim <= 128 else 32
+        num_warps, num_stages = (8 if block_m >= 128 else 4), 2
+    num_blocks = num_tokens if block_q == 1 else cdiv(num_tokens, block_q) + num_seqs
+    kv_span = max(1, max_seq_len)
+    if num_splits is None:
+        programs = max(1, num_blocks * num_kv_heads)
+        wanted = cdiv(PROGRAMS_PER_SM * num_sms, programs)
+        num_splits = min(wanted, cdiv(kv_span, MIN_SPLIT_TOKENS))
+    num_splits = max(1, min(num_splits, max_splits, cdiv(kv_span, block_n)))
+    split_len = cdiv(cdiv(kv_span, num_splits), block_n) * block_n
+    num_splits = cdiv(kv_span, split_len)
+    return AttentionPlan(
+        block_q=block_q, block_m=block_m, block_n=block_n, num_splits=num_splits,
+        split_len=split_len, num_blocks=max(1, num_blocks), num_warps=num_warps,
+        num_stages=num_stages,
+    )
+
+
+def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: Any) -> None:
+    check_rank("q", q, 3)
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_float(name, t)
+        check_last_dim_contiguous(name, t)
+    check_rank("k_cache", k_cache, 4)
+    if v_cache.shape != k_cache.shape:
+        raise ValidationError(f"v_cache {tuple(v_cache.shape)} != k_cache {tuple(k_cache.shape)}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise UnsupportedError(f"KV cache dtype {k_cache.dtype} must match q's {q.dtype}")
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != head_dim:
+        raise ValidationError(f"head dim: q has {head_dim}, the cache {k_cache.shape[3]}")
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
+        raise ValidationError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    qsl, seq_lens, page_table = meta.query_start_loc, meta.seq_lens, meta.page_table
+    num_seqs = seq_lens.shape[0]
+    if qsl.shape != (num_seqs + 1,) or page_table.dim() != 2 or page_table.shape[0] != num_seqs:
+        raise ValidationError(
+            f"metadata: query_start_loc {tuple(qsl.shape)}, seq_lens {tuple(seq_lens.shape)}, "
+            f"page_table {tuple(page_table.shape)} disagree on the batch size"
+        )
+    for name, t in (("query_start_loc", qsl), ("seq_lens", seq_lens), ("page_table", page_table)):
+        if t.dtype != torch.int32:
+            raise ValidationError(f"metadata.{name}: expected int32, got {t.dtype}")
+    if page_table.shape[1] > 0 and page_table.stride(1) != 1:
+        raise ValidationError("metadata.page_table: rows must be contiguous")
+    check_same_device(q=q, k_cache=k_cache, query_start_loc=qsl, seq_lens=seq_lens, page_table=page_table)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: Any,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    scratch: AttentionScratch | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of the step's query tokens over their sequences' paged KV.
+
+    `num_splits` overrides the split heuristic (tests and benchmarks); with `scratch` the split
+    count is capped by what the scratch holds."""
+    _check(q, k_cache, v_cache, meta)
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    else:
+        check_out("out", out, tuple(q.shape), q)
+    if num_tokens == 0:
+        return out
+    max_splits = MAX_SPLITS
+    if scratch is not None:
+        max_splits = scratch.max_splits(num_tokens, num_q_heads, head_dim)
+    plan = plan_attention(
+        num_tokens=num_tokens, num_seqs=meta.seq_lens.shape[0], num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads, head_dim=head_dim, max_query_len=int(meta.max_query_len),
+        max_seq_len=int(meta.max_seq_len), num_sms=sm_count(q.device), num_splits=num_splits,
+        max_splits=max(1, max_splits),
+    )
+    launch(q, k_cache, v_cache, meta, scale, out, plan, scratch)
+    return out
+
+
+def launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: Any,
+    scale: float,
+    out: torch.Tensor,
+    plan: AttentionPlan,
+    scratch: AttentionScratch | None = None,
+) -> None:
+    """Run the kernels for a given plan (benchmarks sweep plans through this)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
+    is_split = plan.num_splits > 1
+    rows = num_tokens * num_q_heads * plan.num_splits
+    if is_split:
+        if scratch is None:
+            scratch = AttentionScratch.allocate(num_tokens, num_q_heads, head_dim, q.device, plan.num_splits)
+        part_out, part_lse = scratch.partial_out[: rows * head_dim], scratch.partial_lse[:rows]
+    else:
+        part_out, part_lse = out, out  # unused
+    page_table = meta.page_table
+    grid = (plan.num_blocks, num_kv_heads, plan.num_splits)
+    _paged_attention_kernel[grid](
+        q, k_cache, v_cache, out, part_out, part_lse,
+        meta.query_start_loc, meta.seq_lens, page_table,
+        meta.seq_lens.shape[0], num_tokens, float(scale) * math.log2(math.e),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        page_table.stride(0),
+        plan.num_splits, plan.split_len,
+        HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)),
+        GROUP=num_q_heads // num_kv_heads, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_m,
+        BLOCK_N=plan.block_n, PAGE_SIZE=page_size, IS_SPLIT=is_split,
+        num_warps=plan.num_warps, num_stages=plan.num_stages,
+    )
+    if is_split:
+        _reduce_splits_kernel[(num_tokens, num_q_heads)](
+            part_out, part_lse, out, num_q_heads, plan.num_splits, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_D=next_power_of_2(head_dim),
+            BLOCK_S=max(2, next_power_of_2(plan.num_splits)),
+            num_warps=4,
+        )

@@ -1,0 +1,218 @@
+"""The paged attention kernels: one launch for any mix of prefill and decode rows, plus the
+split-K reduction.
+
+Program (block, kv_head, split) of `_paged_attention_kernel` owns BLOCK_Q consecutive query
+tokens of one sequence times the GROUP query heads that share `kv_head` (GQA), packed into the
+BLOCK_M rows of one tile: row m is token m // GROUP, query head kv_head * GROUP + m % GROUP.
+Each K/V tile is read once for the whole group. The program walks KV positions
+[split * SPLIT_LEN, (split + 1) * SPLIT_LEN) of the sequence, clipped by causality: the query
+token at position p (p = seq_len - q_len + its index in the step) sees KV [0, p]. Tiles every
+row sees fully run without a mask; the rest are masked per row.
+
+Blocks are laid out sequence after sequence: sequence i owns blocks starting at
+`query_start_loc[i] // BLOCK_Q + i` (just `query_start_loc[i]` when BLOCK_Q == 1), which
+bounds the grid by cdiv(T, BLOCK_Q) + B with no host read; a program finds its sequence by a
+binary search over `query_start_loc`. Blocks past the last sequence cover the padding tokens
+[query_start_loc[B], T): they see no KV and write zeros.
+
+Without split (IS_SPLIT false) the program writes the normalised output. With split it writes
+its normalised partial output and log2-sum-exp (-inf when it saw no KV) to scratch, and
+`_reduce_splits_kernel` merges the splits of each (token, head).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _find_sequence(qsl_ptr, num_seqs, block, BLOCK_Q: tl.constexpr):
+    """Largest i in [0, num_seqs] whose first block is <= `block` (num_seqs: padding)."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        start = tl.load(qsl_ptr + mid)
+        if BLOCK_Q > 1:
+            start = start // BLOCK_Q + mid
+        if start <= block:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@triton.jit
+def _attend_tile(
+    acc, m_i, l_i, q, start, seq,
+    k_cache_ptr, v_cache_ptr, page_table_ptr,
+    stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
+    kv_end, row_pos, qk_scale,
+    offs_d, d_mask,
+    MASKED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    offs_n = start + tl.arange(0, BLOCK_N)
+    if MASKED:  # noqa: SIM108 (Triton kernels branch on constexprs with if-statements)
+        n_mask = offs_n < kv_end
+    else:
+        n_mask = offs_n >= 0  # all true; keeps one code path for the loads
+    page = tl.load(page_table_ptr + seq * stride_pt + offs_n // PAGE_SIZE, mask=n_mask, other=0)
+    page = page.to(tl.int64)
+    in_page = offs_n % PAGE_SIZE
+    k_off = page * stride_kp + in_page * stride_ko + kv_head_off_k
+    v_off = page * stride_vp + in_page * stride_vo + kv_head_off_v
+    kv_mask = n_mask[None, :] & d_mask[:, None]
+    k_t = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=kv_mask, other=0.0)
+    s = tl.dot(q, k_t) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+    if MASKED:
+        visible = (offs_n[None, :] <= row_pos[:, None]) & n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(
+        v_cache_ptr + v_off[:, None] + offs_d[None, :],
+        mask=n_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+    part_out_ptr, part_lse_ptr,
+    qsl_ptr, seq_lens_ptr, page_table_ptr,
+    num_seqs, num_tokens, qk_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh,
+    stride_pt,
+    num_splits, split_len,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr,
+):
+    block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq = _find_sequence(qsl_ptr, num_seqs, block, BLOCK_Q)
+    first_token = tl.load(qsl_ptr + seq)
+    if BLOCK_Q > 1:  # noqa: SIM108
+        local_block = block - (first_token // BLOCK_Q + seq)
+    else:
+        local_block = block - first_token
+    tok0 = first_token + local_block * BLOCK_Q  # first token of this block
+    if seq < num_seqs:
+        q_len = tl.load(qsl_ptr + seq + 1) - first_token
+        seq_len = tl.load(seq_lens_ptr + seq)
+        n_rows = tl.minimum(q_len - local_block * BLOCK_Q, BLOCK_Q)
+        pos0 = seq_len - q_len + local_block * BLOCK_Q  # position of token tok0
+    else:  # padding tokens after the last sequence: no KV, zero output
+        seq_len = 0
+        n_rows = tl.minimum(num_tokens - tok0, BLOCK_Q)
+        pos0 = 0
+    if n_rows <= 0:
+        return  # this block index maps to no token
+
+    offs_m = tl.arange(0, BLOCK_M)
+    row_tok = offs_m // GROUP
+    row_head = kv_head * GROUP + offs_m % GROUP
+    row_valid = (row_tok < n_rows) & (offs_m < BLOCK_Q * GROUP)
+    row_pos = pos0 + row_tok
+    token = (tok0 + row_tok).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+
+    q = tl.load(
+        q_ptr + token[:, None] * stride_qt + row_head[:, None] * stride_qh + offs_d[None, :],
+        mask=row_valid[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+
+    # KV range of this program: its split, clipped by the causal end of its last row
+    kv_end = tl.minimum(seq_len, pos0 + n_rows)
+    if IS_SPLIT:
+        lo = split * split_len
+        kv_end = tl.minimum(kv_end, lo + split_len)
+    else:
+        lo = 0
+    # tiles below `full_end` are visible to every row (the first row sees [0, pos0])
+    full_end = tl.minimum(((pos0 + 1) // BLOCK_N) * BLOCK_N, kv_end)
+    full_end = tl.maximum(full_end, lo)
+
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    kv_head_off_k = kv_head.to(tl.int64) * stride_kh
+    kv_head_off_v = kv_head.to(tl.int64) * stride_vh
+    seq64 = seq.to(tl.int64)
+    for start in range(lo, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, start, seq64,
+            k_cache_ptr, v_cache_ptr, page_table_ptr,
+            stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
+            kv_end, row_pos, qk_scale, offs_d, d_mask,
+            False, PAGE_SIZE, BLOCK_N,
+        )
+    for start in range(full_end, kv_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, start, seq64,
+            k_cache_ptr, v_cache_ptr, page_table_ptr,
+            stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
+            kv_end, row_pos, qk_scale, offs_d, d_mask,
+            True, PAGE_SIZE, BLOCK_N,
+        )
+
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    if IS_SPLIT:
+        # partials: [T, Hq, num_splits, D] and [T, Hq, num_splits], contiguous
+        part_row = (token * (GROUP * tl.num_programs(1)) + row_head) * num_splits + split
+        lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + part_row, lse, mask=row_valid)
+        tl.store(
+            part_out_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :],
+            out,
+            mask=(row_valid & seen)[:, None] & d_mask[None, :],
+        )
+    else:
+        tl.store(
+            out_ptr + token[:, None] * stride_ot + row_head[:, None] * stride_oh + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_valid[:, None] & d_mask[None, :],
+        )
+
+
+@triton.jit
+def _reduce_splits_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr,
+    num_heads, num_splits, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """out[t, h] = sum_s w_s * partial_s / sum_s w_s with w_s = 2^(lse_s - max lse)."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    row = token * num_heads + head
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    lse = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+    lse_max = tl.max(lse, axis=0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    w = tl.math.exp2(lse - lse_max)  # 0 for splits that saw no KV
+    used = lse > float("-inf")
+    part = tl.load(
+        part_out_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=used[:, None] & (offs_d < HEAD_DIM)[None, :],
+        other=0.0,
+    )
+    total = tl.sum(w, axis=0)
+    out = tl.sum(part * w[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(
+        out_ptr + token * stride_ot + head * stride_oh + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
+    )

