@@ -1,0 +1,1 @@
+"""Chat templates: HF-compatible Jinja rendering with message marks, and token endpoints."""

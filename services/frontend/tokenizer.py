@@ -1,0 +1,106 @@
+"""Tokenizer: encode, decode and token facts over Hugging Face's `tokenizers` library.
+
+Loaded from the exact bytes of `tokenizer.json` (the caller checks their fingerprint), with
+the named special tokens of `tokenizer_config.json` for chat templates. Encoding goes through
+`encode_batch`, which releases the GIL, so preparation threads do not stall the event loop
+that streams tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tokenizers
+
+from services.frontend.detokenizer import IncrementalDetokenizer
+from services.frontend.token_bytes import DecoderModel, TokenBytes
+
+# transformers' named special-token attributes (SPECIAL_TOKENS_ATTRIBUTES).
+NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                        "cls_token", "mask_token")
+
+
+@dataclass(frozen=True, slots=True)
+class Encoding:
+    ids: list[int]
+    offsets: list[tuple[int, int]]   # character span of each token in the input text
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def special_tokens_map(config: dict[str, Any]) -> dict[str, str]:
+    """What transformers passes to templates: named special tokens, then extra ones."""
+    result: dict[str, str] = {}
+    for name in NAMED_SPECIAL_TOKENS:
+        text = _token_text(config.get(name))
+        if text is not None:
+            result[name] = text
+    extra = config.get("extra_special_tokens")
+    if isinstance(extra, dict):
+        for name, value in extra.items():
+            text = _token_text(value)
+            if text is not None:
+                result[name] = text
+    return result
+
+
+class Tokenizer:
+    def __init__(self, tokenizer_json: str, tokenizer_config: dict[str, Any] | None = None):
+        self._tok = tokenizers.Tokenizer.from_str(tokenizer_json)
+        data = json.loads(tokenizer_json)
+        added = data.get("added_tokens") or []
+        self.added_tokens: dict[int, str] = {int(t["id"]): t["content"] for t in added}
+        self.special_ids = frozenset(int(t["id"]) for t in added if t.get("special"))
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.config = tokenizer_config or {}
+        self.special_tokens = special_tokens_map(self.config)
+        self.token_bytes = TokenBytes(DecoderModel.from_json(data.get("decoder")),
+                                      self._tok.id_to_token)
+
+    # -- encode -------------------------------------------------------------------------------
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    def encode_with_offsets(self, text: str, *, add_special_tokens: bool = False) -> Encoding:
+        encoding = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+        return Encoding(encoding.ids, encoding.offsets)
+
+    # -- decode -------------------------------------------------------------------------------
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def _decode_positional(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
+        return self.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def detokenizer(self, *, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self.token_bytes, self.special_ids,
+                                      skip_special_tokens=skip_special_tokens,
+                                      decode=self._decode_positional)
+
+    # -- token facts --------------------------------------------------------------------------
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        return [self._tok.id_to_token(i) or "" for i in ids]
+
+    def token_piece(self, token_id: int) -> tuple[str, bytes]:
+        """A token's decoded text (U+FFFD for partial bytes) and its exact bytes."""
+        raw = self.token_bytes.token_bytes(token_id)
+        return raw.decode("utf-8", errors="replace"), raw
+
+    def is_valid_id(self, token_id: int) -> bool:
+        return 0 <= token_id < self.vocab_size and self._tok.id_to_token(token_id) is not None

@@ -1,0 +1,34 @@
+"""Frontend fixtures: pinned tokenizer assets loaded as the frontend loads them."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common import assets
+from services.frontend.assets import FrontendAssets, load_tokenizer_dir
+from services.frontend.chat.renderer import ChatRenderer
+
+ASSET_NAMES = ("qwen3", "llama3_1", "deepseek_v3", "gemma3")
+_LOADED: dict[str, FrontendAssets] = {}
+
+
+def frontend_assets(name: str) -> FrontendAssets:
+    """Pinned tokenizer + template, loaded once per test session."""
+    if name not in _LOADED:
+        _LOADED[name] = load_tokenizer_dir(assets.fetch(name))
+    return _LOADED[name]
+
+
+@pytest.fixture(params=ASSET_NAMES)
+def asset_name(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def qwen3() -> FrontendAssets:
+    return frontend_assets("qwen3")
+
+
+@pytest.fixture
+def qwen3_renderer(qwen3) -> ChatRenderer:
+    return ChatRenderer(qwen3.tokenizer, qwen3.templates)
