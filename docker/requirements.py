@@ -1,8 +1,9 @@
 """Print one Helios image's pip requirements, read from pyproject.toml (the only dependency list).
 
 Every image installs the project's declared runtime dependencies except those its services
-never import: the gateway, frontend and imageprep images carry no torch and no CUDA bindings,
-which keeps them small and quick to pull. `tests/deploy` starts each of those services with the
+never import: the gateway and frontend images carry no torch and no CUDA bindings, imageprep
+carries the CPU build of torch (its resize matches transformers' torch interpolation) but no CUDA
+bindings, which keeps them small and quick to pull. `tests/deploy` starts each of those services with the
 left-out packages made unimportable, so a service that starts needing one fails CI instead of a
 deployment.
 
@@ -37,7 +38,8 @@ class ImageDeps:
 IMAGES: dict[str, ImageDeps] = {
     "gateway": ImageDeps(without=GPU_ONLY),
     "frontend": ImageDeps(without=GPU_ONLY),
-    "imageprep": ImageDeps(without=GPU_ONLY),
+    # torch (CPU wheels) is installed first by the Dockerfile, like the engine's.
+    "imageprep": ImageDeps(without=("cuda-python",)),
     # torch is installed first from the CUDA or CPU wheel index the Dockerfile names; the
     # requirement line that follows is then already satisfied.
     "engine": ImageDeps(),
