@@ -1,0 +1,102 @@
+"""The forward contract beyond parity: graph safety, padding rows, dtypes, the KV cache object."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.common.errors import ValidationError
+from services.engine.model import (
+    allocate_kv_cache,
+    build_metadata,
+    kv_cache_bytes_per_page,
+    ops,
+)
+
+MODEL = "qwen3-qknorm-sharded"
+
+
+def _step_inputs():
+    meta = build_metadata([3, 1], [3, 6], [[2], [5, 7]], page_size=4, num_padding_rows=2)
+    input_ids = torch.tensor([11, 12, 13, 14, 0, 0])
+    positions = torch.tensor([0, 1, 2, 5, 0, 0])
+    return input_ids, positions, meta
+
+
+def test_forward_graph_safe_path_has_no_data_dependent_breaks(engine_models, monkeypatch):
+    """With the graph-safe attention (the CUDA fallback), dynamo traces forward in one graph."""
+    import torch._dynamo
+
+    model = engine_models[MODEL]
+    kv_cache = allocate_kv_cache(model.config, 16, 4, "cpu", torch.float32)
+    input_ids, positions, meta = _step_inputs()
+
+    def graph_breaks() -> int:
+        torch._dynamo.reset()
+        return torch._dynamo.explain(model.forward)(input_ids, positions, kv_cache,
+                                                     meta).graph_break_count
+
+    assert graph_breaks() > 0   # the CPU varlen path reads lengths: the detector sees it
+    monkeypatch.setattr(ops, "varlen_paged_attention", ops.reference_paged_attention)
+    assert graph_breaks() == 0
+    torch._dynamo.reset()
+
+
+def test_padding_rows_change_nothing(engine_models) -> None:
+    model = engine_models[MODEL]
+    input_ids, positions, meta = _step_inputs()
+    padded_cache = allocate_kv_cache(model.config, 16, 4, "cpu", torch.float32)
+    padded = model(input_ids, positions, padded_cache, meta)
+    plain_meta = build_metadata([3, 1], [3, 6], [[2], [5, 7]], page_size=4)
+    plain_cache = allocate_kv_cache(model.config, 16, 4, "cpu", torch.float32)
+    plain = model(input_ids[:4], positions[:4], plain_cache, plain_meta)
+    torch.testing.assert_close(padded[:4], plain, rtol=0, atol=0)
+    for a, b in zip(padded_cache.k_caches, plain_cache.k_caches, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_bfloat16_forward_tracks_float32(checkpoint_dirs, engine_models) -> None:
+    from services.common.core import open_model
+    from services.engine.model import load_model
+
+    model32 = engine_models[MODEL]
+    model16 = load_model(open_model(checkpoint_dirs[MODEL]), "cpu", torch.bfloat16)
+    assert model16.embed.dtype == torch.bfloat16 and model16.cos_sin_cache.dtype == torch.float32
+    input_ids, positions, meta = _step_inputs()
+    results = []
+    for model in (model32, model16):
+        cache = allocate_kv_cache(model.config, 16, 4, "cpu", model.dtype)
+        hidden = model(input_ids, positions, cache, meta)
+        assert hidden.dtype == model.dtype
+        logits = model.compute_logits(hidden[:4])
+        assert logits.dtype == torch.float32
+        results.append(torch.softmax(logits, dim=-1))
+    assert (results[0] - results[1]).abs().max() < 0.05
+
+
+def test_allocate_kv_cache_shapes_and_bytes(engine_models) -> None:
+    config = engine_models[MODEL].config
+    cache = allocate_kv_cache(config, num_pages=10, page_size=16, device="cpu",
+                              dtype=torch.bfloat16)
+    assert cache.num_layers == config.num_hidden_layers
+    assert cache.num_pages == 10 and cache.page_size == 16
+    assert cache.k_caches[0].shape == (10, 16, config.num_key_value_heads, config.head_dim)
+    assert cache.num_bytes == 10 * kv_cache_bytes_per_page(config, 16, torch.bfloat16)
+    assert all(t.is_contiguous() for t in cache.k_caches + cache.v_caches)
+    with pytest.raises(ValidationError):
+        allocate_kv_cache(config, 0, 16, "cpu", torch.float32)
+
+
+def test_build_metadata_layout_and_validation() -> None:
+    meta = build_metadata([2, 1], [5, 1], [[3, 1], [4]], page_size=4, num_padding_rows=1)
+    assert meta.query_start_loc.tolist() == [0, 2, 3]
+    assert meta.seq_lens.tolist() == [5, 1]
+    assert meta.page_table.tolist() == [[3, 1], [4, 0]]
+    # positions 3 and 4 of sequence 0: page 3 offset 3, page 1 offset 0; then page 4 offset 0
+    assert meta.slot_mapping.tolist() == [15, 4, 16, -1]
+    assert (meta.max_query_len, meta.max_seq_len) == (2, 5)
+    assert meta.query_start_loc.dtype == torch.int32 and meta.slot_mapping.dtype == torch.int64
+    with pytest.raises(ValidationError):
+        build_metadata([3], [2], [[0]], page_size=4)          # more new tokens than KV
+    with pytest.raises(ValidationError):
+        build_metadata([1], [9], [[0, 1]], page_size=4)       # pages do not cover the KV
