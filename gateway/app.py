@@ -1,59 +1,121 @@
-"""The FastAPI application: routes and the frontend client it shares between requests."""
+"""The FastAPI application: routers, error handlers, the ingress layer, /health and /metrics.
+
+    app = create_app(config)
+    app.state.admission.pause()            # embedders: new requests get 503
+    await app.state.admission.wait_for_requests(timeout_s=30)
+    app.state.admission.resume()
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.admission import Admission
+from gateway.anthropic.messages import router as anthropic_router
 from gateway.config import GatewayConfig
-from services.common.grpc_client import UpstreamHealth, open_channel
+from gateway.errors import HttpError, error_body, http_error, protocol_for_path, route_error
+from gateway.ingress import Ingress
+from gateway.metrics import GatewayMetrics
+from gateway.ollama.routes import router as ollama_router
+from gateway.openai.chat import router as chat_router
+from gateway.openai.completions import router as completions_router
+from gateway.openai.models import router as models_router
+from gateway.openai.responses import router as responses_router
+from gateway.state import GatewayState
+from gateway.validation import validation_error
+from services.common.errors import HeliosError, InternalError
+
+log = logging.getLogger(__name__)
 
 
-class GatewayState:
-    """What the routes share: config, the frontend channel and its health."""
+def error_response(request: Request, error: HttpError) -> JSONResponse:
+    state = getattr(request.app.state, "gateway", None)
+    if state is not None:
+        state.metrics.errors.labels(error.kind).inc()
+    request_id = request.scope.get("state", {}).get("request_id", "")
+    return JSONResponse(error_body(protocol_for_path(request.url.path), error, request_id),
+                        status_code=error.status, headers=error.headers())
 
-    def __init__(self, config: GatewayConfig) -> None:
-        self.config = config
-        self.channel = open_channel(config.frontend_address)
-        self.frontend_health = UpstreamHealth("frontend", self.channel)
-        self.accepting = True       # False once shutdown began: new requests get 503
-        self.active = 0             # responses in flight (the shutdown grace waits for them)
+
+def _install_error_handlers(app: FastAPI, config: GatewayConfig) -> None:
+    def typed(request: Request, exc: HeliosError) -> JSONResponse:
+        if exc.kind.value in ("internal", "worker_failure", "poisoned", "drain_failure",
+                              "manifest"):
+            log.error("request failed: %s (cause: %s)", exc.display_message, exc.cause_text)
+        return error_response(request, http_error(exc,
+                                                  default_retry_after_s=config.retry_after_s))
+
+    @app.exception_handler(HeliosError)
+    async def on_helios_error(request: Request, exc: HeliosError) -> JSONResponse:
+        return typed(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return typed(request, validation_error(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = (f"no route {request.method} {request.url.path}" if exc.status_code == 404
+                   else str(exc.detail))
+        response = error_response(request, route_error(exc.status_code, message))
+        for key, value in (exc.headers or {}).items():
+            response.headers[key] = value
+        return response
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected failure on %s %s", request.method, request.url.path)
+        error = InternalError(f"internal gateway error: {type(exc).__name__}")
+        return typed(request, error)
 
 
 def create_app(config: GatewayConfig) -> FastAPI:
-    state: GatewayState | None = None
+    admission = Admission(config.admission_limit, capacity_hint=config.capacity_hint,
+                          retry_after_s=config.retry_after_s)
+    metrics = GatewayMetrics(config.admission_limit, lambda: admission.active)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        nonlocal state
-        state = GatewayState(config)
+        state = GatewayState(config, admission, metrics)
         app.state.gateway = state
-        state.frontend_health.start()
+        state.start()
         try:
             yield
         finally:
-            state.accepting = False
-            await state.frontend_health.stop()
-            await state.channel.close()
+            await state.close()
 
-    app = FastAPI(title="Helios", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="Helios", version="0.1.0", lifespan=lifespan,
+                  description="OpenAI, Anthropic and Ollama compatible HTTP gateway")
+    app.state.admission = admission
+    app.state.metrics = metrics
+    _install_error_handlers(app, config)
 
-    @app.get("/health")
-    async def health() -> Response:
+    @app.get("/health", tags=["ops"])
+    async def health(request: Request) -> Response:
         # 200 only while the frontend reports SERVING, which it does only while the engine and
         # imageprep do: one probe covers the whole chain.
-        ready = state is not None and state.accepting and state.frontend_health.serving
-        if ready:
+        state: GatewayState | None = getattr(request.app.state, "gateway", None)
+        if state is not None and state.accepting and state.frontend_health.serving:
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unavailable"}, status_code=503,
                             headers={"Retry-After": "1"})
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    @app.get("/metrics", tags=["ops"])
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    for router in (models_router, chat_router, completions_router, responses_router,
+                   anthropic_router, ollama_router):
+        app.include_router(router)
+    app.add_middleware(Ingress, api_key=config.api_key, admission=admission,
+                       max_body_bytes=config.max_body_bytes, metrics=metrics,
+                       default_retry_after_s=config.retry_after_s)
     return app

@@ -15,6 +15,18 @@ class GatewayConfig(CommonConfig):
     frontend_address: str = option("127.0.0.1:50051", "frontend gRPC address")
     api_key: str = option("", "require this bearer token / x-api-key ('' = open)")
     redis_url: str = option("", "stored responses in Redis ('' = in memory)")
+    # HTTP admission (reference design: at most queue_capacity + max_active requests are
+    # reserved before any JSON body is read; the rest get 429 + Retry-After).
+    max_active: int = option(64, "requests the model serves at once (HTTP admission share)")
+    queue_capacity: int = option(256, "requests that may wait beyond max_active before 429")
+    max_body_bytes: int = option(32 * 1024 * 1024, "largest request body accepted (413 above)")
+    capacity_hint: str = option("raise --queue-capacity / --max-active (gateway)",
+                                "appended to 429 ingress-capacity errors")
+    retry_after_s: float = option(1.0, "Retry-After sent with 429/503 when upstream gives none")
+    sse_keepalive_s: float = option(10.0, "idle seconds before an SSE keep-alive comment / ping")
+    responses_ttl_s: int = option(7 * 24 * 3600, "lifetime of stored /v1/responses objects")
+    responses_max_entries: int = option(10_000, "stored responses kept in memory (no Redis)")
+    ollama_version: str = option("0.12.0", "version reported by /api/version")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -22,3 +34,23 @@ class GatewayConfig(CommonConfig):
             raise ValidationError("port must be within 0..65535", param="port")
         if not self.frontend_address:
             raise ValidationError("gateway needs --frontend-address", param="frontend_address")
+        if self.max_active < 1:
+            raise ValidationError("max_active must be >= 1", param="max_active")
+        if self.queue_capacity < 0:
+            raise ValidationError("queue_capacity must be >= 0", param="queue_capacity")
+        if self.max_body_bytes < 1024:
+            raise ValidationError("max_body_bytes must be >= 1024", param="max_body_bytes")
+        if self.retry_after_s < 0:
+            raise ValidationError("retry_after_s must be >= 0", param="retry_after_s")
+        if self.sse_keepalive_s <= 0:
+            raise ValidationError("sse_keepalive_s must be > 0", param="sse_keepalive_s")
+        if self.responses_ttl_s < 1:
+            raise ValidationError("responses_ttl_s must be >= 1", param="responses_ttl_s")
+        if self.responses_max_entries < 1:
+            raise ValidationError("responses_max_entries must be >= 1",
+                                  param="responses_max_entries")
+
+    @property
+    def admission_limit(self) -> int:
+        """Requests reserved at once: waiting (queue_capacity) plus served (max_active)."""
+        return self.queue_capacity + self.max_active

@@ -52,13 +52,12 @@ class GatewayServer(uvicorn.Server):
         self._shutdown_task = asyncio.get_running_loop().create_task(self._graceful())
 
     async def _graceful(self) -> None:
-        state = getattr(self.config.app.state, "gateway", None)  # type: ignore[union-attr]
-        if state is not None:
-            state.accepting = False
-            log.info("admission stopped; waiting for %d active responses", state.active)
-            deadline = asyncio.get_running_loop().time() + self.gateway_config.grace_period_s
-            while state.active and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.05)
+        admission = self.config.app.state.admission  # type: ignore[union-attr]
+        admission.close()
+        log.info("admission stopped; waiting for %d active responses", admission.active)
+        if not await admission.wait_for_requests(self.gateway_config.grace_period_s):
+            log.warning("%d responses still active after %.1f s; closing them",
+                        admission.active, self.gateway_config.grace_period_s)
         self.should_exit = True
 
 

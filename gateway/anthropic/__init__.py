@@ -1,0 +1,1 @@
+"""Anthropic-compatible routes: messages and count_tokens."""

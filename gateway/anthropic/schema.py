@@ -1,0 +1,289 @@
+"""POST /v1/messages and /v1/messages/count_tokens request bodies -> API-neutral chat input.
+
+Conversion rules: `system` (string or text blocks) plus any `system` / `developer` messages
+that Claude Code puts inside `messages` become one leading system message; other unknown roles
+(`ctx`, `msg`) count as user turns in place; `tool_result` blocks become tool messages;
+`tool_use` blocks become the assistant turn's tool calls (input object -> JSON text, key order
+kept); `thinking` goes back as reasoning_content; `cache_control` is ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from gateway.domain import (
+    ChatInput,
+    ChatMessage,
+    ContentPart,
+    ToolCall,
+    ToolChoice,
+    ToolChoiceMode,
+    ToolDefinition,
+)
+from gateway.images import image_from_base64, image_from_url
+from gateway.schema import ApiModel, Int32, PositiveUInt32, json_text
+from services.common.errors import UnsupportedError, ValidationError
+
+
+class TextBlock(ApiModel):
+    type: Literal["text"]
+    text: str
+    cache_control: Any = None
+
+
+class Base64Source(ApiModel):
+    type: Literal["base64"]
+    media_type: str
+    data: str
+
+
+class UrlSource(ApiModel):
+    type: Literal["url"]
+    url: str
+
+
+class ImageBlock(ApiModel):
+    type: Literal["image"]
+    source: Annotated[Base64Source | UrlSource, Field(discriminator="type")]
+    cache_control: Any = None
+
+
+class ToolUseBlock(ApiModel):
+    type: Literal["tool_use"]
+    id: str
+    name: str = Field(min_length=1)
+    input: dict[str, Any] = Field(default_factory=dict)
+    cache_control: Any = None
+
+
+class ToolResultBlock(ApiModel):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] | None \
+        = None
+    is_error: bool | None = None
+    cache_control: Any = None
+
+
+class ThinkingBlock(ApiModel):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(ApiModel):
+    type: Literal["redacted_thinking"]
+    data: str = ""
+
+
+class DocumentBlock(ApiModel):
+    type: Literal["document"]
+    source: dict[str, Any]
+    title: str | None = None
+    context: str | None = None
+    cache_control: Any = None
+
+
+Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
+                  | RedactedThinkingBlock | DocumentBlock, Field(discriminator="type")]
+
+
+class Message(ApiModel):
+    role: str = Field(min_length=1)
+    content: str | list[Block]
+
+
+class Tool(ApiModel):
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    type: str | None = None
+    cache_control: Any = None
+
+
+class ToolChoiceIn(ApiModel):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class ThinkingConfig(ApiModel):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(default=None, ge=0)
+
+
+class ChatFields(ApiModel):
+    """What count_tokens and messages share."""
+
+    model: str = ""
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoiceIn | None = None
+    thinking: ThinkingConfig | None = None
+
+    def chat_input(self) -> ChatInput:
+        tools = self._tools()
+        kwargs: dict[str, Any] = {}
+        if self.thinking is not None and self.thinking.type != "adaptive":
+            kwargs["enable_thinking"] = self.thinking.type == "enabled"
+        return ChatInput(messages=tuple(self._messages()), tools=tools,
+                         tool_choice=self._tool_choice(tools),
+                         chat_template_kwargs_json=json_text(kwargs) if kwargs else "")
+
+    def _tools(self) -> tuple[ToolDefinition, ...]:
+        tools = []
+        for i, tool in enumerate(self.tools or ()):
+            if tool.type not in (None, "custom"):
+                raise UnsupportedError(f"server tool {tool.type!r} is not supported; only "
+                                       "custom tools are", param=f"tools[{i}].type")
+            tools.append(ToolDefinition(name=tool.name, description=tool.description or "",
+                                        parameters_json=json_text(tool.input_schema)))
+        return tuple(tools)
+
+    def _tool_choice(self, tools: tuple[ToolDefinition, ...]) -> ToolChoice:
+        choice = self.tool_choice
+        if choice is None:
+            return ToolChoice()
+        parallel = None if choice.disable_parallel_tool_use is None \
+            else not choice.disable_parallel_tool_use
+        if choice.type == "tool":
+            if not choice.name or choice.name not in {t.name for t in tools}:
+                raise ValidationError("tool_choice type 'tool' must name one of the tools",
+                                      param="tool_choice.name")
+            return ToolChoice(ToolChoiceMode.FUNCTION, choice.name, parallel)
+        mode = {"auto": ToolChoiceMode.AUTO, "any": ToolChoiceMode.REQUIRED,
+                "none": ToolChoiceMode.NONE}[choice.type]
+        if mode is ToolChoiceMode.REQUIRED and not tools:
+            raise ValidationError("tool_choice 'any' needs tools", param="tool_choice")
+        return ToolChoice(mode, parallel_tool_calls=parallel)
+
+    def _system_text(self) -> list[str]:
+        if isinstance(self.system, str):
+            return [self.system] if self.system else []
+        return [block.text for block in self.system or ()]
+
+    def _messages(self) -> list[ChatMessage]:
+        system = self._system_text()
+        turns: list[ChatMessage] = []
+        for i, message in enumerate(self.messages):
+            param = f"messages[{i}].content"
+            if message.role in ("system", "developer"):
+                system.append(message.content if isinstance(message.content, str) else
+                              "".join(b.text for b in message.content
+                                      if isinstance(b, TextBlock)))
+            elif message.role == "assistant":
+                turns.append(_assistant(message.content))
+            else:
+                turns.extend(_user(message.content, param))
+        head = [ChatMessage(role="system", content="\n\n".join(system))] if system else []
+        return head + turns
+
+
+def _image(block: ImageBlock, param: str):
+    if isinstance(block.source, Base64Source):
+        return image_from_base64(block.source.data, block.source.media_type,
+                                 param=param + ".source")
+    return image_from_url(block.source.url, param=param + ".source.url")
+
+
+def _document_text(block: DocumentBlock, param: str) -> str:
+    source = block.source
+    if source.get("type") == "text" and isinstance(source.get("data"), str):
+        return "\n\n".join(t for t in (block.title, block.context, source["data"]) if t)
+    raise UnsupportedError("only plain-text document sources are supported",
+                           param=param + ".source")
+
+
+def _user(content: str | list[Block], param: str) -> list[ChatMessage]:
+    """A user turn: its tool results become tool messages (first), the rest one user message."""
+    if isinstance(content, str):
+        return [ChatMessage(role="user", content=content)]
+    tool_messages: list[ChatMessage] = []
+    parts: list[ContentPart] = []
+    for j, block in enumerate(content):
+        where = f"{param}[{j}]"
+        if isinstance(block, TextBlock):
+            parts.append(ContentPart(text=block.text))
+        elif isinstance(block, ImageBlock):
+            parts.append(ContentPart(image=_image(block, where)))
+        elif isinstance(block, DocumentBlock):
+            parts.append(ContentPart(text=_document_text(block, where)))
+        elif isinstance(block, ToolResultBlock):
+            tool_messages.append(_tool_result(block, where))
+        elif isinstance(block, ToolUseBlock | ThinkingBlock):
+            raise ValidationError(f"{block.type} blocks belong in assistant messages",
+                                  param=where)
+    user = []
+    if parts:
+        # Text-only turns collapse to one string: chat templates render strings best.
+        text_only = all(p.image is None for p in parts)
+        user = [ChatMessage(role="user", content="\n".join(p.text or "" for p in parts)
+                            if text_only else tuple(parts))]
+    return tool_messages + user
+
+
+def _tool_result(block: ToolResultBlock, param: str) -> ChatMessage:
+    content: str | tuple[ContentPart, ...]
+    if block.content is None or isinstance(block.content, str):
+        content = block.content or ""
+    else:
+        parts = [ContentPart(text=b.text) if isinstance(b, TextBlock)
+                 else ContentPart(image=_image(b, f"{param}.content[{k}]"))
+                 for k, b in enumerate(block.content)]
+        content = "".join(p.text or "" for p in parts) \
+            if all(p.image is None for p in parts) else tuple(parts)
+    if block.is_error and isinstance(content, str):
+        content = f"Error: {content}"
+    return ChatMessage(role="tool", content=content, tool_call_id=block.tool_use_id)
+
+
+def _assistant(content: str | list[Block]) -> ChatMessage:
+    if isinstance(content, str):
+        return ChatMessage(role="assistant", content=content)
+    texts, calls, thinking = [], [], []
+    for block in content:
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ToolUseBlock):
+            calls.append(ToolCall(id=block.id, name=block.name,
+                                  arguments_json=json_text(block.input)))
+        elif isinstance(block, ThinkingBlock):
+            thinking.append(block.thinking)
+    text = "".join(texts)
+    return ChatMessage(role="assistant", content=text if text or not calls else None,
+                       tool_calls=tuple(calls),
+                       reasoning_content="".join(thinking) if thinking else None)
+
+
+class Metadata(ApiModel):
+    user_id: str | None = None
+
+
+class MessagesRequest(ChatFields):
+    max_tokens: PositiveUInt32
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0, le=1)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: Int32 | None = Field(default=None, ge=0)
+    stream: bool | None = False
+    metadata: Metadata | None = None
+    service_tier: str | None = None
+
+    def check_thinking(self) -> None:
+        thinking = self.thinking
+        if thinking is None or thinking.type != "enabled":
+            return
+        budget = thinking.budget_tokens
+        if budget is None or budget < 1024:
+            raise ValidationError("thinking.budget_tokens must be >= 1024",
+                                  param="thinking.budget_tokens")
+        if budget >= self.max_tokens:
+            raise ValidationError("thinking.budget_tokens must be less than max_tokens",
+                                  param="thinking.budget_tokens")
+
+
+class CountTokensRequest(ChatFields):
+    pass

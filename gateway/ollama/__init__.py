@@ -1,0 +1,1 @@
+"""Ollama-native routes: chat, generate, tags, show, version."""

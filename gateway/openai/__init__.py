@@ -1,0 +1,1 @@
+"""OpenAI-compatible routes: chat completions, completions, responses, models."""

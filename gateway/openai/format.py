@@ -1,0 +1,73 @@
+"""Shapes shared by OpenAI chat and completions responses: finish reasons, usage, logprobs."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from gateway.events import ChoiceResult, FinishReason, TokenLogprob, Usage
+
+# JSON has no -Infinity: clamp like other OpenAI-compatible servers do.
+MIN_LOGPROB = -9999.0
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def finish_reason(reason: FinishReason, has_tool_calls: bool) -> str:
+    """OpenAI's finish_reason: stop, length or tool_calls (never 'abort' or 'error')."""
+    if reason is FinishReason.TOOL_CALLS or (has_tool_calls and reason is FinishReason.STOP):
+        return "tool_calls"
+    if reason is FinishReason.LENGTH:
+        return "length"
+    return "stop"
+
+
+def stop_reason(choice: ChoiceResult) -> str | int | None:
+    """vLLM's `stop_reason`: the matched stop string or stop token id, else null."""
+    finish = choice.finish
+    if finish is None:
+        return None
+    if finish.stop_sequence:
+        return finish.stop_sequence
+    return finish.stop_token_id
+
+
+def usage_object(usage: Usage) -> dict[str, Any]:
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens}}
+
+
+def logprob_value(value: float) -> float:
+    return max(float(value), MIN_LOGPROB)
+
+
+def chat_logprobs(logprobs: list[TokenLogprob] | tuple[TokenLogprob, ...],
+                  top_n: int) -> dict[str, Any]:
+    return {"content": [
+        {"token": lp.token, "logprob": logprob_value(lp.logprob), "bytes": list(lp.token_bytes),
+         "top_logprobs": [{"token": t.token, "logprob": logprob_value(t.logprob),
+                           "bytes": list(t.token_bytes)} for t in lp.top[:top_n]]}
+        for lp in logprobs]}
+
+
+def completion_logprobs(logprobs: list[TokenLogprob] | tuple[TokenLogprob, ...],
+                        text_offset: int) -> dict[str, Any]:
+    """Legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+    offsets, position = [], text_offset
+    for lp in logprobs:
+        offsets.append(position)
+        position += len(lp.token)
+    return {"tokens": [lp.token for lp in logprobs],
+            "token_logprobs": [logprob_value(lp.logprob) for lp in logprobs],
+            "top_logprobs": [{t.token: logprob_value(t.logprob) for t in lp.top}
+                             for lp in logprobs],
+            "text_offset": offsets}

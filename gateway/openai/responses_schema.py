@@ -1,0 +1,254 @@
+"""POST /v1/responses request body and its input items -> chat messages.
+
+Input items: messages (content a string or `input_text` / `input_image` / `output_text` parts),
+`function_call`, `function_call_output` (output a string or an array of parts, as Codex
+sends), and `reasoning` items (their text goes back to the template as reasoning_content).
+Tools use the flat shape `{type: "function", name, description, parameters, strict}`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, Tag
+
+from gateway.domain import (
+    ChatMessage,
+    ContentPart,
+    ResponseFormat,
+    ResponseFormatType,
+    ToolCall,
+    ToolChoice,
+    ToolChoiceMode,
+    ToolDefinition,
+)
+from gateway.images import image_from_url
+from gateway.schema import ApiModel, PositiveUInt32, json_object_text, json_text
+from services.common.errors import UnsupportedError, ValidationError
+
+
+class InputText(ApiModel):
+    type: Literal["input_text", "output_text", "text", "summary_text", "reasoning_text"]
+    text: str
+
+
+class InputImage(ApiModel):
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class Refusal(ApiModel):
+    type: Literal["refusal"]
+    refusal: str
+
+
+Part = Annotated[InputText | InputImage | Refusal, Field(discriminator="type")]
+
+
+class MessageItem(ApiModel):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[Part]
+    id: str | None = None
+
+
+class FunctionCallItem(ApiModel):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str = "{}"
+    id: str | None = None
+
+
+class FunctionCallOutputItem(ApiModel):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[Part]
+
+
+class ReasoningItem(ApiModel):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[InputText] = Field(default_factory=list)
+    content: list[InputText] | None = None
+    encrypted_content: str | None = None
+
+
+def _item_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return value.get("type") or "message"
+    return getattr(value, "type", "message")
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
+    Discriminator(_item_kind),
+]
+
+
+class FunctionTool(ApiModel):
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunctionChoice(ApiModel):
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+
+
+class TextFormat(ApiModel):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class TextOptions(ApiModel):
+    format: TextFormat | None = None
+    verbosity: str | None = None
+
+
+class ReasoningOptions(ApiModel):
+    effort: str | None = None      # Codex sends "max", which the SDK's own types reject
+    summary: str | None = None
+
+
+class ResponsesRequest(ApiModel):
+    model: str = ""
+    input: str | list[InputItem]
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: PositiveUInt32 | None = None
+    temperature: float | None = Field(default=None, ge=0, le=100)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    text: TextOptions | None = None
+    reasoning: ReasoningOptions | None = None
+    stream: bool | None = False
+    store: bool | None = True
+    previous_response_id: str | None = None
+    include: list[str] | None = None
+    metadata: dict[str, str] | None = None
+    background: bool | None = False
+    conversation: Any = None
+    user: str | None = None
+    truncation: str | None = None
+
+    def check_supported(self) -> None:
+        if self.background:
+            raise UnsupportedError("background responses are not supported", param="background")
+        if self.conversation is not None:
+            raise UnsupportedError("conversations are not supported; use "
+                                   "previous_response_id", param="conversation")
+
+    def response_format(self) -> ResponseFormat:
+        fmt = self.text.format if self.text else None
+        if fmt is None or fmt.type == "text":
+            return ResponseFormat()
+        if fmt.type == "json_object":
+            return ResponseFormat(ResponseFormatType.JSON_OBJECT)
+        if fmt.schema_ is None:
+            raise ValidationError("text.format json_schema needs a schema",
+                                  param="text.format.schema")
+        return ResponseFormat(ResponseFormatType.JSON_SCHEMA, schema_json=json_text(fmt.schema_),
+                              name=fmt.name or "response", strict=bool(fmt.strict))
+
+    def tool_definitions(self) -> tuple[ToolDefinition, ...]:
+        return tuple(ToolDefinition(name=t.name, description=t.description or "",
+                                    parameters_json=json_text(t.parameters)
+                                    if t.parameters is not None else "", strict=t.strict)
+                     for t in self.tools or ())
+
+    def tool_choice_domain(self, tools: tuple[ToolDefinition, ...]) -> ToolChoice:
+        choice = self.tool_choice
+        if isinstance(choice, NamedFunctionChoice):
+            if choice.name not in {t.name for t in tools}:
+                raise ValidationError(f"tool_choice names {choice.name!r}, which is not in "
+                                      "tools", param="tool_choice")
+            return ToolChoice(ToolChoiceMode.FUNCTION, choice.name, self.parallel_tool_calls)
+        mode = ToolChoiceMode(choice) if choice else ToolChoiceMode.AUTO
+        if mode is ToolChoiceMode.REQUIRED and not tools:
+            raise ValidationError("tool_choice 'required' needs tools", param="tool_choice")
+        return ToolChoice(mode, parallel_tool_calls=self.parallel_tool_calls)
+
+    def input_items(self) -> list[dict[str, Any]]:
+        """The input as JSON items (stored for GET .../input_items)."""
+        if isinstance(self.input, str):
+            return [{"type": "message", "role": "user",
+                     "content": [{"type": "input_text", "text": self.input}]}]
+        return [item.model_dump(mode="json", by_alias=True, exclude_none=True)
+                for item in self.input]
+
+
+def _parts(parts: list[Part], param: str) -> tuple[ContentPart, ...]:
+    out = []
+    for j, part in enumerate(parts):
+        if isinstance(part, InputText):
+            out.append(ContentPart(text=part.text))
+        elif isinstance(part, Refusal):
+            out.append(ContentPart(text=part.refusal))
+        else:
+            if part.image_url is None:
+                raise UnsupportedError("input_image needs image_url (file ids are not "
+                                       "supported)", param=f"{param}[{j}].image_url")
+            out.append(ContentPart(image=image_from_url(part.image_url, detail=part.detail or "",
+                                                        param=f"{param}[{j}].image_url")))
+    return tuple(out)
+
+
+def _simple(parts: tuple[ContentPart, ...]) -> str | tuple[ContentPart, ...]:
+    """Text-only parts collapse to one string (what templates handle best)."""
+    if all(p.image is None for p in parts):
+        return "".join(p.text or "" for p in parts)
+    return parts
+
+
+def input_messages(request: ResponsesRequest) -> list[ChatMessage]:
+    """The request's input items as chat messages (instructions not included)."""
+    if isinstance(request.input, str):
+        return [ChatMessage(role="user", content=request.input)]
+    messages: list[ChatMessage] = []
+    reasoning: str | None = None
+    for i, item in enumerate(request.input):
+        param = f"input[{i}]"
+        if isinstance(item, ReasoningItem):
+            texts = [c.text for c in item.content or ()] or [s.text for s in item.summary]
+            reasoning = (reasoning or "") + "".join(texts)
+        elif isinstance(item, MessageItem):
+            content = item.content if isinstance(item.content, str) else \
+                _simple(_parts(item.content, f"{param}.content"))
+            if item.role == "assistant":
+                messages.append(ChatMessage(role="assistant", content=content,
+                                            reasoning_content=reasoning))
+                reasoning = None
+            else:
+                messages.append(ChatMessage(role=item.role, content=content))
+        elif isinstance(item, FunctionCallItem):
+            call = ToolCall(id=item.call_id, name=item.name, arguments_json=json_object_text(
+                item.arguments, param=f"{param}.arguments"))
+            last = messages[-1] if messages else None
+            if last is not None and last.role == "assistant" and reasoning is None:
+                messages[-1] = ChatMessage(role="assistant", content=last.content,
+                                           tool_calls=(*last.tool_calls, call),
+                                           reasoning_content=last.reasoning_content)
+            else:
+                messages.append(ChatMessage(role="assistant", content=None, tool_calls=(call,),
+                                            reasoning_content=reasoning))
+                reasoning = None
+        elif isinstance(item, FunctionCallOutputItem):
+            output = item.output if isinstance(item.output, str) else \
+                _simple(_parts(item.output, f"{param}.output"))
+            messages.append(ChatMessage(role="tool", content=output,
+                                        tool_call_id=item.call_id))
+    return messages
