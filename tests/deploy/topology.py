@@ -229,7 +229,7 @@ def from_chart(rendered: Rendered) -> Topology:
 
 def default_port(service: str) -> int:
     """The port a service listens on when nothing configures it (its config's default)."""
-    defaults = {f.name: f.default for f in dataclasses.fields(config_class(service))}
+    defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(config_class(service))}
     if service == "gateway":
         return int(defaults["port"])
     return int(str(defaults["listen"]).rsplit(":", 1)[1])
