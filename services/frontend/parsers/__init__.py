@@ -1,0 +1,1 @@
+"""Streaming parsers for model output: reasoning blocks and tool calls."""

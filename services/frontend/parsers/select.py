@@ -1,0 +1,64 @@
+"""Which reasoning and tool-call parsers a model uses.
+
+Chosen from the manifest (architecture, model_type) and the chat template's text, overridable
+by `FrontendConfig.tool_parser` / `reasoning_parser` ("auto" chooses, "none" disables):
+
+| tool parser   | chosen when                                                             |
+|---------------|-------------------------------------------------------------------------|
+| `hermes`      | the template writes `<tool_call>` (Qwen 2.5/3, Hermes, many fine-tunes) |
+| `deepseek_v3` | the template or model type is DeepSeek V3 (`<｜tool▁call▁begin｜>`)      |
+| `llama3_json` | Llama 3.x (`<|start_header_id|>`, `<|python_tag|>`, model_type llama)   |
+
+The reasoning parser `think` is chosen when the template or vocabulary knows `<think>`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from services.common.errors import ValidationError
+from services.frontend.parsers.deepseek_v3 import DeepSeekV3ToolParser
+from services.frontend.parsers.hermes import HermesToolParser
+from services.frontend.parsers.llama3_json import Llama3JsonToolParser
+from services.frontend.parsers.tool_calls import ToolParser
+
+ToolParserFactory = Callable[[frozenset[str] | None], ToolParser]
+
+TOOL_PARSERS: dict[str, ToolParserFactory] = {
+    "hermes": HermesToolParser,
+    "llama3_json": Llama3JsonToolParser,
+    "deepseek_v3": DeepSeekV3ToolParser,
+}
+REASONING_PARSERS = ("think",)
+
+
+def choose_tool_parser(setting: str, *, model_type: str, architecture: str,
+                       template: str) -> str:
+    """The tool parser name ("" for none)."""
+    if setting == "none":
+        return ""
+    if setting != "auto":
+        if setting not in TOOL_PARSERS:
+            raise ValidationError(f"unknown tool_parser {setting!r}; choose auto, none or "
+                                  f"one of {', '.join(TOOL_PARSERS)}", param="tool_parser")
+        return setting
+    kind = model_type.lower()
+    if "<tool_call>" in template:
+        return "hermes"
+    if "tool▁call" in template or kind.startswith("deepseek_v3") or "DeepseekV3" in architecture:
+        return "deepseek_v3"
+    if ("<|python_tag|>" in template or "<|start_header_id|>" in template
+            or kind in ("llama", "llama4")):
+        return "llama3_json"
+    return ""
+
+
+def choose_reasoning_parser(setting: str, *, template: str, vocabulary: set[str]) -> str:
+    if setting == "none":
+        return ""
+    if setting != "auto":
+        if setting not in REASONING_PARSERS:
+            raise ValidationError(f"unknown reasoning_parser {setting!r}; choose auto, none or "
+                                  f"{', '.join(REASONING_PARSERS)}", param="reasoning_parser")
+        return setting
+    return "think" if "<think>" in template or "<think>" in vocabulary else ""
