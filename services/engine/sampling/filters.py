@@ -1,0 +1,75 @@
+"""Batched logit transforms, one per sampling setting, each row with its own parameters.
+
+All functions take float32 logits [N, V] and per-row tensors, return new logits (or edit in
+place where named `*_`), never read values back to the host, and keep each row's maximum
+token, so no row can end up with nothing to sample. Semantics (the reference.py twins state
+them one row at a time):
+
+- penalties (over output tokens; repetition also over the prompt): a token seen before has its
+  logit divided by `repetition` when positive, multiplied when not; then
+  `logit -= frequency * count + presence * (count > 0)` with counts over the output.
+- min_p: drop tokens whose probability is below min_p * (the top token's probability).
+- top_k: keep tokens whose logit is at least the k-th largest (ties at the boundary stay).
+- top_p: over the top-k survivors, keep the smallest prefix of the sorted distribution whose
+  probability mass reaches top_p (the first token always stays; ties at the boundary stay).
+"""
+
+from __future__ import annotations
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def add_logit_bias_(logits: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+                    values: torch.Tensor) -> None:
+    """logits[rows[i], cols[i]] += values[i] (flat triples, one per (row, biased token))."""
+    logits.index_put_((rows, cols), values, accumulate=True)
+
+
+def suppress_tokens_(logits: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> None:
+    """logits[rows[i], cols[i]] = -inf (EOS/stop ids of rows below min_tokens)."""
+    logits.index_put_((rows, cols), torch.full(rows.shape, NEG_INF, dtype=logits.dtype,
+                                               device=logits.device))
+
+
+def apply_penalties(logits: torch.Tensor, output_counts: torch.Tensor,
+                    prompt_mask: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor,
+                    repetition: torch.Tensor) -> torch.Tensor:
+    """output_counts int [N, V], prompt_mask bool [N, V]; penalties float32 [N]."""
+    counts = output_counts.to(logits.dtype)
+    seen = (output_counts > 0) | prompt_mask
+    rep = repetition[:, None]
+    logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    return logits - frequency[:, None] * counts - presence[:, None] * (output_counts > 0)
+
+
+def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """Divide by each row's temperature (greedy rows, temperature 0, are left unscaled)."""
+    return logits / torch.where(temperature > 0, temperature, 1.0)[:, None]
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    probs = torch.softmax(logits, dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
+    return logits.masked_fill(probs < threshold, NEG_INF)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
+                      top_p: torch.Tensor | None) -> torch.Tensor:
+    """top_k int64 [N] (>= V means off), top_p float32 [N] (1 means off); either may be None."""
+    sorted_logits = torch.sort(logits, dim=-1, descending=True).values       # [N, V]
+    if top_k is not None:
+        index = (top_k.clamp(1, logits.shape[-1]) - 1)[:, None]
+        kth = sorted_logits.gather(1, index)                                   # [N, 1]
+        logits = logits.masked_fill(logits < kth, NEG_INF)
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, NEG_INF)
+    if top_p is not None:
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs                      # exclusive
+        keep = mass_before < top_p[:, None]
+        keep[:, 0] = True
+        last = keep.sum(dim=-1, keepdim=True) - 1                              # [N, 1]
+        threshold = sorted_logits.gather(1, last)
+        logits = logits.masked_fill(logits < threshold, NEG_INF)
+    return logits

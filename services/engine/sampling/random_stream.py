@@ -1,0 +1,65 @@
+"""Counter-based randomness: noise that is a pure function of (seed, output position, token id).
+
+No generator state: a row's noise depends only on its own seed and how many tokens it has
+generated, never on its batch neighbours, the step it runs in, preemption or chunking; and it
+is computed with plain integer tensor ops, so the same code runs inside a CUDA graph.
+
+The hash is MurmurHash3's 32-bit finaliser applied to seed halves, position and token id.
+Every intermediate stays in int64 below 2**49 (32-bit multiplies are split into 16-bit halves),
+so nothing relies on signed overflow behaving the same on every backend.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MASK16 = 0xFFFF
+_MASK32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B1        # odd: multiplying by it permutes 32-bit integers
+_POSITION_SALT = 0x27D4EB2F
+_SEED_SALT = 0x165667B1
+
+
+def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
+    """(x * constant) mod 2**32 for int64 x in [0, 2**32), without overflowing int64."""
+    low = (x & _MASK16) * constant                       # < 2**48
+    high = ((x >> 16) * constant) & _MASK16              # the part that survives the shift
+    return (low + (high << 16)) & _MASK32
+
+
+def fmix32(h: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3 finaliser: a bijection on [0, 2**32) with full avalanche."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def split_seed(seed: int) -> tuple[int, int]:
+    """A 64-bit seed as (low, high) 32-bit halves (int64 tensors cannot hold 2**64 - 1)."""
+    return seed & _MASK32, (seed >> 32) & _MASK32
+
+
+def row_keys(seed_lo: torch.Tensor, seed_hi: torch.Tensor, positions: torch.Tensor
+             ) -> torch.Tensor:
+    """int64 [N] keys in [0, 2**32) for each row's (seed, output position)."""
+    key = fmix32(seed_lo ^ _SEED_SALT)
+    key = fmix32(key ^ seed_hi)
+    return fmix32(key ^ _mul32(positions & _MASK32, _POSITION_SALT))
+
+
+def uniform_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """float32 [N, V] uniforms in (0, 1): one independent draw per (row, token)."""
+    tokens = torch.arange(vocab_size, device=keys.device, dtype=torch.int64)
+    h = fmix32(keys[:, None] ^ _mul32(tokens, _GOLDEN)[None, :])        # [N, V]
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def gumbel_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """float32 [N, V] Gumbel(0, 1) noise: argmax(logits + noise) samples softmax(logits).
+
+    This is the exponential race: with E = -log(u) ~ Exp(1), argmax(p / E) picks token v with
+    probability p_v, and log(p / E) = logits + (-log E) up to a per-row constant.
+    """
+    return -torch.log(-torch.log(uniform_noise(keys, vocab_size)))

@@ -1,0 +1,58 @@
+"""Counter-based noise: exact integer hashing, uniformity, and dependence on (seed, position) only."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.engine.sampling import random_stream as rs
+
+U32 = st.integers(0, (1 << 32) - 1)
+
+
+def fmix32_python(h: int) -> int:
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+@given(st.lists(U32, min_size=1, max_size=32), U32)
+def test_mul32_is_multiplication_mod_2_32(values: list[int], constant: int) -> None:
+    out = rs._mul32(torch.tensor(values, dtype=torch.int64), constant).tolist()
+    assert out == [(v * constant) % (1 << 32) for v in values]
+
+
+@given(st.lists(U32, min_size=1, max_size=32))
+def test_fmix32_is_murmur3s_finaliser(values: list[int]) -> None:
+    out = rs.fmix32(torch.tensor(values, dtype=torch.int64)).tolist()
+    assert out == [fmix32_python(v) for v in values]
+
+
+def test_uniforms_are_uniform_and_in_the_open_interval() -> None:
+    keys = rs.row_keys(torch.tensor([0, 1, 7]), torch.tensor([0, 0, 3]),
+                       torch.tensor([0, 0, 5]))
+    u = rs.uniform_noise(keys, 60_000)
+    assert u.dtype == torch.float32 and u.min() > 0 and u.max() < 1
+    assert abs(float(u.mean()) - 0.5) < 0.005
+    assert abs(float(u.var()) - 1 / 12) < 0.002
+    histogram = torch.histc(u, bins=10, min=0, max=1) / u.numel()
+    assert (histogram - 0.1).abs().max() < 0.005
+    # rows are different streams; neighbouring tokens are uncorrelated
+    assert abs(float(torch.corrcoef(u[:2])[0, 1])) < 0.02
+    assert abs(float(torch.corrcoef(torch.stack((u[0, :-1], u[0, 1:])))[0, 1])) < 0.02
+
+
+def test_a_rows_noise_depends_only_on_its_seed_and_position() -> None:
+    lo, hi = rs.split_seed(0xDEADBEEF12345678)
+    assert (lo, hi) == (0x12345678, 0xDEADBEEF)
+    alone = rs.uniform_noise(rs.row_keys(torch.tensor([lo]), torch.tensor([hi]),
+                                         torch.tensor([9])), 500)
+    batch = rs.uniform_noise(rs.row_keys(torch.tensor([3, lo, 5]), torch.tensor([0, hi, 1]),
+                                         torch.tensor([9, 9, 2])), 500)
+    assert torch.equal(alone[0], batch[1])
+    keys = rs.row_keys(torch.tensor([lo, lo, lo + 1, lo]), torch.tensor([hi, hi, hi, hi + 1]),
+                       torch.tensor([9, 10, 9, 9]))
+    assert len(set(keys.tolist())) == 4   # position, either seed half: all change the stream
