@@ -1,0 +1,1 @@
+"""The live-request scheduler: slots, token-count planning, plan -> commit -> complete."""

@@ -1,0 +1,81 @@
+"""Admission checks: a request is validated completely before it touches scheduler state.
+
+Everything here raises a typed admission error (services.common.errors) with the configured
+hint where one applies; nothing is queued or reserved by a rejected request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.errors import (
+    CapacityError,
+    ContextOverflowError,
+    UnsupportedError,
+    ValidationError,
+)
+from services.engine.scheduler.requests import EngineRequest, StopRules
+
+MAX_CHOICES = 128
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionLimits:
+    vocab_size: int
+    max_model_len: int            # effective context limit (tokens)
+    page_size: int
+    num_pages: int
+    max_waiting: int              # bounded waiting queue (requests)
+    context_hint: str = ""
+    capacity_hint: str = ""
+    supports_images: bool = False
+
+
+def validate_request(request: EngineRequest, limits: AdmissionLimits) -> StopRules:
+    """Check a request; returns its stop rules with max_tokens resolved."""
+    prompt = request.prompt_token_ids
+    if not prompt:
+        raise ValidationError("the prompt is empty: at least one token is required",
+                              param="prompt_token_ids")
+    bad = next((t for t in prompt if not 0 <= t < limits.vocab_size), None)
+    if bad is not None:
+        raise ValidationError(f"prompt token id {bad} is outside the vocabulary "
+                              f"(0..{limits.vocab_size - 1})", param="prompt_token_ids")
+    if not 1 <= request.n <= MAX_CHOICES:
+        raise ValidationError(f"n must be between 1 and {MAX_CHOICES}, got {request.n}",
+                              param="n")
+    stop = request.stop
+    bad = next((t for t in stop.stop_token_ids if not 0 <= t < limits.vocab_size), None)
+    if bad is not None:
+        raise ValidationError(f"stop token id {bad} is outside the vocabulary",
+                              param="sampling.stop_token_ids")
+    if stop.max_tokens is not None and stop.max_tokens < 1:
+        raise ValidationError("max_tokens must be at least 1", param="sampling.max_tokens")
+    if stop.min_tokens < 0 or (stop.max_tokens is not None and
+                               stop.min_tokens > stop.max_tokens):
+        raise ValidationError(f"min_tokens ({stop.min_tokens}) must be between 0 and "
+                              f"max_tokens ({stop.max_tokens})", param="sampling.min_tokens")
+    context = limits.max_model_len
+    wanted = stop.max_tokens if stop.max_tokens is not None else 1
+    if len(prompt) + wanted > context:
+        raise ContextOverflowError(prompt_tokens=len(prompt), max_tokens=wanted,
+                                   context_length=context, hint=limits.context_hint,
+                                   param="sampling.max_tokens" if stop.max_tokens else
+                                   "prompt_token_ids")
+    ends = request.checkpoint_token_ends
+    if any(not 0 < e < len(prompt) for e in ends) or list(ends) != sorted(set(ends)):
+        raise ValidationError("checkpoint_token_ends must be sorted, unique and strictly "
+                              "inside the prompt", param="checkpoint_token_ends")
+    if request.conditioning and not limits.supports_images:
+        raise UnsupportedError("this model does not accept images", param="multimodal")
+    if any(e.position >= len(prompt) for e in request.conditioning):
+        raise ValidationError("an image lies outside the prompt", param="multimodal.images")
+    max_tokens = stop.max_tokens if stop.max_tokens is not None else context - len(prompt)
+    # A choice alone must fit the page pool (plus one page restored from a snapshot).
+    needed = -(-(len(prompt) + max_tokens) // limits.page_size) + 1
+    if needed > limits.num_pages:
+        raise CapacityError(
+            f"the request needs {needed} KV pages ({len(prompt)} prompt + {max_tokens} output "
+            f"tokens) but the cache holds {limits.num_pages}", hint=limits.capacity_hint)
+    return StopRules(max_tokens=max_tokens, min_tokens=stop.min_tokens,
+                     ignore_eos=stop.ignore_eos, stop_token_ids=stop.stop_token_ids)

@@ -1,0 +1,125 @@
+"""Applying a validated step completion to sequence state: tokens, checkpoints, finish rules."""
+
+from __future__ import annotations
+
+import time
+
+from services.engine.prefix.records import PublishOutcome
+from services.engine.scheduler.plan import Completion, SeqResult, SeqStep, Step, check
+from services.engine.scheduler.requests import ChoiceDelta, FinishReason
+from services.engine.scheduler.residency import release
+from services.engine.scheduler.sequence import Phase, Sequence
+from services.engine.scheduler.state import SchedulerState
+
+
+def validate(state: SchedulerState, completion: Completion) -> Step:
+    """Check a completion against the committed step before anything is mutated."""
+    check(bool(state.in_flight), f"fence {completion.fence} completed but nothing is in flight")
+    oldest = min(state.in_flight)
+    check(completion.fence == oldest,
+          f"fence {completion.fence} completed before the oldest outstanding fence {oldest}")
+    step = state.in_flight[oldest]
+    check(len(completion.results) == len(step.seqs),
+          f"{len(completion.results)} results for a step of {len(step.seqs)} sequences")
+    vocab = state.config.vocab_size
+    for result, planned in zip(completion.results, step.seqs, strict=True):
+        check(result.handle == planned.handle,
+              f"result for slot {result.handle}, the step ran {planned.handle}")
+        check(result.consumed == planned.end,
+              f"slot {planned.handle} consumed {result.consumed}, expected {planned.end}")
+        check((result.token_id is not None) == planned.sample,
+              f"slot {planned.handle}: a sampled token {'missing' if planned.sample else 'extra'}")
+        check(result.token_id is None or 0 <= result.token_id < vocab,
+              f"slot {planned.handle}: token {result.token_id} outside the vocabulary")
+    return step
+
+
+def apply_result(state: SchedulerState, step: Step, planned: SeqStep, result: SeqResult,
+                 now: float) -> ChoiceDelta | None:
+    seq = state.resident(result.handle)
+    if seq is None or seq.in_flight != step.fence:
+        return None                    # cancelled or preempted while in flight: discard
+    seq.in_flight = 0
+    prompt_len = seq.prompt_len
+    state.counters.prompt_tokens += max(0, min(result.consumed, prompt_len) -
+                                        min(planned.start, prompt_len))
+    seq.num_computed = result.consumed
+    if planned.resume_snapshot is not None:
+        seq.resume_snapshot = None
+    if planned.token_ids:
+        seq.last_progress = now
+    if planned.capture is not None:
+        _publish(state, seq, step.fence)
+    seq.bump()
+    if result.token_id is None:
+        return None
+    return _commit_token(state, seq, result, now)
+
+
+def _publish(state: SchedulerState, seq: Sequence, fence: int) -> None:
+    res = state.resources
+    endpoint = seq.num_computed
+    row = seq.target_snapshots.pop(endpoint)
+    seq.targets.remove(endpoint)
+    start = seq.base.endpoint if seq.base else 0
+    size = res.page_size
+    tail = seq.page_ids[start // size:endpoint // size]
+    if any(page not in seq.private_pages for page in tail):   # never expected; be safe
+        res.retire_snapshots([row], fence)
+        return
+    publication = res.cache.publish(seq.request.history, endpoint, seq.base, tail, row, fence)
+    if publication.outcome is PublishOutcome.CREATED:
+        seq.private_pages.difference_update(tail)
+    else:
+        res.retire_snapshots([row], fence)       # the existing checkpoint serves; row is ours
+    new_pin = res.cache.pin(publication.checkpoint)
+    res.cache.mark_used(publication.checkpoint, fence)
+    for pin in seq.pins:
+        res.cache.mark_used(pin.checkpoint, fence)
+        res.cache.unpin(pin)
+    seq.pins = [new_pin]
+    seq.base = publication.checkpoint
+
+
+def _commit_token(state: SchedulerState, seq: Sequence, result: SeqResult,
+                  now: float) -> ChoiceDelta:
+    token = result.token_id
+    assert token is not None
+    output_index = len(seq.output_ids)
+    seq.output_ids.append(token)
+    seq.last_progress = seq.last_output = now
+    seq.bursts += 1
+    state.counters.add_generated(1, now)
+    rules = seq.request.stop
+    reason: FinishReason | None = None
+    stop_token: int | None = None
+    if output_index >= rules.min_tokens and (
+            token in rules.stop_token_ids or
+            (not rules.ignore_eos and token in state.config.eos_token_ids)):
+        reason, stop_token = FinishReason.STOP, token
+    elif len(seq.output_ids) >= (rules.max_tokens or 0) or \
+            seq.total_len >= state.config.max_model_len:
+        reason = FinishReason.LENGTH
+    logprobs = (result.logprobs,) if result.logprobs is not None else ()
+    if reason is not None:
+        finish(state, seq, reason)
+    return ChoiceDelta(seq.request.request_id, seq.index, (token,), logprobs, reason, stop_token)
+
+
+def finish(state: SchedulerState, seq: Sequence, reason: FinishReason) -> None:
+    """End a choice now; its resources retire behind its last submitted step."""
+    if seq.phase is Phase.RUNNING:
+        release(state, seq)
+    elif seq in state.waiting:
+        state.waiting.remove(seq)
+    seq.phase = Phase.FINISHED
+    seq.finish_reason = reason
+    seq.bump()
+
+
+def observe_duration(state: SchedulerState, step: Step, completion: Completion) -> None:
+    batch = 1 << max(0, len(step.seqs) - 1).bit_length()
+    tokens = 1 << max(0, step.num_tokens - 1).bit_length()
+    state.costs.observe(kind=step.kind, label=step.label, batch_capacity=batch,
+                        token_capacity=tokens, num_requests=len(step.seqs),
+                        duration_s=completion.duration_s, now=time.monotonic())

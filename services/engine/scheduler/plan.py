@@ -1,0 +1,143 @@
+"""Typed objects between the scheduler and the runner: the plan, the step, the completion.
+
+    plan = scheduler.plan()                 # which requests advance by how many tokens
+    step = scheduler.commit(plan, fence)    # concrete pages, restores, captures, sampling rows
+    runner.submit(step)                     # -> fence; asynchronous in shape
+    completion = runner.poll() / wait()
+    output = scheduler.complete(completion)
+
+A plan is immutable; it records each participant's state epoch. Mutating or retiring a
+participant (cancel, preemption, finish) bumps its epoch, and committing a plan whose epochs no
+longer match raises `PlanInvalidated`. Everything here is plain Python: ids, not tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from services.common.errors import InternalError
+from services.engine.scheduler.requests import SampledLogprobs
+
+
+class PlanInvalidated(InternalError):
+    """A participant changed between plan and commit: plan again."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotHandle:
+    """A live sequence: a physical slot and that slot's positive generation."""
+
+    slot: int
+    generation: int
+
+    def __str__(self) -> str:
+        return f"{self.slot}.{self.generation}"
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedSeq:
+    handle: SlotHandle
+    epoch: int            # the sequence's state epoch when planned
+    start: int            # tokens whose KV exists before the step
+    num_tokens: int       # tokens fed this step (0: resume sampling from a snapshot)
+    sample: bool          # the step reaches the end of the known tokens: sample one
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    scheduler_id: int
+    seqs: tuple[PlannedSeq, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.seqs)
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """Before the forward: copy a snapshot's partial tail (num_tokens rows) into a page."""
+
+    snapshot_id: int
+    page_id: int
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """After the forward: save the last fed row's hidden state and the partial tail page."""
+
+    snapshot_id: int
+    page_id: int          # page holding positions [endpoint - num_tokens, endpoint); -1 if none
+    num_tokens: int       # endpoint % page_size
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingInit:
+    """(Re)initialise a slot's sampling state: params, token history, seed."""
+
+    params: Any                          # the sampler's SamplingParams
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]    # tokens already generated (after preemption)
+    seed: int
+    logprobs: bool
+    top_logprobs: int
+
+
+@dataclass(frozen=True, slots=True)
+class SeqStep:
+    handle: SlotHandle
+    start: int                         # KV length before the step
+    token_ids: tuple[int, ...]         # fed tokens at positions start.. (() = resume sampling)
+    page_ids: tuple[int, ...]          # the sequence's page table after the step
+    sample: bool                       # sample a token after this step
+    output_index: int                  # index of the token sampled now (counter for the seed)
+    suppress_token_ids: tuple[int, ...] = ()   # ids masked before sampling (min_tokens)
+    resume_snapshot: int | None = None  # sample from this snapshot's hidden state
+    restore: Restore | None = None
+    capture: Capture | None = None
+    init: SamplingInit | None = None
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What the runner executes under one fence."""
+
+    fence: int
+    kind: str                          # prefill, decode, mixed, resume
+    seqs: tuple[SeqStep, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.seqs)
+
+    @property
+    def label(self) -> str:
+        """Capacity label as the dashboard shows it: b<batch capacity> t<token capacity>."""
+        batch = 1 << max(0, len(self.seqs) - 1).bit_length()
+        tokens = 1 << max(0, self.num_tokens - 1).bit_length()
+        return f"b{batch} t{tokens}"
+
+
+@dataclass(frozen=True, slots=True)
+class SeqResult:
+    handle: SlotHandle
+    consumed: int                      # KV length after the step (start + fed tokens)
+    token_id: int | None = None        # the sampled token, when the step sampled
+    logprobs: SampledLogprobs | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    fence: int
+    results: tuple[SeqResult, ...]
+    duration_s: float                  # measured execution time; < 0 when untimed
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise InternalError(f"invalid completion: {message}")

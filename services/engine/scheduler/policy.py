@@ -1,0 +1,109 @@
+"""The token-budget policy: which resident sequences advance this step, and by how much.
+
+1. Every resident sequence that is decoding (or resuming sampling from a snapshot) advances by
+   one token (zero for a resume), oldest first.
+2. Sequences with prompt (or, after preemption, replayed) tokens left get chunks, oldest first:
+   up to `prefill_chunk_size`, never past their next checkpoint endpoint or their known
+   tokens, within the step's `max_num_batched_tokens`. The oldest such sequence always gets at
+   least one 64-token chunk, so decodes can never starve a prompt.
+3. Pages come from the free pool, then from evicting unpinned cache leaves, then from
+   preempting younger resident sequences (youngest first). A sequence never preempts an older
+   one, so the oldest request always progresses: nobody starves.
+
+Order is arrival time shifted by priority (state.order_key). The cost model (issue 5) will
+rank candidate shapes by value per estimated duration; it plugs in here.
+"""
+
+from __future__ import annotations
+
+from services.engine.scheduler.plan import PlannedSeq
+from services.engine.scheduler.residency import drop_waiting_pins, preempt
+from services.engine.scheduler.sequence import Sequence
+from services.engine.scheduler.state import SchedulerState, order_key
+
+MIN_CHUNK = 64
+
+
+def select(state: SchedulerState) -> list[PlannedSeq]:
+    config = state.config
+    res = state.resources
+    candidates = sorted((s for s in state.running.values() if not s.in_flight), key=order_key)
+    decoding = [s for s in candidates if s.resume_snapshot is not None or s.is_decoding]
+    prefilling = [s for s in candidates if s not in decoding]
+    chosen: list[PlannedSeq] = []
+    chosen_seqs: set[int] = set()
+    budget = config.max_num_batched_tokens
+    reserved = 0                                   # pages promised to chosen sequences
+
+    def obtain(seq: Sequence, pages: int) -> bool:
+        nonlocal reserved
+        if pages <= 0:
+            return True
+        pins_dropped = False
+        while not res.reclaim(pages=reserved + pages):
+            if not pins_dropped:
+                pins_dropped = True
+                if drop_waiting_pins(state):
+                    continue
+            victim = _youngest_victim(state, seq, chosen_seqs)
+            if victim is None:
+                return False
+            preempt(state, victim)
+        reserved += pages
+        return True
+
+    for seq in decoding:
+        if seq.handle is None or seq.handle.slot not in state.running:
+            continue                                # preempted by an older sequence
+        tokens = 0 if seq.resume_snapshot is not None else 1
+        if obtain(seq, res.pages_for(seq.num_computed + tokens) - len(seq.page_ids)):
+            chosen.append(_planned(seq, tokens))
+            chosen_seqs.add(id(seq))
+            budget -= tokens
+    first_prefill = True
+    for seq in prefilling:
+        if seq.handle is None or seq.handle.slot not in state.running:
+            continue
+        allowance = max(budget, MIN_CHUNK) if first_prefill else budget
+        tokens = _chunk(seq, config.prefill_chunk_size, allowance)
+        if tokens <= 0:
+            break
+        pages = res.pages_for(seq.num_computed + tokens) - len(seq.page_ids)
+        if not obtain(seq, pages):
+            # take what fits in the pages we can get without preempting anyone
+            spare = res.pages.num_free + res.cache.num_evictable_pages - reserved
+            tokens = min(tokens, (len(seq.page_ids) + max(0, spare)) * res.page_size -
+                         seq.num_computed)
+            if tokens <= 0 or not obtain(seq, res.pages_for(seq.num_computed + tokens) -
+                                         len(seq.page_ids)):
+                continue
+        chosen.append(_planned(seq, tokens))
+        chosen_seqs.add(id(seq))
+        budget -= tokens
+        first_prefill = False
+    return chosen
+
+
+def _chunk(seq: Sequence, chunk_size: int, allowance: int) -> int:
+    """Tokens to feed: up to the chunk size and allowance, stopping at the next checkpoint."""
+    limit = seq.total_len
+    for target in seq.targets:
+        if target > seq.num_computed:
+            limit = min(limit, target)
+            break
+    return max(0, min(limit - seq.num_computed, chunk_size, allowance))
+
+
+def _planned(seq: Sequence, tokens: int) -> PlannedSeq:
+    assert seq.handle is not None
+    return PlannedSeq(seq.handle, seq.epoch, seq.num_computed, tokens,
+                      sample=seq.num_computed + tokens == seq.total_len)
+
+
+def _youngest_victim(state: SchedulerState, requester: Sequence,
+                     chosen: set[int]) -> Sequence | None:
+    mine = order_key(requester)
+    victims = [s for s in state.running.values()
+               if id(s) not in chosen and s is not requester and not s.in_flight
+               and order_key(s) > mine]
+    return max(victims, key=order_key) if victims else None

@@ -1,0 +1,96 @@
+"""The engine's domain request and what it streams back (no protobuf: see services/engine/wire.py).
+
+An `EngineRequest` is one Generate call after validation at the edge: prompt token ids, the
+sampler's parameters (opaque here), the stop rules the scheduler enforces, checkpoint
+endpoints, conditioning events (images) and `n` choices. Each choice becomes one sequence.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.engine.prefix.history import ConditioningEvent
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"            # EOS or a stop token id
+    LENGTH = "length"        # max_tokens, or the context is full
+    CANCELLED = "cancelled"  # aborted by the caller (or drained)
+    ERROR = "error"          # the engine failed
+
+
+@dataclass(frozen=True, slots=True)
+class StopRules:
+    """When a choice ends; enforced by the scheduler on committed tokens."""
+
+    max_tokens: int | None = None          # None: whatever the context leaves
+    min_tokens: int = 0                    # EOS/stop ids are suppressed until this many tokens
+    ignore_eos: bool = False
+    stop_token_ids: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: Any                          # the sampler's validated SamplingParams (opaque here)
+    stop: StopRules = field(default_factory=StopRules)
+    seed: int | None = None                # None: fresh entropy per request
+    logprobs: bool = False
+    top_logprobs: int = 0
+    checkpoint_token_ends: tuple[int, ...] = ()   # message endpoints, sorted, inside the prompt
+    conditioning: tuple[ConditioningEvent, ...] = ()
+    n: int = 1
+    priority: int = 0                      # larger runs earlier among equals
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class SampledLogprobs:
+    token_id: int
+    logprob: float
+    top: tuple[TokenLogprob, ...] = ()     # best alternatives, highest first
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceDelta:
+    """One choice's progress in one engine step."""
+
+    request_id: str
+    index: int                              # choice index
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[SampledLogprobs, ...] = ()
+    finish_reason: FinishReason | None = None
+    stop_token_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """Admission succeeded: the request is queued (its first stream message)."""
+
+    request_id: str
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class RequestUpdate:
+    """Everything one request gained in one engine step (one IPC item per request)."""
+
+    request_id: str
+    deltas: tuple[ChoiceDelta, ...]
+    usage: Usage
+    finished: bool                          # every choice has finished

@@ -1,0 +1,136 @@
+"""Moving sequences in and out of slots: residency (with prefix lookup), preemption, release.
+
+A sequence becomes resident when a slot is free and the pages for its first chunk can be
+obtained. Residency looks the prompt up in the prefix cache, pins the hit (its pages become the
+front of the page table), plans a restore of the hit's partial tail page, selects checkpoint
+endpoints and reserves their snapshot rows. Release gives everything back behind the fence of
+the sequence's last submitted step: pins are released after use is recorded, private pages and
+snapshot rows retire, and the slot retires until that fence completes.
+"""
+
+from __future__ import annotations
+
+from services.engine.scheduler.checkpoints import select_checkpoint_ends
+from services.engine.scheduler.sequence import Phase, Sequence
+from services.engine.scheduler.state import SchedulerState
+
+
+def is_eligible(seq: Sequence) -> bool:
+    """Followers (choices 1..n-1) wait until the leader has consumed the prompt, so that they
+    share its prompt pages through the prompt-end checkpoint."""
+    if seq.index == 0:
+        return True
+    leader = seq.request.seqs[0]
+    return leader.is_finished or leader.num_computed >= leader.prompt_len
+
+
+def admit_waiting(state: SchedulerState) -> None:
+    """Make waiting sequences resident, oldest first, while slots and pages allow.
+
+    The head of the queue is never overtaken by a younger sequence that happens to fit (so a
+    long prompt cannot be starved); only ineligible followers are skipped."""
+    res = state.resources
+    index = 0
+    while index < len(state.waiting) and state.slots.num_free:
+        seq = state.waiting[index]
+        if not is_eligible(seq):
+            index += 1
+            continue
+        hit = res.cache.lookup(seq.request.history, seq.prompt_len, count=False)
+        first = min(state.config.prefill_chunk_size, seq.total_len - hit.endpoint)
+        needed = res.pages_for(hit.endpoint + first) - len(hit.page_ids)
+        headroom = len(state.running)           # one page per resident sequence, soon
+        if res.reclaimable_pages() < needed + headroom:
+            if not drop_waiting_pins(state) or res.reclaimable_pages() < needed + headroom:
+                break
+            continue                             # pins dropped: look the head up again
+        del state.waiting[index]
+        make_resident(state, seq, hit)
+
+
+def make_resident(state: SchedulerState, seq: Sequence, hit) -> None:
+    res = state.resources
+    handle = state.slots.acquire()
+    assert handle is not None
+    seq.handle = handle
+    seq.phase = Phase.RUNNING
+    seq.bump()
+    seq.needs_init = True
+    if hit.checkpoint is not None:
+        seq.base = hit.checkpoint
+        seq.pins.append(res.cache.pin(hit.checkpoint))
+    request = seq.request
+    if seq.index == 0 and request.admission_pin is not None:
+        res.cache.unpin(request.admission_pin)      # replaced by the residency pin
+        request.admission_pin = None
+    seq.page_ids = list(hit.page_ids)
+    seq.private_pages = set()
+    seq.num_computed = hit.endpoint
+    if hit.checkpoint is not None and hit.endpoint % res.page_size:
+        seq.restore = (hit.checkpoint.snapshot_id, hit.endpoint % res.page_size)
+    if hit.checkpoint is not None and hit.endpoint == seq.total_len:
+        seq.resume_snapshot = hit.checkpoint.snapshot_id
+    if seq.index == 0:
+        _reserve_checkpoints(state, seq)
+    state.running[handle.slot] = seq
+
+
+def _reserve_checkpoints(state: SchedulerState, seq: Sequence) -> None:
+    res = state.resources
+    wanted = select_checkpoint_ends(
+        prompt_len=seq.prompt_len, message_ends=seq.request.request.checkpoint_token_ends,
+        reused=seq.num_computed, extra_fraction=state.config.checkpoint_extra_fraction)
+    kept: list[int] = []
+    for endpoint in wanted:               # most important first; keep what rows allow
+        if not res.reclaim(snapshots=1):
+            break
+        (row,) = res.snapshots.allocate(1)
+        seq.target_snapshots[endpoint] = row
+        kept.append(endpoint)
+    seq.targets = sorted(kept)
+
+
+def drop_waiting_pins(state: SchedulerState) -> bool:
+    """Release the admission pins of queued requests (page pressure); True if any."""
+    dropped = False
+    for request in state.requests.values():
+        if request.admission_pin is not None:
+            state.resources.cache.unpin(request.admission_pin)
+            request.admission_pin = None
+            dropped = True
+    return dropped
+
+
+def release(state: SchedulerState, seq: Sequence) -> None:
+    """Give back a resident sequence's slot, pins, pages and rows behind its last use."""
+    res = state.resources
+    fence = seq.in_flight or seq.last_fence
+    for pin in seq.pins:
+        res.cache.mark_used(pin.checkpoint, fence)
+        res.cache.unpin(pin)
+    seq.pins.clear()
+    res.retire_pages(seq.private_pages, fence)
+    res.retire_snapshots(list(seq.target_snapshots.values()), fence)
+    seq.private_pages = set()
+    seq.target_snapshots.clear()
+    seq.targets.clear()
+    seq.page_ids.clear()
+    seq.base = None
+    seq.restore = None
+    seq.resume_snapshot = None
+    if seq.handle is not None:
+        state.running.pop(seq.handle.slot, None)
+        state.slots.release(seq.handle, fence, res.completed)
+    seq.bump()
+
+
+def preempt(state: SchedulerState, seq: Sequence) -> None:
+    """Take a resident sequence out of its slot; it resumes later from a fresh lookup."""
+    release(state, seq)
+    seq.handle = None
+    seq.phase = Phase.PREEMPTED
+    seq.num_computed = 0
+    seq.in_flight = 0
+    seq.needs_init = True
+    state.counters.preemptions += 1
+    state.enqueue(seq)

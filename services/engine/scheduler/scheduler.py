@@ -1,0 +1,266 @@
+"""Scheduler: the live-request scheduler's verbs.
+
+    admitted = scheduler.admit(request)       # validate, look up the prefix, queue (or raise)
+    plan = scheduler.plan()                   # who advances by how many tokens (or None)
+    step = scheduler.commit(plan, fence)      # reserve pages/rows, record use -> runner input
+    update = scheduler.complete(completion)   # validate, commit tokens, publish, finish
+    scheduler.cancel(request_id)              # stop now; resources retire after last use
+
+The scheduler sees token counts, not phases: a sequence has `num_computed` tokens of KV and
+`total_len` known tokens; a step feeds some of the difference and samples when it reaches the
+end. Chunked prefill, prefix hits (num_computed starts at the hit), resumption after preemption
+and decode (one token) are the same arithmetic. Plain Python: no torch, no devices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import secrets
+import time
+
+from services.common.errors import CapacityError, ValidationError
+from services.engine.prefix.history import PrefixHistory
+from services.engine.scheduler import completion as completing
+from services.engine.scheduler.admission import AdmissionLimits, validate_request
+from services.engine.scheduler.plan import (
+    Capture,
+    Completion,
+    Plan,
+    PlanInvalidated,
+    Restore,
+    SamplingInit,
+    SeqStep,
+    Step,
+)
+from services.engine.scheduler.policy import select
+from services.engine.scheduler.requests import (
+    Admitted,
+    ChoiceDelta,
+    EngineRequest,
+    FinishReason,
+    RequestUpdate,
+    Usage,
+)
+from services.engine.scheduler.residency import admit_waiting
+from services.engine.scheduler.resources import KVResources
+from services.engine.scheduler.sequence import Phase, RequestState, Sequence
+from services.engine.scheduler.slots import SlotTable
+from services.engine.scheduler.state import PRIORITY_STEP_S, SchedulerConfig, SchedulerState
+
+_scheduler_ids = itertools.count(1)
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """Choice 0 uses the request's seed; further choices derive independent seeds from it."""
+    if index == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, resources: KVResources,
+                 model_identity: bytes) -> None:
+        self.id = next(_scheduler_ids)
+        self.state = SchedulerState(config, resources, SlotTable(config.max_num_seqs))
+        self.identity = model_identity
+        self.limits = AdmissionLimits(
+            vocab_size=config.vocab_size, max_model_len=config.max_model_len,
+            page_size=resources.page_size, num_pages=resources.pages.capacity,
+            max_waiting=config.max_waiting, context_hint=config.context_hint,
+            capacity_hint=config.capacity_hint, supports_images=config.supports_images)
+
+    # -- admission --------------------------------------------------------------------------
+    def admit(self, request: EngineRequest, *, now: float | None = None) -> Admitted:
+        state = self.state
+        now = time.monotonic() if now is None else now
+        try:
+            stop = validate_request(request, self.limits)
+            if request.request_id in state.requests:
+                raise ValidationError(f"request id {request.request_id!r} is already live",
+                                      param="request_id")
+            queued = sum(1 for r in state.requests.values()
+                         if all(s.phase is Phase.QUEUED for s in r.seqs))
+            if queued >= state.config.max_waiting:
+                raise CapacityError(
+                    f"the engine's waiting queue is full ({state.config.max_waiting} requests)",
+                    hint=state.config.capacity_hint, retry_after_s=1.0)
+        except Exception:
+            state.counters.requests_rejected += 1
+            raise
+        history = PrefixHistory(self.identity, request.prompt_token_ids, request.conditioning)
+        record = RequestState(request, history, stop,
+                              arrival=now - PRIORITY_STEP_S * request.priority,
+                              serial=state.next_serial)
+        state.next_serial += 1
+        hit = state.resources.cache.lookup(history, len(history))
+        if hit.checkpoint is not None:
+            record.admission_pin = state.resources.cache.pin(hit.checkpoint)
+            record.cached_tokens = hit.endpoint
+        seed = request.seed if request.seed is not None else secrets.randbits(63)
+        record.seqs = [Sequence(record, i, choice_seed(seed, i)) for i in range(request.n)]
+        state.requests[request.request_id] = record
+        for seq in record.seqs:
+            state.enqueue(seq)
+        state.counters.requests_admitted += 1
+        return Admitted(request.request_id, self._usage(record))
+
+    def cancel(self, request_id: str, reason: FinishReason = FinishReason.CANCELLED
+               ) -> RequestUpdate | None:
+        """Stop a request now (idempotent: None when it is not live)."""
+        record = self.state.requests.get(request_id)
+        if record is None:
+            return None
+        record.cancelled = True
+        deltas = []
+        for seq in record.seqs:
+            if not seq.is_finished:
+                completing.finish(self.state, seq, reason)
+                deltas.append(ChoiceDelta(request_id, seq.index, finish_reason=reason))
+        self._retire_request(record)
+        return RequestUpdate(request_id, tuple(deltas), self._usage(record), finished=True)
+
+    def fail_all(self) -> list[RequestUpdate]:
+        """Finish every live request with ERROR (the engine cannot continue)."""
+        return [u for rid in list(self.state.requests)
+                if (u := self.cancel(rid, FinishReason.ERROR)) is not None]
+
+    # -- the step ---------------------------------------------------------------------------
+    def plan(self) -> Plan | None:
+        admit_waiting(self.state)
+        selected = select(self.state)
+        if not selected:
+            return None
+        return Plan(self.id, tuple(selected))
+
+    def commit(self, plan: Plan, fence: int) -> Step:
+        state = self.state
+        res = state.resources
+        if plan.scheduler_id != self.id:
+            raise PlanInvalidated("the plan belongs to another scheduler")
+        seqs: list[Sequence] = []
+        for planned in plan.seqs:
+            seq = state.resident(planned.handle)
+            if seq is None or seq.epoch != planned.epoch or seq.in_flight:
+                raise PlanInvalidated(f"slot {planned.handle} changed after planning")
+            seqs.append(seq)
+        if fence != res.fences.next_fence:
+            raise PlanInvalidated(f"fence {fence} is not the next fence "
+                                  f"({res.fences.next_fence})")
+        needed = sum(max(0, res.pages_for(p.start + p.num_tokens) - len(s.page_ids))
+                     for p, s in zip(plan.seqs, seqs, strict=True))
+        if not res.reclaim(pages=needed):
+            raise PlanInvalidated(f"{needed} pages are no longer available")
+        res.fences.issue()
+        steps = tuple(self._commit_seq(seq, planned.start, planned.num_tokens,
+                                       planned.sample, fence)
+                      for planned, seq in zip(plan.seqs, seqs, strict=True))
+        step = Step(fence, _step_kind(steps), steps)
+        state.in_flight[fence] = step
+        state.counters.launches_by_kind[step.kind] += 1
+        return step
+
+    def _commit_seq(self, seq: Sequence, start: int, num_tokens: int, sample: bool,
+                    fence: int) -> SeqStep:
+        res = self.state.resources
+        size = res.page_size
+        first_new = len(seq.page_ids)
+        new_pages = res.pages.allocate(max(0, res.pages_for(start + num_tokens) - first_new))
+        seq.page_ids.extend(new_pages)
+        seq.private_pages.update(new_pages)
+        restore = None
+        if seq.restore is not None and num_tokens:
+            snapshot_id, rows = seq.restore
+            restore = Restore(snapshot_id, seq.page_ids[start // size], rows)
+            seq.restore = None
+        end = start + num_tokens
+        capture = None
+        if num_tokens and end in seq.target_snapshots:
+            capture = Capture(seq.target_snapshots[end],
+                              seq.page_ids[end // size] if end % size else -1, end % size)
+        init = None
+        if seq.needs_init:
+            request = seq.request.request
+            init = SamplingInit(request.sampling, request.prompt_token_ids,
+                                tuple(seq.output_ids), seq.seed, request.logprobs,
+                                request.top_logprobs)
+            seq.needs_init = False
+        rules = seq.request.stop
+        suppress: tuple[int, ...] = ()
+        if sample and len(seq.output_ids) < rules.min_tokens:
+            ids = set(rules.stop_token_ids)
+            if not rules.ignore_eos:
+                ids |= self.state.config.eos_token_ids
+            suppress = tuple(sorted(ids))
+        for pin in seq.pins:
+            res.cache.mark_used(pin.checkpoint, fence)
+        seq.in_flight = seq.last_fence = fence
+        seq.bump()
+        return SeqStep(
+            handle=seq.handle, start=start, token_ids=seq.tokens(start, end),  # type: ignore[arg-type]
+            page_ids=tuple(seq.page_ids), sample=sample, output_index=len(seq.output_ids),
+            suppress_token_ids=suppress,
+            resume_snapshot=seq.resume_snapshot if num_tokens == 0 else None,
+            restore=restore, capture=capture, init=init)
+
+    def complete(self, completion: Completion) -> list[RequestUpdate]:
+        state = self.state
+        step = completing.validate(state, completion)
+        del state.in_flight[completion.fence]
+        state.resources.advance_completed(completion.fence)
+        state.slots.advance_completed(completion.fence)
+        completing.observe_duration(state, step, completion)
+        now = time.monotonic()
+        touched: dict[str, list[ChoiceDelta]] = {}
+        for planned, result in zip(step.seqs, completion.results, strict=True):
+            delta = completing.apply_result(state, step, planned, result, now)
+            if delta is not None:
+                touched.setdefault(delta.request_id, []).append(delta)
+        updates = []
+        for request_id, deltas in touched.items():
+            record = state.requests[request_id]
+            finished = record.is_finished
+            if finished:
+                self._retire_request(record)
+            updates.append(RequestUpdate(request_id, tuple(deltas), self._usage(record),
+                                         finished))
+        return updates
+
+    # -- reading ----------------------------------------------------------------------------
+    @property
+    def num_active(self) -> int:
+        return len(self.state.requests)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.state.requests) or bool(self.state.in_flight)
+
+    def _usage(self, record: RequestState) -> Usage:
+        return Usage(len(record.request.prompt_token_ids), record.completion_tokens,
+                     record.cached_tokens)
+
+    def _retire_request(self, record: RequestState) -> None:
+        state = self.state
+        if state.requests.pop(record.request_id, None) is None:
+            return
+        if record.admission_pin is not None:
+            state.resources.cache.unpin(record.admission_pin)
+            record.admission_pin = None
+        reasons = {s.finish_reason for s in record.seqs}
+        if FinishReason.ERROR in reasons:
+            state.counters.requests_failed += 1
+        elif record.cancelled:
+            state.counters.requests_cancelled += 1
+        else:
+            state.counters.requests_completed += 1
+
+
+def _step_kind(seqs: tuple[SeqStep, ...]) -> str:
+    decode = sum(1 for s in seqs if s.sample and len(s.token_ids) == 1 and s.output_index > 0)
+    resume = sum(1 for s in seqs if not s.token_ids)
+    if resume == len(seqs):
+        return "resume"
+    if decode + resume == len(seqs):
+        return "decode"
+    return "prefill" if decode == 0 else "mixed"

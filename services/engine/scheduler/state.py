@@ -1,0 +1,69 @@
+"""SchedulerState: everything the scheduler's verbs share (no logic beyond bookkeeping)."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from services.engine.scheduler.costs import DurationEstimator
+from services.engine.scheduler.plan import SlotHandle, Step
+from services.engine.scheduler.resources import KVResources
+from services.engine.scheduler.sequence import RequestState, Sequence
+from services.engine.scheduler.slots import SlotTable
+from services.engine.scheduler.stats import SchedulerCounters
+
+PRIORITY_STEP_S = 1.0   # one priority unit counts as having arrived this much earlier
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64                # live request slots
+    max_waiting: int = 256                # bounded waiting queue (requests)
+    prefill_chunk_size: int = 512         # prompt tokens per sequence per step (64-aligned)
+    max_num_batched_tokens: int = 576     # tokens per step across sequences
+    max_model_len: int = 4096             # effective context limit
+    vocab_size: int = 0
+    eos_token_ids: frozenset[int] = frozenset()
+    checkpoint_extra_fraction: float = 0.05
+    context_hint: str = ""
+    capacity_hint: str = ""
+    supports_images: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_waiting < 0:
+            raise ValueError("max_num_seqs must be >= 1 and max_waiting >= 0")
+        if self.prefill_chunk_size < 64 or self.prefill_chunk_size % 64:
+            raise ValueError("prefill_chunk_size must be a positive multiple of 64")
+        if self.max_num_batched_tokens < 64:
+            raise ValueError("max_num_batched_tokens must be >= 64")
+
+
+def order_key(seq: Sequence) -> tuple[float, int, int]:
+    """Fairness order: earlier (priority-shifted) arrival first, then admission order."""
+    return (seq.request.arrival, seq.request.serial, seq.index)
+
+
+@dataclass(eq=False, slots=True)
+class SchedulerState:
+    config: SchedulerConfig
+    resources: KVResources
+    slots: SlotTable
+    requests: dict[str, RequestState] = field(default_factory=dict)
+    waiting: list[Sequence] = field(default_factory=list)     # sorted by order_key
+    running: dict[int, Sequence] = field(default_factory=dict)  # slot -> resident sequence
+    in_flight: dict[int, Step] = field(default_factory=dict)    # fence -> committed step
+    counters: SchedulerCounters = field(default_factory=SchedulerCounters)
+    costs: DurationEstimator = field(default_factory=DurationEstimator)
+    next_serial: int = 0
+
+    def enqueue(self, seq: Sequence) -> None:
+        keys = [order_key(s) for s in self.waiting]
+        self.waiting.insert(bisect.bisect(keys, order_key(seq)), seq)
+
+    def resident(self, handle: SlotHandle) -> Sequence | None:
+        seq = self.running.get(handle.slot)
+        return seq if seq is not None and seq.handle == handle else None
+
+    @property
+    def page_size(self) -> int:
+        return self.resources.page_size

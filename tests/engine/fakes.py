@@ -1,0 +1,137 @@
+"""A fake runner whose "model" reads its KV cache through the page table.
+
+The fake writes each fed token id into its page slot, and a sampled token is a hash of the
+whole prefix *as read back through the page table* (or of a snapshot's saved state). So any
+paging mistake (a page reused too early, a wrong restore, a missing capture) changes the tokens,
+and `reference_tokens` says what a correct engine must produce for a prompt, whatever the
+batching, chunking, caching or preemption. Completions can be held back to test in-flight
+cancellation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import Sequence
+
+from services.engine.scheduler.plan import Completion, SeqResult, Step
+from services.engine.scheduler.requests import RequestUpdate
+from services.engine.scheduler.scheduler import Scheduler, choice_seed
+
+
+def _fingerprint(tokens: Sequence[int | None]) -> bytes:
+    return hashlib.blake2b(repr(tuple(tokens)).encode(), digest_size=16).digest()
+
+
+def next_token(fingerprint: bytes, seed: int, vocab: int) -> int:
+    digest = hashlib.blake2b(fingerprint + seed.to_bytes(8, "little"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % vocab
+
+
+def reference_tokens(prompt: Sequence[int], count: int, *, seed: int = 0, vocab: int = 1000,
+                     eos: frozenset[int] = frozenset(), choice: int = 0) -> list[int]:
+    tokens = list(prompt)
+    out: list[int] = []
+    seed = choice_seed(seed, choice)
+    while len(out) < count:
+        token = next_token(_fingerprint(tokens), seed, vocab)
+        out.append(token)
+        tokens.append(token)
+        if token in eos:
+            break
+    return out
+
+
+class FakeRunner:
+    def __init__(self, *, num_pages: int, page_size: int, num_snapshots: int,
+                 vocab: int = 1000) -> None:
+        self.page_size = page_size
+        self.vocab = vocab
+        self.kv: list[list[int | None]] = [[None] * page_size for _ in range(num_pages)]
+        self.snapshot_tail: dict[int, tuple[int | None, ...]] = {}
+        self.snapshot_state: dict[int, bytes] = {}
+        self.seeds: dict[int, int] = {}
+        self.done: deque[Completion] = deque()
+        self.hold = False                 # keep completions back until release()
+        self.held: deque[Completion] = deque()
+        self.steps: list[Step] = []
+
+    def submit(self, step: Step) -> int:
+        self.steps.append(step)
+        size = self.page_size
+        for s in step.seqs:
+            if s.init is not None:
+                self.seeds[s.handle.slot] = s.init.seed
+            if s.restore is not None:
+                tail = self.snapshot_tail[s.restore.snapshot_id]
+                assert len(tail) == s.restore.num_tokens
+                self.kv[s.restore.page_id][:len(tail)] = list(tail)
+        for s in step.seqs:
+            for j, token in enumerate(s.token_ids):
+                pos = s.start + j
+                self.kv[s.page_ids[pos // size]][pos % size] = token
+        results = []
+        for s in step.seqs:
+            state = b""
+            if s.token_ids:
+                prefix = [self.kv[s.page_ids[p // size]][p % size] for p in range(s.end)]
+                state = _fingerprint(prefix)
+            if s.capture is not None:
+                self.snapshot_state[s.capture.snapshot_id] = state
+                tail = self.kv[s.capture.page_id][:s.capture.num_tokens] \
+                    if s.capture.num_tokens else []
+                self.snapshot_tail[s.capture.snapshot_id] = tuple(tail)
+            token = None
+            if s.sample:
+                if s.resume_snapshot is not None:
+                    state = self.snapshot_state[s.resume_snapshot]
+                seed = self.seeds[s.handle.slot]
+                token = next_token(state, seed, self.vocab)
+                banned = set(s.suppress_token_ids)
+                while token in banned:          # what a sampler's mask does
+                    token = (token + 1) % self.vocab
+            results.append(SeqResult(s.handle, s.end, token))
+        completion = Completion(step.fence, tuple(results), duration_s=0.001)
+        (self.held if self.hold else self.done).append(completion)
+        return step.fence
+
+    def poll(self) -> Completion | None:
+        return self.done.popleft() if self.done else None
+
+    def release(self) -> None:
+        self.done.extend(self.held)
+        self.held.clear()
+
+
+def run_step(scheduler: Scheduler, runner: FakeRunner) -> tuple[bool, list[RequestUpdate]]:
+    """One plan -> commit -> submit -> complete round; (did anything happen, updates)."""
+    updates: list[RequestUpdate] = []
+    plan = scheduler.plan()
+    if plan is not None:
+        fence = scheduler.state.resources.fences.next_fence
+        runner.submit(scheduler.commit(plan, fence))
+    completed = False
+    while (completion := runner.poll()) is not None:
+        updates.extend(scheduler.complete(completion))
+        completed = True
+    return plan is not None or completed, updates
+
+
+def run_until_idle(scheduler: Scheduler, runner: FakeRunner, max_steps: int = 10_000
+                   ) -> dict[str, dict[int, list[int]]]:
+    """Drive until no work is left; returns request id -> choice -> tokens."""
+    outputs: dict[str, dict[int, list[int]]] = {}
+    for _ in range(max_steps):
+        ran, updates = run_step(scheduler, runner)
+        collect(outputs, updates)
+        if not scheduler.has_work:
+            return outputs
+        assert ran or scheduler.state.in_flight, "the scheduler stalled with work left"
+    raise AssertionError("did not finish")
+
+
+def collect(outputs: dict[str, dict[int, list[int]]], updates: list[RequestUpdate]) -> None:
+    for update in updates:
+        for delta in update.deltas:
+            outputs.setdefault(update.request_id, {}).setdefault(delta.index, []).extend(
+                delta.token_ids)

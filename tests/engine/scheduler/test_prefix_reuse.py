@@ -1,0 +1,82 @@
+"""Prefix hits through the scheduler: full (resume sampling), partial, unaligned, n > 1."""
+
+from __future__ import annotations
+
+from tests.engine.fakes import reference_tokens, run_until_idle
+from tests.engine.scheduler.conftest import VOCAB, make_engine, prompt_of, request
+
+
+def test_full_prompt_hit_resumes_sampling_without_replaying_the_prompt():
+    scheduler, runner = make_engine()
+    prompt = prompt_of(101)                     # not page aligned: the tail is restored
+    scheduler.admit(request("a", prompt, 6))
+    run_until_idle(scheduler, runner)
+    before = len(runner.steps)
+    admitted = scheduler.admit(request("b", prompt, 6))
+    assert admitted.usage.cached_tokens == 101
+    out = run_until_idle(scheduler, runner)
+    assert out["b"][0] == reference_tokens(prompt, 6, vocab=VOCAB)
+    steps = runner.steps[before:]
+    assert steps[0].kind == "resume" and steps[0].num_tokens == 0
+    assert steps[1].seqs[0].restore is not None and steps[1].seqs[0].restore.num_tokens == 1
+    fed = sum(s.num_tokens for s in steps)
+    assert fed == 5                              # only the generated tokens, no prompt replay
+    counters = scheduler.state.resources.cache.counters
+    assert counters.hits == 1 and counters.reused_tokens == 101
+
+
+def test_partial_hit_at_a_message_boundary():
+    scheduler, runner = make_engine()
+    shared = prompt_of(90)
+    first = shared + prompt_of(30, salt=1)
+    second = shared + prompt_of(45, salt=2)
+    scheduler.admit(request("a", first, 4, ends=(90,)))
+    run_until_idle(scheduler, runner)
+    before = len(runner.steps)
+    assert scheduler.admit(request("b", second, 4, ends=(90,))).usage.cached_tokens == 90
+    out = run_until_idle(scheduler, runner)
+    assert out["b"][0] == reference_tokens(second, 4, vocab=VOCAB)
+    steps = runner.steps[before:]
+    assert steps[0].seqs[0].start == 90 and steps[0].seqs[0].restore is not None
+    assert steps[0].seqs[0].restore.num_tokens == 90 % 4
+
+
+def test_prefill_stops_at_each_selected_checkpoint():
+    scheduler, runner = make_engine(prefill_chunk_size=128, max_num_batched_tokens=256)
+    prompt = prompt_of(300)
+    scheduler.admit(request("a", prompt, 2, ends=(40, 100, 250)))
+    run_until_idle(scheduler, runner)
+    ends = [s.seqs[0].end for s in runner.steps if s.seqs[0].token_ids]
+    # the prompt end, the last and the first message boundary are checkpoints
+    assert 40 in ends and 250 in ends and 300 in ends
+    captured = [s.seqs[0].capture.num_tokens for s in runner.steps if s.seqs[0].capture]
+    assert captured == [40 % 4, 250 % 4, 300 % 4]
+    assert scheduler.state.resources.cache.num_checkpoints == 3
+
+
+def test_n_choices_share_the_prompt_pages():
+    scheduler, runner = make_engine()
+    prompt = prompt_of(77)
+    scheduler.admit(request("a", prompt, 5, n=3, seed=11))
+    out = run_until_idle(scheduler, runner)
+    for i in range(3):
+        assert out["a"][i] == reference_tokens(prompt, 5, seed=11, vocab=VOCAB, choice=i)
+    assert len({tuple(v) for v in out["a"].values()}) == 3
+    prompt_fed = sum(len(s.token_ids) for step in runner.steps for s in step.seqs
+                     if s.start < 77)
+    assert prompt_fed == 77                     # the prompt ran once for three choices
+    resumes = [s for step in runner.steps for s in step.seqs if s.resume_snapshot is not None]
+    assert len(resumes) == 2
+
+
+def test_identical_concurrent_prompts_publish_once():
+    scheduler, runner = make_engine()
+    prompt = prompt_of(64)
+    scheduler.admit(request("a", prompt, 3))
+    scheduler.admit(request("b", prompt, 3, seed=5))
+    out = run_until_idle(scheduler, runner)
+    assert out["b"][0] == reference_tokens(prompt, 3, seed=5, vocab=VOCAB)
+    cache = scheduler.state.resources.cache
+    assert cache.counters.duplicates == 1 and cache.num_checkpoints == 1
+    pool = scheduler.state.resources.pages
+    assert pool.num_free + cache.num_cached_pages == pool.capacity
