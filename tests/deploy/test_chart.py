@@ -53,6 +53,25 @@ def test_every_object_is_valid_kubernetes(scenario):
     assert [p for p in problems if p] == [], name
 
 
+def test_valid_for_the_newest_kubernetes_too(renders):
+    import kubernetes_validate
+
+    newest = kubernetes_validate.latest_version()
+    problems = [validate_kubernetes(o, newest) for o in renders["everything"].objects
+                if o["kind"] != "ServiceMonitor"]
+    assert [p for p in problems if p] == [], newest
+
+
+def test_validation_is_real(renders):
+    """The schemas catch a misspelt field, so a clean result means something."""
+    import copy
+
+    engine = copy.deepcopy(next(w for w in renders["default"].workloads()
+                                if component(w) == "engine"))
+    pod_spec(engine)["containers"][0]["readinessProb"] = {}
+    assert "readinessProb" in (validate_kubernetes(engine) or "")
+
+
 def test_objects_are_unique_and_namespaced_by_release(scenario):
     _, rendered = scenario
     keys = [(o["kind"], o["metadata"]["name"]) for o in rendered.objects]

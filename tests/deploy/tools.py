@@ -129,13 +129,13 @@ def hadolint(path: Path) -> subprocess.CompletedProcess:
 
 # ---- Kubernetes schemas --------------------------------------------------------------------------
 
-def validate_kubernetes(obj: dict[str, Any]) -> str | None:
-    """None when `obj` is valid for KUBE_VERSION (strict: no unknown fields), else the reason.
+def validate_kubernetes(obj: dict[str, Any], version: str = KUBE_VERSION) -> str | None:
+    """None when `obj` is valid for `version` (strict: no unknown fields), else the reason.
     Kinds with no built-in schema (CRDs such as ServiceMonitor) raise SchemaNotFoundError."""
     import kubernetes_validate
 
     try:
-        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+        kubernetes_validate.validate(obj, version, strict=True)
     except kubernetes_validate.ValidationError as exc:
         return f"{obj['kind']} {obj['metadata']['name']}: {'.'.join(map(str, exc.path))}: {exc.message}"
     return None
