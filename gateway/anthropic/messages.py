@@ -60,9 +60,10 @@ def usage_object(usage: Usage) -> dict[str, Any]:
 
 def to_generation(body: MessagesRequest, message_id: str) -> GenerationRequest:
     body.check_thinking()
-    chat = body.chat_input()
+    chat = body.generation_chat()
     return GenerationRequest(
         request_id=message_id, model=body.model, input=chat,
+        response_format=body.response_format(),
         sampling=Sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                           max_tokens=body.max_tokens),
         stop=tuple(s for s in body.stop_sequences or () if s),

@@ -9,6 +9,8 @@ kept); `thinking` goes back as reasoning_content; `cache_control` is ignored.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
@@ -17,6 +19,8 @@ from gateway.domain import (
     ChatInput,
     ChatMessage,
     ContentPart,
+    ResponseFormat,
+    ResponseFormatType,
     ToolCall,
     ToolChoice,
     ToolChoiceMode,
@@ -262,6 +266,16 @@ class Metadata(ApiModel):
     user_id: str | None = None
 
 
+class OutputFormat(ApiModel):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(ApiModel):
+    effort: str | None = None
+    format: OutputFormat | None = None
+
+
 class MessagesRequest(ChatFields):
     max_tokens: PositiveUInt32
     stop_sequences: list[str] | None = None
@@ -271,6 +285,23 @@ class MessagesRequest(ChatFields):
     stream: bool | None = False
     metadata: Metadata | None = None
     service_tier: str | None = None
+    output_config: OutputConfig | None = None
+
+    def response_format(self) -> ResponseFormat:
+        fmt = self.output_config.format if self.output_config else None
+        if fmt is None:
+            return ResponseFormat()
+        return ResponseFormat(ResponseFormatType.JSON_SCHEMA, schema_json=json_text(fmt.schema_))
+
+    def generation_chat(self) -> ChatInput:
+        """The chat input, with `output_config.effort` passed to the template."""
+        chat = self.chat_input()
+        effort = self.output_config.effort if self.output_config else None
+        if effort is None:
+            return chat
+        kwargs = json.loads(chat.chat_template_kwargs_json or "{}")
+        kwargs.setdefault("reasoning_effort", effort)
+        return dataclasses.replace(chat, chat_template_kwargs_json=json_text(kwargs))
 
     def check_thinking(self) -> None:
         thinking = self.thinking

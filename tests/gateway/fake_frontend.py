@@ -2,7 +2,7 @@
 
 The last user message (or the completion prompt) may hold a script, built with `script()`:
 
-    script(text=["Hel", "lo"], reasoning=["hmm"], tools=[{"name": "f", "arguments": ['{"a"', ':1}']}],
+    script(text=["Hel", "lo"], numbered=[count, size], reasoning=["hmm"], tools=[{"name": "f", "arguments": ['{"a"', ':1}']}],
            finish="tool_calls", error={"kind": "capacity", "message": "full"}, error_after=2,
            delay_s=0.01, hang=True, prompt_tokens=7, logprobs=True)
 
@@ -106,7 +106,11 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
             for piece in spec.get("reasoning", []):
                 events.append(E(index=index, reasoning=frontend_pb2.ReasoningDelta(text=piece)))
                 completion += 1
-            for piece in spec.get("text", DEFAULT_TEXT if "tools" not in spec else []):
+            pieces = spec.get("text", DEFAULT_TEXT if "tools" not in spec else [])
+            if "numbered" in spec:   # [count, size]: distinct numbered pieces, bulk output
+                count, size = spec["numbered"]
+                pieces = [f"<{i:06d}>" + "x" * size for i in range(count)]
+            for piece in pieces:
                 event = E(index=index, text=frontend_pb2.TextDelta(text=piece))
                 if logprobs:
                     event.logprobs.extend(_logprobs(piece))
