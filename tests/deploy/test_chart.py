@@ -393,3 +393,36 @@ def test_notes_tell_how_to_reach_it(renders):
     assert "port-forward svc/helios-gateway" in renders["default"].notes
     assert "helios-demo" in renders["default"].notes
     assert "/models/qwen3-8b" in renders["gpu"].notes
+
+
+def test_helm_test_checks_health_through_the_service(renders):
+    (pod,) = [o for o in renders["default"].of_kind("Pod")
+              if o["metadata"]["annotations"].get("helm.sh/hook") == "test"]
+    (container,) = pod["spec"]["containers"]
+    script = container["command"][-1]
+    assert "http://helios-gateway:80/health" in script
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["spec"]["restartPolicy"] == "Never"
+    # the script really checks: run it against a server that answers 503
+    import http.server
+    import subprocess
+    import sys
+    import threading
+
+    class Unhealthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(503)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unhealthy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        local = script.replace("helios-gateway:80", f"127.0.0.1:{server.server_port}")
+        result = subprocess.run([sys.executable, "-c", local], capture_output=True, timeout=30)
+        assert result.returncode != 0
+    finally:
+        server.shutdown()

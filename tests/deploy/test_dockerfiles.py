@@ -10,6 +10,7 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
 import tomllib
 from pathlib import Path
 
@@ -181,3 +182,63 @@ def test_demo_model_image_commands(tmp_path, demo_core):
                 "capacity_hint"):
         assert built[key] == reference[key], key
     assert open_model(copied).manifest.identity == reference["identity"]
+
+
+# ---- the build recipe itself ---------------------------------------------------------------------
+
+def _context_copy(stage: dockerfiles.Stage, destination: Path) -> None:
+    """Copy what the stage's COPY instructions take from the build context, as `docker build`
+    sees it (through .dockerignore)."""
+    import shutil
+
+    ignore = dockerfiles.DockerIgnore.load(REPO / ".dockerignore")
+    for copy in stage.copies:
+        if copy.from_stage is not None:
+            continue
+        for source in copy.sources:
+            for relative in ignore.sent_files(REPO, source):
+                target = destination / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / relative, target)
+
+
+@pytest.mark.slow
+def test_build_recipe_installs_working_services(tmp_path):
+    """Replay the gateway image's build steps on its build context: generate the stubs, build
+    and install the package without the source tree, then every service's entrypoint runs from
+    the installed copy alone."""
+    stage = next(s for s in dockerfiles.parse(dockerfiles.dockerfile_of("gateway"))
+                 if s.name == "build")
+    context = tmp_path / "context"
+    _context_copy(stage, context)
+    assert not (context / "services" / "common" / "pb").exists(), "stubs are not copied in"
+    subprocess.run([sys.executable, "-m", "services.common.protogen"], cwd=context, check=True,
+                   capture_output=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path / "wheel"), str(context)], check=True,
+                   capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "wheel").glob("helios-*.whl")
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                    str(site), str(wheel)], check=True, capture_output=True, timeout=300)
+    assert (site / "services" / "common" / "pb" / "engine_pb2_grpc.py").is_file()
+    assert not (site / "tests").exists() and not (site / "proto").exists()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    # one interpreter: every service's server module imports from the installed copy alone
+    probe = textwrap.dedent("""\
+        import importlib, sys
+        from services.cli.main import SERVICES
+        for name, module in sorted(SERVICES.items()):
+            loaded = importlib.import_module(module)
+            print(name, loaded.__file__)
+        """)
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    located = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert set(located) == set(dockerfiles.SERVICES)
+    assert all(path.startswith(str(site)) for path in located.values()), located
+    result = subprocess.run([sys.executable, "-m", "services.cli.main", "serve", "gateway",
+                             "--help"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and "helios serve gateway" in result.stdout, result.stderr

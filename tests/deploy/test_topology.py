@@ -10,6 +10,7 @@ whole chain is SERVING.
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import httpx
 import pytest
@@ -108,5 +109,13 @@ def test_chart_serves_with_redis_and_auth(tmp_path, demo_models, redis_url):
         gateway = deployment.processes["gateway"]
         gateway.wait_http(deployment.url + "/health", timeout=120)   # open without the key
         assert httpx.get(deployment.url + "/metrics").status_code == 200
+        # `helm test`'s pod passes against it
+        (pod,) = [o for o in rendered.of_kind("Pod")
+                  if o["metadata"]["annotations"].get("helm.sh/hook") == "test"]
+        script = pod["spec"]["containers"][0]["command"][-1].replace(
+            "helios-gateway:80", f"127.0.0.1:{deployment.ports['gateway']}")
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                timeout=30)
+        assert result.returncode == 0, result.stderr
         for service in reversed(localrun.START_ORDER):
             assert deployment.processes[service].terminate() == 0, deployment.output()
