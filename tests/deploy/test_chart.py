@@ -226,6 +226,7 @@ def test_engine_on_the_cpu_by_default(renders):
     assert engine["image"].endswith("-cpu")
     assert _env(engine)["HELIOS_DEVICE"] == "cpu"
     assert "nvidia.com/gpu" not in json.dumps(engine["resources"])
+    assert engine["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}
     assert "nodeSelector" not in pod_spec(_workload(renders["default"], "engine"))
 
 
@@ -238,6 +239,7 @@ def test_engine_gpu_workload(renders, name, count):
     assert _env(engine)["HELIOS_DEVICE"] == "cuda"
     assert engine["resources"]["limits"]["nvidia.com/gpu"] == count
     assert engine["resources"]["requests"]["nvidia.com/gpu"] == count
+    assert engine["resources"]["requests"]["memory"] == "32Gi", "engine.gpu.resources apply"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
         pod["tolerations"]
