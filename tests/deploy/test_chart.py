@@ -278,6 +278,9 @@ def test_services_reach_their_pods(scenario):
             assert port["targetPort"] in port_names
             if port["name"] == "grpc":
                 assert port["appProtocol"] == "kubernetes.io/h2c"
+    # engine replicas are visible to the frontend one by one (per-request routing over gRPC)
+    assert rendered.get("Service", "helios-engine")["spec"]["clusterIP"] == "None"
+    assert "clusterIP" not in rendered.get("Service", "helios-frontend")["spec"]
     outside = [s["metadata"]["name"] for s in rendered.of_kind("Service")
                if s["spec"]["type"] != "ClusterIP"]
     assert outside in ([], ["helios-gateway"])

@@ -156,7 +156,10 @@ lifecycle:
       seconds: {{ .values.preStopSeconds }}
 {{- end -}}
 
-{{/* A gRPC service (h2c) for one component: helios.grpcService (dict "root" $ "component" "engine") */}}
+{{/* A gRPC service (h2c) for one component: helios.grpcService (dict "root" $ "component" "engine")
+     With "headless" true, DNS answers with every ready pod: gRPC keeps one HTTP/2 connection
+     per address, so callers that route per request (the frontend across engine replicas) need
+     to see the pods, not one virtual IP. */}}
 {{- define "helios.grpcService" -}}
 apiVersion: v1
 kind: Service
@@ -166,6 +169,9 @@ metadata:
     {{- include "helios.labels" . | nindent 4 }}
 spec:
   type: ClusterIP
+  {{- if .headless }}
+  clusterIP: None
+  {{- end }}
   selector:
     {{- include "helios.selectorLabels" . | nindent 4 }}
   ports:
