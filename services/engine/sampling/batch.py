@@ -75,7 +75,7 @@ class SamplingBatch:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
         num_rows = len(rows)
-        temperature = floats([p.temperature for p in params])
+        temperature = floats([0.0 if p.is_greedy else p.temperature for p in params])
         sampling_rows = [not p.is_greedy for p in params]
         sampled = [p for p in params if not p.is_greedy]   # filters never change an argmax
         has_top_k = enable_all or any(p.top_k_enabled for p in sampled)

@@ -22,6 +22,7 @@ MAX_LOGIT_BIAS = 100.0
 MAX_SEED = (1 << 64) - 1
 PENALTY_RANGE = (-2.0, 2.0)          # presence/frequency, as the OpenAI API
 REPETITION_RANGE = (0.0, 2.0)        # exclusive lower bound
+GREEDY_TEMPERATURE = 1e-5            # below this, temperature means greedy (as vLLM)
 
 
 def _fail(field: str, message: str) -> ValidationError:
@@ -30,7 +31,7 @@ def _fail(field: str, message: str) -> ValidationError:
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    temperature: float = 1.0          # 0 = greedy
+    temperature: float = 1.0          # 0 (or below GREEDY_TEMPERATURE) = greedy
     top_p: float = 1.0                # (0, 1]; 1 = off
     top_k: int = 0                    # 0 or -1 = off
     min_p: float = 0.0                # [0, 1]; 0 = off
@@ -91,7 +92,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def top_k_enabled(self) -> bool:

@@ -138,6 +138,8 @@ def test_greedy_rows_take_the_argmax_after_penalties() -> None:
     repetition = [SamplingRow(SamplingParams(temperature=0, seed=0, repetition_penalty=1.5),
                               [], prompt_token_ids=[1])]
     assert sample(logits[:1], repetition)[0].token_ids.tolist() == [2]
+    tiny = [SamplingRow(SamplingParams(temperature=1e-30, seed=s), []) for s in range(20)]
+    assert sample(logits[:1].expand(20, -1), tiny)[0].token_ids.tolist() == [1] * 20
 
 
 def test_min_tokens_masks_eos_and_stop_ids_until_reached() -> None:
