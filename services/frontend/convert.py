@@ -1,5 +1,7 @@
-"""Protobuf <-> frontend domain objects (the only frontend module besides server.py that
-imports generated stubs).
+"""Incoming protobuf -> frontend domain objects (requests from the gateway).
+
+With `convert_out.py` (events and responses) and `convert_upstream.py` (engine and imageprep
+messages), the only frontend modules besides server.py that import generated stubs.
 
 Requests are validated while converting: every rejected field raises ValidationError naming
 it (`messages[2].tool_calls[0].arguments`). JSON text fields are parsed strictly (no NaN or
@@ -12,7 +14,7 @@ import json
 from typing import Any
 
 from services.common.errors import ValidationError
-from services.common.pb import frontend_pb2
+from services.common.pb import common_pb2, frontend_pb2
 from services.frontend.chat.types import (
     ChatInput,
     ChatMessage,
@@ -23,6 +25,12 @@ from services.frontend.chat.types import (
     ToolChoice,
     ToolChoiceMode,
     ToolDefinition,
+)
+from services.frontend.generate.types import (
+    CompletionInput,
+    GenerateRequest,
+    ResponseFormatType,
+    Sampling,
 )
 
 _TOOL_CHOICE = {
@@ -153,4 +161,88 @@ def chat_from_pb(chat: frontend_pb2.ChatInput) -> ChatInput:
         continue_final_message=chat.continue_final_message,
         template_kwargs=kwargs,
         documents=documents,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Generate request
+
+_RESPONSE_FORMAT = {
+    frontend_pb2.RESPONSE_FORMAT_TYPE_TEXT: ResponseFormatType.TEXT,
+    frontend_pb2.RESPONSE_FORMAT_TYPE_JSON_OBJECT: ResponseFormatType.JSON_OBJECT,
+    frontend_pb2.RESPONSE_FORMAT_TYPE_JSON_SCHEMA: ResponseFormatType.JSON_SCHEMA,
+}
+
+
+def _optional(message: Any, name: str) -> Any:
+    return getattr(message, name) if message.HasField(name) else None
+
+
+def sampling_from_pb(sampling: common_pb2.SamplingParams) -> Sampling:
+    return Sampling(
+        temperature=_optional(sampling, "temperature"),
+        top_p=_optional(sampling, "top_p"),
+        top_k=_optional(sampling, "top_k"),
+        min_p=_optional(sampling, "min_p"),
+        presence_penalty=_optional(sampling, "presence_penalty"),
+        frequency_penalty=_optional(sampling, "frequency_penalty"),
+        repetition_penalty=_optional(sampling, "repetition_penalty"),
+        seed=_optional(sampling, "seed"),
+        max_tokens=_optional(sampling, "max_tokens"),
+        min_tokens=sampling.min_tokens,
+        ignore_eos=sampling.ignore_eos,
+        stop_token_ids=tuple(sampling.stop_token_ids),
+        logprobs=sampling.logprobs,
+        top_logprobs=sampling.top_logprobs,
+        logit_bias=dict(sampling.logit_bias),
+    )
+
+
+def sampling_to_pb(sampling: Sampling) -> common_pb2.SamplingParams:
+    message = common_pb2.SamplingParams(
+        min_tokens=sampling.min_tokens, ignore_eos=sampling.ignore_eos,
+        stop_token_ids=list(sampling.stop_token_ids), logprobs=sampling.logprobs,
+        top_logprobs=sampling.top_logprobs)
+    for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                 "frequency_penalty", "repetition_penalty", "seed", "max_tokens"):
+        value = getattr(sampling, name)
+        if value is not None:
+            setattr(message, name, value)
+    for token_id, bias in sampling.logit_bias.items():
+        message.logit_bias[token_id] = bias
+    return message
+
+
+def generate_request_from_pb(request: frontend_pb2.GenerateRequest) -> GenerateRequest:
+    which = request.WhichOneof("input")
+    chat = chat_from_pb(request.chat) if which == "chat" else None
+    completion = None
+    if which == "completion":
+        prompt = request.completion.WhichOneof("prompt")
+        completion = CompletionInput(
+            text=request.completion.text if prompt == "text" else None,
+            token_ids=(tuple(request.completion.token_ids.ids) if prompt == "token_ids"
+                       else None),
+            echo=request.completion.echo)
+        if prompt is None:
+            raise ValidationError("the completion has no prompt", param="prompt")
+    response_format = _RESPONSE_FORMAT.get(request.response_format.type)
+    if response_format is None:
+        raise ValidationError("unknown response_format type", param="response_format")
+    return GenerateRequest(
+        request_id=request.request_id,
+        model=request.model,
+        chat=chat,
+        completion=completion,
+        sampling=sampling_from_pb(request.sampling),
+        stop=tuple(request.stop),
+        include_stop_str_in_output=request.include_stop_str_in_output,
+        skip_special_tokens=(request.skip_special_tokens
+                             if request.HasField("skip_special_tokens") else True),
+        n=request.n if request.HasField("n") else 1,
+        response_format=response_format,
+        parse_reasoning=_optional(request, "parse_reasoning"),
+        parse_tool_calls=_optional(request, "parse_tool_calls"),
+        continuous_usage=request.continuous_usage,
+        priority=request.priority,
     )

@@ -1,53 +1,94 @@
-"""Frontend service entrypoint: `run_frontend(config)` and the gRPC servicer (protobuf edge)."""
+"""Frontend service entrypoint: `run_frontend(config)`, its lifecycle and the gRPC servicer.
+
+The servicer is the protobuf edge: it converts requests (convert.py), runs the domain code on
+the preparation pool or the Generate pipeline, and converts results back (convert_out.py).
+Typed errors raised anywhere below become gRPC statuses in the shared ErrorInterceptor.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 from collections.abc import Sequence
 
 import grpc
 
 from services.common.config import load_config
-from services.common.core import TOKENIZER_ROLES, ModelSource, open_model
+from services.common.core import TOKENIZER_ROLES, open_model
+from services.common.errors import ValidationError
 from services.common.grpc_client import UpstreamHealth, open_channel
 from services.common.grpc_server import HealthReporter, ServiceBinding, serve
 from services.common.logging import setup_logging
 from services.common.pb import common_pb2, frontend_pb2, frontend_pb2_grpc
 from services.frontend.config import FrontendConfig
+from services.frontend.convert import chat_from_pb, generate_request_from_pb
+from services.frontend.convert_out import event_to_pb
+from services.frontend.generate.pipeline import GeneratePipeline
+from services.frontend.generate.upstream import EngineClient, ImagePrepClient
+from services.frontend.generate.workers import PreparationPool
+from services.frontend.model import FrontendModel
 
 SERVICE_NAME = "helios.v1.Frontend"
+log = logging.getLogger(__name__)
 
 
 class FrontendLifecycle:
-    """Loads the tokenizer assets; SERVING only while the engine (and imageprep) are SERVING."""
+    """Loads the model's assets; SERVING only while the engine (and imageprep) are SERVING."""
 
     dynamic_health = True
 
-    def __init__(self, config: FrontendConfig) -> None:
+    def __init__(self, config: FrontendConfig, model: FrontendModel | None = None) -> None:
+        """`model`: an already loaded model to serve (embedding, tests); else config.model."""
         self.config = config
-        self.model: ModelSource | None = None
+        self.model: FrontendModel | None = model
+        self.pool = PreparationPool(config.frontend_workers)
+        self.pipeline: GeneratePipeline | None = None
         self._health: HealthReporter | None = None
         self._upstreams: list[UpstreamHealth] = []
         self._channels: list[grpc.aio.Channel] = []
+        self._engine: EngineClient | None = None
+        self._limits_task: asyncio.Task[None] | None = None
 
     async def start(self, health: HealthReporter) -> None:
         self._health = health
-        self.model = await asyncio.to_thread(open_model, self.config.model,
+        if self.model is None:
+            source = await asyncio.to_thread(open_model, self.config.model,
                                              verify=TOKENIZER_ROLES)
-        addresses = {"engine": self.config.engine_address,
-                     "imageprep": self.config.imageprep_address}
-        for name, address in addresses.items():
-            if address:
-                channel = open_channel(address)
-                self._channels.append(channel)
-                self._upstreams.append(UpstreamHealth(name, channel, self._refresh))
+            self.model = await asyncio.to_thread(
+                FrontendModel.load, source, tool_parser=self.config.tool_parser,
+                reasoning_parser=self.config.reasoning_parser,
+                default_template_kwargs=self.config.default_template_kwargs)
+        engine_channel = open_channel(self.config.engine_address)
+        self._channels.append(engine_channel)
+        self._engine = EngineClient(engine_channel)
+        imageprep = None
+        self._upstreams.append(UpstreamHealth("engine", engine_channel, self._refresh))
+        if self.config.imageprep_address:
+            channel = open_channel(self.config.imageprep_address)
+            self._channels.append(channel)
+            imageprep = ImagePrepClient(channel)
+            self._upstreams.append(UpstreamHealth("imageprep", channel, self._refresh))
+        self.pipeline = GeneratePipeline(self.model, self.pool, self._engine, imageprep,
+                                         context_hint=self.config.context_hint)
         for upstream in self._upstreams:
             upstream.start()
 
     async def _refresh(self) -> None:
+        engine_up = bool(self._upstreams) and self._upstreams[0].serving
+        if engine_up and (self._limits_task is None or self._limits_task.done()):
+            self._limits_task = asyncio.create_task(self._fetch_limits())
         if self._health is not None:
             await self._health.set_serving(all(u.serving for u in self._upstreams))
+
+    async def _fetch_limits(self) -> None:
+        """Adopt the engine's effective context limit (it may be below the checkpoint's)."""
+        assert self._engine is not None and self.model is not None
+        limit = await self._engine.max_model_len()
+        if limit and limit != self.model.max_model_len:
+            log.info("engine context limit %d (checkpoint %d)", limit,
+                     self.model.manifest.max_model_len)
+            self.model.max_model_len = limit
 
     async def stop_admission(self) -> None:
         for upstream in self._upstreams:
@@ -57,8 +98,11 @@ class FrontendLifecycle:
         return True
 
     async def close(self) -> None:
+        if self._limits_task is not None:
+            self._limits_task.cancel()
         for channel in self._channels:
             await channel.close()
+        self.pool.shutdown()
 
 
 class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
@@ -66,15 +110,72 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         self.config = config
         self.lifecycle = lifecycle
 
+    @property
+    def model(self) -> FrontendModel:
+        assert self.lifecycle.model is not None, "the frontend is not started"
+        return self.lifecycle.model
+
+    async def Generate(self, request, context):
+        assert self.lifecycle.pipeline is not None
+        domain = generate_request_from_pb(request)
+        async for event in self.lifecycle.pipeline.run(domain):
+            yield event_to_pb(event)
+
+    async def RenderChat(self, request, context):
+        self.model.check_name(request.model)
+        chat = chat_from_pb(request.chat)
+        rendered = await self.lifecycle.pool.run(self.model.renderer.render, chat)
+        return frontend_pb2.RenderChatResponse(
+            prompt=rendered.prompt, token_ids=rendered.token_ids,
+            message_token_ends=list(rendered.message_token_ends),
+            num_images=rendered.num_images)
+
+    async def _token_ids(self, request, *, add_special_tokens: bool) -> list[int]:
+        self.model.check_name(request.model)
+        which = request.WhichOneof("input")
+        if which == "chat":
+            chat = chat_from_pb(request.chat)
+            rendered = await self.lifecycle.pool.run(self.model.renderer.render, chat)
+            return rendered.token_ids
+        if which == "text":
+            return await self.lifecycle.pool.run(self._encode, request.text, add_special_tokens)
+        raise ValidationError("give text or chat messages", param="input")
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.model.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    async def Tokenize(self, request, context):
+        add_special = (request.add_special_tokens if request.HasField("add_special_tokens")
+                       else True)
+        ids = await self._token_ids(request, add_special_tokens=add_special)
+        strings = self.model.tokenizer.token_strings(ids) if request.return_token_strings else []
+        return frontend_pb2.TokenizeResponse(token_ids=ids, token_strings=strings,
+                                             max_model_len=self.model.max_model_len)
+
+    async def CountTokens(self, request, context):
+        ids = await self._token_ids(request, add_special_tokens=True)
+        return frontend_pb2.CountTokensResponse(input_tokens=len(ids))
+
+    async def Detokenize(self, request, context):
+        self.model.check_name(request.model)
+        tokenizer = self.model.tokenizer
+        bad = next((t for t in request.token_ids if not tokenizer.is_valid_id(t)), None)
+        if bad is not None:
+            raise ValidationError(f"token id {bad} is outside the vocabulary "
+                                  f"(0..{tokenizer.vocab_size - 1})", param="token_ids")
+        skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
+        text = await self.lifecycle.pool.run(tokenizer.decode, list(request.token_ids), skip)
+        return frontend_pb2.DetokenizeResponse(text=text)
+
     async def ListModels(self, request, context):
-        assert self.lifecycle.model is not None
-        manifest = self.lifecycle.model.manifest
+        model = self.model
+        manifest = model.manifest
         caps = manifest.capabilities
         card = frontend_pb2.ModelCard(
             id=manifest.card_id,
             aliases=list(manifest.names()),
             root=manifest.model_id,
-            max_model_len=manifest.max_model_len,
+            max_model_len=model.max_model_len,
             capabilities=common_pb2.Capabilities(tools=caps.tools, vision=caps.vision,
                                                  reasoning=caps.reasoning),
             created=manifest.created_at,
@@ -85,7 +186,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
             dtype=manifest.dtype,
             size_bytes=manifest.weight_bytes,
             digest=manifest.identity,
-            chat_template=self.lifecycle.model.chat_template() or "",
+            chat_template=model.chat_template,
         )
         return frontend_pb2.ListModelsResponse(models=[card])
 

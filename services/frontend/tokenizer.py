@@ -54,15 +54,15 @@ def special_tokens_map(config: dict[str, Any]) -> dict[str, str]:
 class Tokenizer:
     def __init__(self, tokenizer_json: str, tokenizer_config: dict[str, Any] | None = None):
         self._tok = tokenizers.Tokenizer.from_str(tokenizer_json)
-        data = json.loads(tokenizer_json)
-        added = data.get("added_tokens") or []
-        self.added_tokens: dict[int, str] = {int(t["id"]): t["content"] for t in added}
-        self.special_ids = frozenset(int(t["id"]) for t in added if t.get("special"))
+        added = self._tok.get_added_tokens_decoder()
+        self.added_tokens: dict[int, str] = {i: t.content for i, t in added.items()}
+        self.special_ids = frozenset(i for i, t in added.items() if t.special)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.config = tokenizer_config or {}
         self.special_tokens = special_tokens_map(self.config)
-        self.token_bytes = TokenBytes(DecoderModel.from_json(data.get("decoder")),
-                                      self._tok.id_to_token)
+        decoder = self._tok.decoder
+        decoder_json = json.loads(decoder.__getstate__()) if decoder is not None else None
+        self.token_bytes = TokenBytes(DecoderModel.from_json(decoder_json), self._tok.id_to_token)
 
     # -- encode -------------------------------------------------------------------------------
 

@@ -32,3 +32,12 @@ def qwen3() -> FrontendAssets:
 @pytest.fixture
 def qwen3_renderer(qwen3) -> ChatRenderer:
     return ChatRenderer(qwen3.tokenizer, qwen3.templates)
+
+
+@pytest.fixture(scope="session")
+def demo_frontend_model(demo_core):
+    """The demo core's FrontendModel, loaded once (the tokenizer takes ~1.5 s to parse)."""
+    from services.common.core import TOKENIZER_ROLES, open_model
+    from services.frontend.model import FrontendModel
+
+    return FrontendModel.load(open_model(demo_core, verify=TOKENIZER_ROLES))

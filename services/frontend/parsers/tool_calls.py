@@ -39,7 +39,8 @@ ToolItem = ContentText | ToolCallDelta
 
 
 class ToolParser(Protocol):
-    num_calls: int
+    num_calls: int          # calls whose name was sent
+    completed_calls: int    # calls whose arguments object closed
 
     def push(self, text: str) -> list[ToolItem]: ...
     def flush(self) -> list[ToolItem]: ...

@@ -1,0 +1,87 @@
+"""Engine and imageprep messages <-> frontend domain objects."""
+
+from __future__ import annotations
+
+from services.common.pb import common_pb2, engine_pb2, imageprep_pb2
+from services.frontend.chat.types import ImagePart
+from services.frontend.convert import sampling_to_pb
+from services.frontend.generate.types import (
+    ChoiceStep,
+    EngineRequest,
+    EngineStep,
+    ExpandedPrompt,
+    FinishReason,
+    SampledLogprob,
+    UsageCounts,
+)
+
+_FINISH = {
+    common_pb2.FINISH_REASON_STOP: FinishReason.STOP,
+    common_pb2.FINISH_REASON_LENGTH: FinishReason.LENGTH,
+    common_pb2.FINISH_REASON_STOP_STRING: FinishReason.STOP_STRING,
+    common_pb2.FINISH_REASON_TOOL_CALLS: FinishReason.TOOL_CALLS,
+    common_pb2.FINISH_REASON_CANCELLED: FinishReason.CANCELLED,
+    common_pb2.FINISH_REASON_ERROR: FinishReason.ERROR,
+}
+FINISH_TO_PB = {reason: value for value, reason in _FINISH.items()}
+
+
+def engine_request_to_pb(request: EngineRequest) -> engine_pb2.EngineGenerateRequest:
+    message = engine_pb2.EngineGenerateRequest(
+        request_id=request.request_id,
+        prompt_token_ids=request.prompt_token_ids,
+        sampling=sampling_to_pb(request.sampling),
+        checkpoint_token_ends=list(request.checkpoint_token_ends),
+        n=request.n,
+        priority=request.priority,
+    )
+    if request.multimodal:
+        message.multimodal.ParseFromString(request.multimodal)
+    return message
+
+
+def usage_from_pb(usage: common_pb2.Usage) -> UsageCounts:
+    return UsageCounts(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
+                       usage.reasoning_tokens)
+
+
+def engine_step_from_pb(response: engine_pb2.EngineGenerateResponse) -> EngineStep:
+    outputs = []
+    for output in response.outputs:
+        logprobs = tuple(
+            SampledLogprob(lp.token_id, lp.logprob,
+                           tuple((top.token_id, top.logprob) for top in lp.top))
+            for lp in output.logprobs)
+        outputs.append(ChoiceStep(
+            index=output.index,
+            token_ids=tuple(output.token_ids),
+            logprobs=logprobs,
+            finish_reason=_FINISH.get(output.finish_reason),
+            stop_token_id=output.stop_token_id if output.HasField("stop_token_id") else None,
+        ))
+    return EngineStep(tuple(outputs), usage_from_pb(response.usage))
+
+
+def prepare_images_to_pb(*, request_id: str, profile: str, images: tuple[ImagePart, ...],
+                         prompt_token_ids: list[int], image_token_id: int,
+                         vision_start_token_id: int | None,
+                         message_token_ends: tuple[int, ...]) -> imageprep_pb2.PrepareRequest:
+    message = imageprep_pb2.PrepareRequest(
+        request_id=request_id, profile=profile, prompt_token_ids=prompt_token_ids,
+        image_token_id=image_token_id, message_token_ends=list(message_token_ends))
+    if vision_start_token_id is not None:
+        message.vision_start_token_id = vision_start_token_id
+    for image in images:
+        if image.url:
+            message.images.append(imageprep_pb2.ImageSource(data_url=image.url,
+                                                            media_type=image.media_type))
+        else:
+            message.images.append(imageprep_pb2.ImageSource(data=image.data,
+                                                            media_type=image.media_type))
+    return message
+
+
+def expanded_prompt_from_pb(response: imageprep_pb2.PrepareResponse) -> ExpandedPrompt:
+    return ExpandedPrompt(list(response.expanded_token_ids),
+                          tuple(response.message_token_ends),
+                          response.multimodal.SerializeToString())

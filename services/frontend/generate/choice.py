@@ -1,0 +1,193 @@
+"""ChoiceProcessor: one choice's token ids -> API-neutral events.
+
+Each token goes through the same stages, in order:
+
+    detokenizer (complete characters only) -> stop strings (held back while they may start a
+    stop) -> reasoning parser (<think> blocks) -> tool-call parser (content only) -> events
+
+Consecutive deltas of one kind are merged per engine message; each delta carries the logprobs of
+the tokens whose text it holds (tokens whose text is still held back wait for the next delta;
+tokens that produced no text at all go with the finish event). A stop string ends the choice at
+once (`finished`; the caller cancels the engine request when every choice is done), as does the
+first complete tool call when parallel tool calls are off. The EOS / stop token that ends a
+choice is counted but not decoded unless `include_stop_str_in_output` asks for it (vLLM's rule).
+"""
+
+from __future__ import annotations
+
+from services.frontend.generate.events import (
+    EventBody,
+    Finish,
+    GenerateEvent,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprob,
+    ToolCallEvent,
+    TopLogprob,
+)
+from services.frontend.generate.types import ChoiceStep, FinishReason, OutputOptions, SampledLogprob
+from services.frontend.parsers.reasoning import ReasoningParser, Segment
+from services.frontend.parsers.select import TOOL_PARSERS
+from services.frontend.parsers.tool_calls import ContentText, ToolCallDelta
+from services.frontend.stop import StopMatcher
+from services.frontend.tokenizer import Tokenizer
+
+
+class ChoiceProcessor:
+    def __init__(self, index: int, tokenizer: Tokenizer, options: OutputOptions) -> None:
+        self.index = index
+        self.options = options
+        self._tokenizer = tokenizer
+        self._detok = tokenizer.detokenizer(skip_special_tokens=options.skip_special_tokens)
+        self._stop = StopMatcher(options.stop, include_in_output=options.include_stop_str_in_output)
+        self._reasoning = (ReasoningParser(in_reasoning=options.starts_in_reasoning)
+                           if options.reasoning else None)
+        self._tools = (TOOL_PARSERS[options.tool_parser](options.tool_names)
+                       if options.tool_parser else None)
+        self.finished = False
+        self.finish: Finish | None = None
+        self.num_tokens = 0
+        self.num_reasoning_tokens = 0
+        self._pending_logprobs: list[TokenLogprob] = []
+
+    # -- public -------------------------------------------------------------------------------
+
+    def process(self, step: ChoiceStep) -> list[GenerateEvent]:
+        """Events for the tokens of one engine message (and its finish, if it carries one)."""
+        events: list[GenerateEvent] = []
+        token_ids = step.token_ids
+        ends_on_stop_token = (step.finish_reason is FinishReason.STOP
+                              and step.stop_token_id is not None and token_ids
+                              and token_ids[-1] == step.stop_token_id
+                              and not self.options.include_stop_str_in_output)
+        for position, token_id in enumerate(token_ids):
+            if self.finished:
+                break
+            self.num_tokens += 1
+            if self.options.logprobs and position < len(step.logprobs):
+                self._pending_logprobs.append(self._logprob(step.logprobs[position]))
+            if ends_on_stop_token and position == len(token_ids) - 1:
+                break  # the EOS / stop id ends the choice without adding text
+            self._push_token(events, token_id)
+        if step.finish_reason is not None and not self.finished:
+            self._finalize(events, step.finish_reason, step.stop_token_id)
+        return events
+
+    @property
+    def num_tool_calls(self) -> int:
+        return self._tools.num_calls if self._tools is not None else 0
+
+    # -- stages -------------------------------------------------------------------------------
+
+    def _push_token(self, events: list[GenerateEvent], token_id: int) -> None:
+        was_reasoning = self._reasoning is not None and self._reasoning.in_reasoning
+        text = self._detok.push(token_id)
+        result = self._stop.push(text) if text else None
+        bodies = self._route(result.text) if result is not None else []
+        if was_reasoning or (self._reasoning is not None and self._reasoning.in_reasoning):
+            self.num_reasoning_tokens += 1
+        self._collect(events, bodies)
+        if result is not None and result.stop is not None:
+            self._collect(events, self._flush_parsers())
+            self._end(events, Finish(FinishReason.STOP_STRING, stop_sequence=result.stop))
+        elif (self._tools is not None and not self.options.parallel_tool_calls
+              and self._tools.completed_calls >= 1):
+            self._collect(events, self._flush_parsers())
+            self._end(events, Finish(FinishReason.TOOL_CALLS))
+
+    def _route(self, text: str) -> list[EventBody]:
+        if not text:
+            return []
+        segments = (self._reasoning.push(text) if self._reasoning is not None
+                    else [Segment("content", text)])
+        return self._route_segments(segments)
+
+    def _route_segments(self, segments: list[Segment]) -> list[EventBody]:
+        bodies: list[EventBody] = []
+        for segment in segments:
+            if segment.kind == "reasoning":
+                bodies.append(ReasoningDelta(segment.text))
+            elif self._tools is None:
+                bodies.append(TextDelta(segment.text))
+            else:
+                bodies.extend(_tool_bodies(self._tools.push(segment.text)))
+        return bodies
+
+    def _flush_parsers(self) -> list[EventBody]:
+        bodies: list[EventBody] = []
+        if self._reasoning is not None:
+            bodies.extend(self._route_segments(self._reasoning.flush()))
+        if self._tools is not None:
+            bodies.extend(_tool_bodies(self._tools.flush()))
+        return bodies
+
+    def _finalize(self, events: list[GenerateEvent], reason: FinishReason,
+                  stop_token_id: int | None) -> None:
+        result = self._stop.push(self._detok.flush())
+        self._collect(events, self._route(result.text))
+        if result.stop is not None:
+            self._collect(events, self._flush_parsers())
+            self._end(events, Finish(FinishReason.STOP_STRING, stop_sequence=result.stop))
+            return
+        self._collect(events, self._route(self._stop.flush()))
+        self._collect(events, self._flush_parsers())
+        if reason is FinishReason.STOP and self.num_tool_calls:
+            reason = FinishReason.TOOL_CALLS
+        self._end(events, Finish(reason, stop_token_id=stop_token_id))
+
+    def _end(self, events: list[GenerateEvent], finish: Finish) -> None:
+        self.finished = True
+        self.finish = finish
+        logprobs, self._pending_logprobs = tuple(self._pending_logprobs), []
+        events.append(GenerateEvent(self.index, finish, logprobs))
+
+    # -- events -------------------------------------------------------------------------------
+
+    def _collect(self, events: list[GenerateEvent], bodies: list[EventBody]) -> None:
+        """Append bodies as events, merging with the previous event of the same kind; the
+        pending logprobs go to the last event."""
+        if not bodies:
+            return
+        for body in bodies:
+            last = events[-1] if events else None
+            merged = _merge(last.body, body) if last is not None else None
+            if merged is not None and last is not None:
+                events[-1] = GenerateEvent(self.index, merged, last.logprobs)
+            else:
+                events.append(GenerateEvent(self.index, body))
+        if self._pending_logprobs:
+            last = events[-1]
+            events[-1] = GenerateEvent(self.index, last.body,
+                                       last.logprobs + tuple(self._pending_logprobs))
+            self._pending_logprobs = []
+
+    def _logprob(self, sampled: SampledLogprob) -> TokenLogprob:
+        text, raw = self._tokenizer.token_piece(sampled.token_id)
+        top = []
+        for token_id, logprob in sampled.top:
+            top_text, top_raw = self._tokenizer.token_piece(token_id)
+            top.append(TopLogprob(token_id, top_text, top_raw, logprob))
+        return TokenLogprob(sampled.token_id, text, raw, sampled.logprob, tuple(top))
+
+
+def _tool_bodies(items: list[ContentText | ToolCallDelta]) -> list[EventBody]:
+    bodies: list[EventBody] = []
+    for item in items:
+        if isinstance(item, ContentText):
+            bodies.append(TextDelta(item.text))
+        else:
+            bodies.append(ToolCallEvent(item.tool_index, item.id, item.type, item.name,
+                                        item.arguments))
+    return bodies
+
+
+def _merge(previous: EventBody, body: EventBody) -> EventBody | None:
+    if isinstance(previous, TextDelta) and isinstance(body, TextDelta):
+        return TextDelta(previous.text + body.text)
+    if isinstance(previous, ReasoningDelta) and isinstance(body, ReasoningDelta):
+        return ReasoningDelta(previous.text + body.text)
+    if (isinstance(previous, ToolCallEvent) and isinstance(body, ToolCallEvent)
+            and previous.tool_index == body.tool_index and not previous.name and not body.name):
+        return ToolCallEvent(previous.tool_index, previous.id, previous.type, previous.name,
+                             previous.arguments + body.arguments)
+    return None

@@ -1,0 +1,140 @@
+"""Request preparation: validate, render, tokenize (the CPU work run on the worker pool).
+
+`prepare` checks everything that can be checked before the model runs and raises a typed error
+naming the field at fault; it never touches the network. `resolve_max_tokens` is the context
+check, done after image expansion (which lengthens the prompt).
+"""
+
+from __future__ import annotations
+
+from services.common.errors import ContextOverflowError, UnsupportedError, ValidationError
+from services.frontend.chat.types import ToolChoiceMode
+from services.frontend.generate.types import (
+    GenerateRequest,
+    OutputOptions,
+    PreparedRequest,
+    ResponseFormatType,
+)
+from services.frontend.model import FrontendModel
+from services.frontend.parsers.reasoning import starts_in_reasoning
+
+MAX_N = 128
+MAX_STOP_STRINGS = 16
+MAX_STOP_LENGTH = 1024
+MAX_TOP_LOGPROBS = 20
+
+
+def validate(request: GenerateRequest) -> None:
+    if request.chat is None and request.completion is None:
+        raise ValidationError("the request has neither chat messages nor a prompt",
+                              param="input")
+    if not 1 <= request.n <= MAX_N:
+        raise ValidationError(f"n must be between 1 and {MAX_N}", param="n")
+    if len(request.stop) > MAX_STOP_STRINGS:
+        raise ValidationError(f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
+    for index, stop in enumerate(request.stop):
+        if not stop or len(stop) > MAX_STOP_LENGTH:
+            raise ValidationError(f"stop[{index}] must hold 1 to {MAX_STOP_LENGTH} characters",
+                                  param=f"stop[{index}]")
+    sampling = request.sampling
+    if sampling.max_tokens is not None and sampling.max_tokens < 1:
+        raise ValidationError("max_tokens must be at least 1", param="max_tokens")
+    if not 0 <= sampling.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ValidationError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}",
+                              param="top_logprobs")
+    if request.response_format is not ResponseFormatType.TEXT:
+        raise UnsupportedError(
+            f"response_format {request.response_format.value} needs grammar-constrained "
+            "decoding, which this engine does not offer", param="response_format")
+    chat = request.chat
+    if chat is not None and chat.tools and chat.tool_choice.mode in (
+            ToolChoiceMode.REQUIRED, ToolChoiceMode.FUNCTION):
+        raise UnsupportedError(
+            f"tool_choice {chat.tool_choice.mode.value} needs grammar-constrained decoding, "
+            "which this engine does not offer; use auto or none", param="tool_choice")
+
+
+class RequestPreparer:
+    def __init__(self, model: FrontendModel) -> None:
+        self.model = model
+
+    def prepare(self, request: GenerateRequest) -> PreparedRequest:
+        validate(request)
+        self.model.check_name(request.model)
+        if request.chat is not None:
+            return self._prepare_chat(request)
+        return self._prepare_completion(request)
+
+    def _prepare_chat(self, request: GenerateRequest) -> PreparedRequest:
+        chat = request.chat
+        assert chat is not None
+        model = self.model
+        images = chat.images
+        if images and not model.supports_vision:
+            raise UnsupportedError(f"the model {model.name} does not accept images",
+                                   param="messages")
+        template = model.renderer.template_for(chat)
+        if chat.offers_tools and not template.uses_tools:
+            raise UnsupportedError(f"the chat template of {model.name} does not support tools",
+                                   param="tools")
+        rendered = model.renderer.render(chat)
+        reasoning = (request.parse_reasoning if request.parse_reasoning is not None
+                     else bool(model.reasoning_parser))
+        reasoning = reasoning and bool(model.reasoning_parser)
+        parse_tools = (request.parse_tool_calls if request.parse_tool_calls is not None
+                       else chat.offers_tools)
+        tool_parser = model.tool_parser if parse_tools and chat.offers_tools else ""
+        output = OutputOptions(
+            stop=request.stop,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            skip_special_tokens=request.skip_special_tokens,
+            reasoning=reasoning,
+            starts_in_reasoning=reasoning and starts_in_reasoning(rendered.prompt),
+            tool_parser=tool_parser,
+            tool_names=frozenset(tool.name for tool in chat.tools) if tool_parser else None,
+            parallel_tool_calls=chat.tool_choice.parallel_tool_calls,
+            logprobs=request.sampling.logprobs,
+        )
+        return PreparedRequest(request, rendered.prompt, rendered.token_ids,
+                               rendered.message_token_ends, images, output)
+
+    def _prepare_completion(self, request: GenerateRequest) -> PreparedRequest:
+        completion = request.completion
+        assert completion is not None
+        tokenizer = self.model.tokenizer
+        if completion.token_ids is not None:
+            ids = list(completion.token_ids)
+            bad = next((t for t in ids if not tokenizer.is_valid_id(t)), None)
+            if bad is not None:
+                raise ValidationError(f"prompt token id {bad} is outside the vocabulary "
+                                      f"(0..{tokenizer.vocab_size - 1})", param="prompt")
+            text = tokenizer.decode(ids, skip_special_tokens=False)
+        else:
+            text = completion.text or ""
+            ids = tokenizer.encode(text, add_special_tokens=True)
+        if not ids:
+            raise ValidationError("the prompt is empty", param="prompt")
+        output = OutputOptions(
+            stop=request.stop,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            skip_special_tokens=request.skip_special_tokens,
+            reasoning=bool(request.parse_reasoning) and bool(self.model.reasoning_parser),
+            starts_in_reasoning=bool(request.parse_reasoning) and starts_in_reasoning(text),
+            logprobs=request.sampling.logprobs,
+        )
+        return PreparedRequest(request, text, ids, (), (), output,
+                               echo_text=text if completion.echo else "")
+
+
+def resolve_max_tokens(*, prompt_tokens: int, requested: int | None, context: int,
+                       hint: str) -> int:
+    """The output budget: as requested, or the rest of the context; overflow is an error."""
+    if requested is None:
+        if prompt_tokens >= context:
+            raise ContextOverflowError(prompt_tokens=prompt_tokens, max_tokens=0,
+                                       context_length=context, hint=hint, param="messages")
+        return context - prompt_tokens
+    if prompt_tokens + requested > context:
+        raise ContextOverflowError(prompt_tokens=prompt_tokens, max_tokens=requested,
+                                   context_length=context, hint=hint, param="max_tokens")
+    return requested
