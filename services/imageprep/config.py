@@ -6,20 +6,48 @@ from dataclasses import dataclass
 
 from services.common.config import ServiceConfig, option
 from services.common.errors import ValidationError
+from services.common.grpc_server import MAX_MESSAGE_BYTES
+
+MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)
 class ImagePrepConfig(ServiceConfig):
     listen: str = option("127.0.0.1:50053", "gRPC listen address: host:port or unix:///path")
-    max_encoded_bytes: int = option(20 * 1024 * 1024, "largest encoded image accepted (bytes)")
-    max_decoded_pixels: int = option(64 * 1024 * 1024, "largest decoded image (width x height)")
-    memory_cache_bytes: int = option(1024 * 1024 * 1024, "retention cache: memory tier budget")
+    model: str = option("", "prepared core or model directory whose image_profile and "
+                            "preprocessor_config.json set the default profile ('' = none)")
+    max_encoded_bytes: int = option(20 * MIB, "largest encoded image accepted (bytes)")
+    max_decoded_pixels: int = option(64 * MIB, "largest decoded image (width x height)")
+    max_progressive_scans: int = option(100, "most scans a progressive JPEG may have")
+    max_images_per_request: int = option(32, "most images in one Prepare request")
+    workers: int = option(2, "preparation worker threads (decode, resize, patchify)")
+    max_pending_images: int = option(64, "images queued or in preparation before Prepare "
+                                         "answers capacity")
+    torch_threads: int = option(0, "torch intra-op threads per process (0 = torch's default)")
+    fetch_chunk_bytes: int = option(4 * MIB, "largest PixelChunk payload FetchPixels sends")
+    memory_cache_bytes: int = option(1024 * MIB, "retention cache: memory tier budget")
     disk_cache_dir: str = option("", "retention cache: disk tier directory ('' = off)")
+    disk_cache_bytes: int = option(16 * 1024 * MIB, "retention cache: disk tier budget")
     redis_url: str = option("", "retention cache: Redis tier URL ('' = off)")
+    redis_ttl_s: int = option(3600, "retention cache: Redis entry lifetime (seconds)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_encoded_bytes < 1 or self.max_decoded_pixels < 1:
             raise ValidationError("image limits must be positive")
+        if self.max_progressive_scans < 1:
+            raise ValidationError("max_progressive_scans must be >= 1",
+                                  param="max_progressive_scans")
+        for name in ("max_images_per_request", "workers", "max_pending_images", "redis_ttl_s"):
+            if getattr(self, name) < 1:
+                raise ValidationError(f"{name} must be >= 1", param=name)
+        if self.torch_threads < 0:
+            raise ValidationError("torch_threads must be >= 0", param="torch_threads")
+        if not 1024 <= self.fetch_chunk_bytes <= MAX_MESSAGE_BYTES // 2:
+            raise ValidationError(
+                f"fetch_chunk_bytes must be within 1 KiB and {MAX_MESSAGE_BYTES // 2} bytes",
+                param="fetch_chunk_bytes")
         if self.memory_cache_bytes < 0:
             raise ValidationError("memory_cache_bytes must be >= 0", param="memory_cache_bytes")
+        if self.disk_cache_bytes < 0:
+            raise ValidationError("disk_cache_bytes must be >= 0", param="disk_cache_bytes")

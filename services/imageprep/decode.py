@@ -9,7 +9,7 @@ protects:
 3. the decoded-pixel limit is checked on the header's width x height, before any pixel buffer is
    allocated (a decompression bomb costs a header parse);
 4. animated PNG / WebP are refused;
-5. EXIF orientation is read and validated (1-8), pixels decoded, converted to RGB (alpha dropped,
+5. pixels are decoded, the EXIF orientation read and validated (1-8), converted to RGB (alpha dropped,
    no embedded colour profile applied; 16-bit grey keeps its high byte, as Pillow does for 16-bit
    colour), and turned upright.
 """
@@ -110,8 +110,8 @@ def decode_image(image: EncodedImage, limits: DecodeLimits) -> DecodedImage:
     with _open(image, limits) as pil:
         _check_header(pil, limits)
         try:
-            orientation = read_orientation(pil)
             pil.load()
+            orientation = read_orientation(pil)
             stored = _to_rgb(pil)
         except ImageDecodeError:
             raise

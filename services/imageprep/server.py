@@ -3,28 +3,106 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import grpc
+import torch
 
 from services.common.config import load_config
-from services.common.grpc_server import BasicLifecycle, ServiceBinding, serve
+from services.common.errors import UnavailableError
+from services.common.grpc_server import HealthReporter, ServiceBinding, serve
 from services.common.logging import setup_logging
-from services.common.pb import imageprep_pb2_grpc
+from services.common.pb import imageprep_pb2, imageprep_pb2_grpc
+from services.imageprep.cache.disk import DiskTier
+from services.imageprep.cache.memory import MemoryTier
+from services.imageprep.cache.redis_tier import RedisTier
+from services.imageprep.cache.retention import LowerTier, RetentionCache
 from services.imageprep.config import ImagePrepConfig
+from services.imageprep.convert import chunk_to_pb, prepare_request_from_pb, prepare_result_to_pb
+from services.imageprep.model_profile import ProfileResolver
+from services.imageprep.service import ImagePrepService
 
 SERVICE_NAME = "helios.v1.ImagePrep"
 
+log = logging.getLogger(__name__)
+
+
+def build_cache(config: ImagePrepConfig) -> RetentionCache:
+    lower: list[LowerTier] = []
+    if config.disk_cache_dir:
+        lower.append(DiskTier(Path(config.disk_cache_dir), config.disk_cache_bytes))
+    if config.redis_url:
+        redis_tier = RedisTier(config.redis_url, config.redis_ttl_s)
+        redis_tier.check()
+        lower.append(redis_tier)
+    if config.memory_cache_bytes == 0 and not lower:
+        log.warning("no retention tier: FetchPixels will not find prepared images")
+    return RetentionCache(MemoryTier(config.memory_cache_bytes), lower)
+
 
 class ImagePrepServicer(imageprep_pb2_grpc.ImagePrepServicer):
+    """Thin servicer: protobuf in, ImagePrepService, protobuf out (errors: the interceptor)."""
+
+    def __init__(self, lifecycle: ImagePrepLifecycle) -> None:
+        self._lifecycle = lifecycle
+
+    async def Prepare(self, request: imageprep_pb2.PrepareRequest,
+                      context: grpc.aio.ServicerContext) -> imageprep_pb2.PrepareResponse:
+        service = self._lifecycle.service()
+        result = await service.prepare(prepare_request_from_pb(request))
+        return prepare_result_to_pb(result)
+
+    async def FetchPixels(self, request: imageprep_pb2.FetchPixelsRequest,
+                          context: grpc.aio.ServicerContext
+                          ) -> AsyncIterator[imageprep_pb2.PixelChunk]:
+        service = self._lifecycle.service()
+        images = await service.fetch(list(request.identities))
+        for chunk in service.chunks(images):
+            yield chunk_to_pb(chunk)
+
+
+class ImagePrepLifecycle:
+    """Builds the service (torch threads, profile, cache tiers) at start; drains on SIGTERM."""
+
+    dynamic_health = False
+
     def __init__(self, config: ImagePrepConfig) -> None:
         self.config = config
+        self._service: ImagePrepService | None = None
+
+    def service(self) -> ImagePrepService:
+        if self._service is None:
+            raise UnavailableError("imageprep is starting", retry_after_s=1.0)
+        return self._service
+
+    async def start(self, health: HealthReporter) -> None:
+        if self.config.torch_threads:
+            torch.set_num_threads(self.config.torch_threads)
+        resolver = await asyncio.to_thread(ProfileResolver.from_model, self.config.model)
+        cache = await asyncio.to_thread(build_cache, self.config)
+        self._service = ImagePrepService(self.config, resolver, cache)
+
+    async def stop_admission(self) -> None:
+        if self._service is not None:
+            self._service.stop_admission()
+
+    async def drain(self, timeout_s: float) -> bool:
+        return True if self._service is None else await self._service.drain(timeout_s)
+
+    async def close(self) -> None:
+        if self._service is not None:
+            await asyncio.to_thread(self._service.close)
 
 
 async def _serve(config: ImagePrepConfig) -> int:
-    binding = ServiceBinding(SERVICE_NAME, ImagePrepServicer(config),
+    lifecycle = ImagePrepLifecycle(config)
+    binding = ServiceBinding(SERVICE_NAME, ImagePrepServicer(lifecycle),
                              imageprep_pb2_grpc.add_ImagePrepServicer_to_server)
     return await serve(service="imageprep", config=config, bindings=[binding],
-                       lifecycle=BasicLifecycle())
+                       lifecycle=lifecycle)
 
 
 def run_imageprep(config: ImagePrepConfig) -> int:
