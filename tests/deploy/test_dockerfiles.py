@@ -148,6 +148,14 @@ def test_left_out_packages_are_unimportable(tmp_path):
 
 # ---- the demo core, built the way the image builds it -------------------------------------------
 
+def test_demo_model_image_can_fill_an_empty_volume():
+    stage = dockerfiles.stage(dockerfiles.dockerfile_of("engine"), "demo-model")
+    assert stage.user == "10001:10001"
+    assert any("chown 10001:10001 /target" in run for run in stage.runs), \
+        "a fresh compose volume at /target must be writable by the image's user"
+    assert stage.entrypoint[-1].endswith("/target/")
+
+
 def _demo_commands() -> tuple[str, list[str]]:
     stages = {s.name: s for s in dockerfiles.parse(dockerfiles.dockerfile_of("engine"))}
     build = next(run for run in stages["demo-build"].runs if "demo-model" in run)
