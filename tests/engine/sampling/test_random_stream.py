@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.engine.sampling import random_stream as rs
@@ -19,12 +19,14 @@ def fmix32_python(h: int) -> int:
     return h ^ (h >> 16)
 
 
+@settings(deadline=None)
 @given(st.lists(U32, min_size=1, max_size=32), U32)
 def test_mul32_is_multiplication_mod_2_32(values: list[int], constant: int) -> None:
     out = rs._mul32(torch.tensor(values, dtype=torch.int64), constant).tolist()
     assert out == [(v * constant) % (1 << 32) for v in values]
 
 
+@settings(deadline=None)
 @given(st.lists(U32, min_size=1, max_size=32))
 def test_fmix32_is_murmur3s_finaliser(values: list[int]) -> None:
     out = rs.fmix32(torch.tensor(values, dtype=torch.int64)).tolist()
