@@ -12,17 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True, slots=True)
-class Metadata:
-    """The fields of the model's AttentionMetadata that the kernels read (same names)."""
-
-    query_start_loc: torch.Tensor  # int32 [B+1]
-    seq_lens: torch.Tensor  # int32 [B]
-    page_table: torch.Tensor  # int32 [B, max_pages_per_seq]
-    slot_mapping: torch.Tensor  # int64 [T], -1 = padding
-    max_query_len: int
-    max_seq_len: int
+from services.engine.model.attention import AttentionMetadata
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +20,7 @@ class PagedBatch:
     q: torch.Tensor  # [T, Hq, D]
     k_cache: torch.Tensor  # [pages, page_size, Hk, D]
     v_cache: torch.Tensor
-    meta: Metadata
+    meta: AttentionMetadata
     q_lens: tuple[int, ...]
     seq_lens: tuple[int, ...]
     num_padding: int  # rows after the last sequence's tokens
@@ -54,43 +44,46 @@ def make_batch(
     assert len(seq_lens) == len(q_lens)
     assert all(1 <= q <= s or (q == 0 and s >= 0) for q, s in zip(q_lens, seq_lens, strict=True))
     device = torch.device(device)
-    g = generator
+    g = generator if generator is not None else torch.Generator().manual_seed(0)
     pages_per_seq = [-(-s // page_size) for s in seq_lens]
     num_pages = sum(pages_per_seq) + spare_pages
-    order = torch.randperm(num_pages, generator=g).tolist()
+    order = torch.randperm(num_pages, generator=g)
     max_pages = max([1, *pages_per_seq])
     page_table = torch.full((len(seq_lens), max_pages), -1, dtype=torch.int32)
-    shape = (num_pages, page_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=g, dtype=torch.float32).to(dtype)
-    v_cache = torch.randn(shape, generator=g, dtype=torch.float32).to(dtype)
     used = torch.zeros(num_pages, page_size, dtype=torch.bool)
-    slots: list[int] = []
+    slots: list[torch.Tensor] = []
     next_page = 0
     for i, (s, n) in enumerate(zip(seq_lens, pages_per_seq, strict=True)):
         ids = order[next_page : next_page + n]
         next_page += n
-        page_table[i, :n] = torch.tensor(ids, dtype=torch.int32)
-        for pos in range(s):
-            used[ids[pos // page_size], pos % page_size] = True
-        for pos in range(s - q_lens[i], s):
-            slots.append(ids[pos // page_size] * page_size + pos % page_size)
+        page_table[i, :n] = ids.to(torch.int32)
+        pos = torch.arange(s)
+        used[ids[pos // page_size], pos % page_size] = True
+        new = pos[s - q_lens[i] :]
+        slots.append(ids[new // page_size] * page_size + new % page_size)
+    # the big tensors are drawn on the device, from a seed this batch's generator picks
+    dg = torch.Generator(device).manual_seed(int(torch.randint(0, 2**62, (1,), generator=g)))
+    shape = (num_pages, page_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=dg, device=device).to(dtype)
+    v_cache = torch.randn(shape, generator=dg, device=device).to(dtype)
     if poison_unused:
-        k_cache[~used] = float("nan")
-        v_cache[~used] = float("nan")
-    slots += [-1] * num_padding
+        unused = ~used.to(device)
+        k_cache[unused] = float("nan")
+        v_cache[unused] = float("nan")
+    slots.append(torch.full((num_padding,), -1, dtype=torch.int64))
     qsl = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     qsl[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int64), 0).to(torch.int32)
     num_tokens = sum(q_lens) + num_padding
-    q = torch.randn(num_tokens, num_q_heads, head_dim, generator=g, dtype=torch.float32).to(dtype)
-    meta = Metadata(
+    q = torch.randn(num_tokens, num_q_heads, head_dim, generator=dg, device=device).to(dtype)
+    meta = AttentionMetadata(
         query_start_loc=qsl.to(device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device),
         page_table=page_table.to(device),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64).to(device),
+        slot_mapping=torch.cat(slots).to(device),
         max_query_len=max([0, *q_lens]),
         max_seq_len=max([0, *seq_lens]),
     )
     return PagedBatch(
-        q=q.to(device), k_cache=k_cache.to(device), v_cache=v_cache.to(device), meta=meta,
+        q=q, k_cache=k_cache, v_cache=v_cache, meta=meta,
         q_lens=tuple(q_lens), seq_lens=tuple(seq_lens), num_padding=num_padding,
     )

@@ -18,24 +18,10 @@ if INTERPRETED:
     os.environ["TRITON_INTERPRET"] = "1"
 
 
-def _patch_interpreter_scalar_index() -> None:
-    """Triton 3.6's interpreter turns a scalar into a Python int with `int(array)`, which
-    numpy >= 2.4 refuses for its 1-element arrays (a loop `range(lo, hi)` over loaded values
-    fails); Triton 3.9 squeezes first. Do the same on older Tritons, for the tests only."""
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):  # type: ignore[no-untyped-def]
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
-
-    if "squeeze" not in __import__("inspect").getsource(original):
-        interpreter._patch_lang_tensor = patched
-
-
 if INTERPRETED:
-    _patch_interpreter_scalar_index()
+    from tests.kernels.interpreter import patch_scalar_index
+
+    patch_scalar_index()
 
 collect_ignore = [] if HAS_TRITON else [
     name for name in os.listdir(os.path.dirname(__file__)) if name.endswith(".py") and name != "conftest.py"
@@ -49,9 +35,10 @@ def device() -> torch.device:
 
 @pytest.fixture
 def dot_dtype() -> torch.dtype:
-    """Operand dtype for kernels that use tl.dot: bf16 on the GPU; fp16 in the interpreter,
-    whose dot multiplies bf16's raw bits (it keeps bf16 as uint16, Triton 3.6 to 3.9)."""
-    return torch.float16 if INTERPRETED else torch.bfloat16
+    """Operand dtype for kernels that use tl.dot: bf16 on the GPU, fp16 in the interpreter."""
+    from tests.kernels.interpreter import DOT_DTYPE
+
+    return DOT_DTYPE if INTERPRETED else torch.bfloat16
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ def qwen3_8b_calls() -> list[str]:
     from services.engine.kernels.activation import silu_and_mul
     from services.engine.kernels.attention import paged_attention
     from services.engine.kernels.kv_write import write_kv
-    from services.engine.kernels.rms_norm import fused_add_rms_norm, rms_norm
+    from services.engine.kernels.norm import fused_add_rms_norm, rms_norm
     from services.engine.kernels.rotary import apply_rotary
 
     bf16 = torch.bfloat16

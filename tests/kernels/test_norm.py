@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from services.common.errors import ValidationError
-from services.engine.kernels.rms_norm import fused_add_rms_norm, rms_norm
+from services.engine.kernels.norm import fused_add_rms_norm, rms_norm
 from tests.kernels import reference
 from tests.kernels.conftest import INTERPRETED
 

@@ -27,27 +27,29 @@ def test_names_follow_availability() -> None:
     """Without CUDA (and without the interpreter) the names are absent, so the model falls back
     to its torch ops, and importing the package imports no triton; with them, all are there."""
     code = (
-        "import json, sys, torch\n"
+        "import json, os, sys, torch\n"
         "from services.engine import kernels\n"
+        "if os.environ.get('TRITON_INTERPRET'):\n"
+        "    import services.engine.kernels.norm, services.engine.kernels.attention  # submodules first\n"
         f"names = {list(OPS)!r}\n"
         "print(json.dumps({'cuda': torch.cuda.is_available(), 'triton_loaded': 'triton' in sys.modules,"
-        " 'present': [n for n in names if getattr(kernels, n, None) is not None]}))\n"
+        " 'present': [n for n in names if callable(getattr(kernels, n, None))]}))\n"
     )
     plain = json.loads(_python(code).stdout)
     assert not plain["triton_loaded"] or plain["cuda"]
     assert plain["present"] == (list(OPS) if plain["cuda"] else [])
     interpreted = json.loads(_python(code, TRITON_INTERPRET="1").stdout)
-    assert interpreted["present"] == list(OPS)
+    assert interpreted["present"] == list(OPS)  # functions, not same-named submodules
 
 
 def test_signatures_match_the_model_ops_spec() -> None:
     import inspect
 
-    from services.engine.kernels import activation, attention, kv_write, rms_norm, rotary
+    from services.engine.kernels import activation, attention, kv_write, norm, rotary
 
     expected = {
-        rms_norm.rms_norm: ["x", "weight", "eps"],
-        rms_norm.fused_add_rms_norm: ["x", "residual", "weight", "eps"],
+        norm.rms_norm: ["x", "weight", "eps"],
+        norm.fused_add_rms_norm: ["x", "residual", "weight", "eps"],
         rotary.apply_rotary: ["q", "k", "positions", "cos_sin_cache", "is_neox"],
         activation.silu_and_mul: ["x"],
         kv_write.write_kv: ["k", "v", "k_cache", "v_cache", "slot_mapping"],
@@ -59,6 +61,14 @@ def test_signatures_match_the_model_ops_spec() -> None:
             if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
         ]
         assert positional == names, fn.__name__
+
+
+@pytest.mark.gpu
+def test_the_model_dispatches_every_op_to_a_kernel() -> None:
+    from services.engine.model import ops
+
+    ops.kernel_ops.cache_clear()
+    assert sorted(ops.kernel_ops()) == sorted(OPS)
 
 
 def test_every_kernel_compiles_for_sm90_without_spills() -> None:

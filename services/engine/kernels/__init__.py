@@ -27,8 +27,8 @@ from typing import Any
 
 # exported name -> module (under this package) that defines it
 _EXPORTS: dict[str, str] = {
-    "rms_norm": "rms_norm",
-    "fused_add_rms_norm": "rms_norm",
+    "rms_norm": "norm",
+    "fused_add_rms_norm": "norm",
     "apply_rotary": "rotary",
     "silu_and_mul": "activation",
     "write_kv": "kv_write",

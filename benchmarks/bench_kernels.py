@@ -1,0 +1,467 @@
+"""Kernel benchmarks on one GPU: paged decode attention, prefill attention, the fused ops.
+
+    python benchmarks/bench_kernels.py [--out DIR] [--sections decode,sweep,prefill,ops]
+    python benchmarks/bench_kernels.py --smoke   # tiny shapes, any machine (interpreter on CPU)
+
+Decode attention runs at Qwen3-8B shapes (32 query heads, 8 KV heads, D=128, pages of 16) for
+batch 1/16/64/256 and context 128..8k: achieved bandwidth (KV + q + out bytes over the median
+time) against the 4.27 TB/s copy limit of an H200, and the time of torch SDPA on the same KV
+gathered into contiguous tensors. Prefill attention reports TFLOP/s (causal FLOPs only)
+against SDPA's flash path. The fused ops report GB/s of their ideal bytes against torch eager
+(the model's reference ops) and torch.compile of the same references.
+
+Timing: each measured call is captured in a CUDA graph (several times over rotating input sets
+when one set would sit in the 60 MB L2) and the graph is replayed; the figure is the median
+replay time over the calls in it. Results: a table on stdout, JSON and a markdown summary
+under --out (default $OUT, else benchmarks/out/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+COPY_LIMIT = 4.27e12  # bytes/s, device-to-device copy on an H200 (PERFORMANCE.md)
+HQ, HK, D, PAGE = 32, 8, 128, 16  # Qwen3-8B attention
+HIDDEN, INTER = 4096, 12288
+L2_BYTES = 60 * 2**20
+BF16 = torch.bfloat16
+
+
+class Timer:
+    """Median seconds per call of `fn` (which makes `calls` calls): CUDA graph replays timed
+    with events on the GPU; wall clock around one run elsewhere (smoke runs only)."""
+
+    def __init__(self, device: torch.device, replays: int) -> None:
+        self.device = device
+        self.replays = replays
+
+    def __call__(self, fn: Callable[[], Any], calls: int = 1) -> float:
+        if self.device.type != "cuda":
+            fn()
+            start = time.perf_counter()
+            fn()
+            return (time.perf_counter() - start) / calls
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(self.replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        del graph
+        return statistics.median(times) / calls
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
+# ---- decode attention -----------------------------------------------------------------------
+
+
+class DecodeSets:
+    """`n` independent decode batches of `batch` sequences of `ctx` tokens over one page pool."""
+
+    def __init__(self, batch: int, ctx: int, n: int, device: torch.device, gen: torch.Generator,
+                 dtype: torch.dtype) -> None:
+        from services.engine.kernels.attention import AttentionScratch
+        from services.engine.model.attention import AttentionMetadata
+
+        pages_per_seq = -(-ctx // PAGE)
+        num_pages = n * batch * pages_per_seq
+        self.k_cache = torch.randn(num_pages, PAGE, HK, D, device=device, dtype=dtype)
+        self.v_cache = torch.randn(num_pages, PAGE, HK, D, device=device, dtype=dtype)
+        order = torch.randperm(num_pages, generator=gen).to(device).to(torch.int32)
+        self.metas, self.qs, self.outs = [], [], []
+        for s in range(n):
+            table = order[s * batch * pages_per_seq : (s + 1) * batch * pages_per_seq]
+            self.metas.append(AttentionMetadata(
+                query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
+                seq_lens=torch.full((batch,), ctx, dtype=torch.int32, device=device),
+                page_table=table.view(batch, pages_per_seq).contiguous(),
+                slot_mapping=torch.zeros(batch, dtype=torch.int64, device=device),
+                max_query_len=1, max_seq_len=ctx,
+            ))
+            self.qs.append(torch.randn(batch, HQ, D, device=device, dtype=dtype))
+            self.outs.append(torch.empty(batch, HQ, D, device=device, dtype=dtype))
+        self.scratch = AttentionScratch.allocate(batch, HQ, D, device)
+        self.n, self.batch, self.ctx = n, batch, ctx
+
+    def gathered(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Set s's KV as contiguous [B, Hk, ctx, D] tensors (what SDPA reads)."""
+        table = self.metas[s].page_table.long()
+        k = self.k_cache[table].flatten(1, 2)[:, : self.ctx].transpose(1, 2).contiguous()
+        v = self.v_cache[table].flatten(1, 2)[:, : self.ctx].transpose(1, 2).contiguous()
+        return k, v
+
+    def bytes_per_call(self) -> int:
+        kv = 2 * self.batch * self.ctx * HK * D * 2
+        return kv + 2 * self.batch * HQ * D * 2
+
+
+def num_sets(bytes_per_set: int, cap: int = 32) -> int:
+    """Input sets to rotate so that one graph replay reads about 3x the L2."""
+    return max(1, min(cap, math.ceil(3 * L2_BYTES / bytes_per_set)))
+
+
+def bench_decode(device: torch.device, timer: Timer, batches: list[int], ctxs: list[int],
+                 dtype: torch.dtype, max_sets: int) -> list[dict]:
+    from services.engine.kernels.attention import paged_attention
+
+    gen = torch.Generator().manual_seed(0)
+    scale = D**-0.5
+    rows = []
+    for batch in batches:
+        for ctx in ctxs:
+            per_set = 2 * batch * ctx * HK * D * 2
+            sets = DecodeSets(batch, ctx, num_sets(per_set, max_sets), device, gen, dtype)
+
+            def run(sets: DecodeSets = sets) -> None:
+                for s in range(sets.n):
+                    paged_attention(sets.qs[s], sets.k_cache, sets.v_cache, sets.metas[s], scale,
+                                    out=sets.outs[s], scratch=sets.scratch)
+
+            t = timer(run, sets.n)
+            k, v = sets.gathered(0)
+            q4 = sets.qs[0][:, :, None, :]  # [B, Hq, 1, D]
+            ref = F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True)[:, :, 0]
+            paged_attention(sets.qs[0], sets.k_cache, sets.v_cache, sets.metas[0], scale, out=sets.outs[0])
+            err = rel_error(sets.outs[0], ref)
+            sdpa_sets = max(1, min(sets.n, 4))
+            gathered = [sets.gathered(s) for s in range(sdpa_sets)]
+
+            def run_sdpa(gathered: list = gathered, qs: list = sets.qs) -> None:
+                for s, (k, v) in enumerate(gathered):
+                    F.scaled_dot_product_attention(qs[s][:, :, None, :], k, v, scale=scale, enable_gqa=True)
+
+            t_sdpa = timer(run_sdpa, len(gathered))
+            bw = sets.bytes_per_call() / t
+            rows.append(dict(batch=batch, ctx=ctx, sets=sets.n, us=t * 1e6, tb_s=bw / 1e12,
+                             frac_limit=bw / COPY_LIMIT, sdpa_us=t_sdpa * 1e6,
+                             speedup_vs_sdpa=t_sdpa / t, rel_err_vs_sdpa=err))
+            del sets, gathered
+            torch.cuda.empty_cache() if device.type == "cuda" else None
+    return rows
+
+
+def bench_decode_sweep(device: torch.device, timer: Timer, points: list[tuple[int, int]],
+                       dtype: torch.dtype, max_sets: int, only: set[str] | None = None) -> list[dict]:
+    """Time launch plans around the default one at a few (batch, ctx) points."""
+    from services.engine.kernels.attention import launch, plan_attention
+    from services.engine.kernels.common import cdiv, sm_count
+
+    gen = torch.Generator().manual_seed(1)
+    scale = D**-0.5
+    rows = []
+    for batch, ctx in points:
+        sets = DecodeSets(batch, ctx, num_sets(2 * batch * ctx * HK * D * 2, max_sets), device, gen, dtype)
+        base = plan_attention(num_tokens=batch, num_seqs=batch, num_q_heads=HQ, num_kv_heads=HK,
+                              head_dim=D, max_query_len=1, max_seq_len=ctx, num_sms=sm_count(device))
+
+        def splits(plan: Any, n: int, ctx: int = ctx) -> Any:
+            n = max(1, min(64, n))
+            split_len = cdiv(cdiv(ctx, n), plan.block_n) * plan.block_n
+            return replace(plan, num_splits=cdiv(ctx, split_len), split_len=split_len)
+
+        variants = {
+            "default": base,
+            "n32": splits(replace(base, block_n=32), base.num_splits),
+            "n128": splits(replace(base, block_n=128), base.num_splits),
+            "n128w8": splits(replace(base, block_n=128, num_warps=8), base.num_splits),
+            "s2": replace(base, num_stages=2),
+            "s4": replace(base, num_stages=4),
+            "w2": replace(base, num_warps=2),
+            "splits/2": splits(base, base.num_splits // 2),
+            "splits*2": splits(base, base.num_splits * 2),
+            "splits*4": splits(base, base.num_splits * 4),
+        }
+        for name, plan in variants.items():
+            if only is not None and name not in only:
+                continue
+
+            def run(sets: DecodeSets = sets, plan: Any = plan) -> None:
+                for s in range(sets.n):
+                    launch(sets.qs[s], sets.k_cache, sets.v_cache, sets.metas[s], scale, sets.outs[s],
+                           plan, sets.scratch)
+
+            row = dict(batch=batch, ctx=ctx, variant=name, block_n=plan.block_n, warps=plan.num_warps,
+                       stages=plan.num_stages, splits=plan.num_splits)
+            try:
+                t = timer(run, sets.n)
+                row.update(us=t * 1e6, tb_s=sets.bytes_per_call() / t / 1e12)
+            except Exception as exc:  # a plan that does not compile or fit: report it, go on
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+            rows.append(row)
+        del sets
+    return rows
+
+
+# ---- prefill attention ----------------------------------------------------------------------
+
+
+def bench_prefill(device: torch.device, timer: Timer, cases: list[tuple[str, list[int], list[int]]],
+                  dtype: torch.dtype) -> list[dict]:
+    """cases: (name, q_lens, seq_lens); causal FLOPs = 4 * Hq * D * sum of visible KV."""
+    from services.engine.kernels.attention import paged_attention
+    from tests.kernels.batch import make_batch
+
+    gen = torch.Generator().manual_seed(2)
+    scale = D**-0.5
+    rows = []
+    for name, q_lens, seq_lens in cases:
+        b = make_batch(seq_lens, q_lens, num_q_heads=HQ, num_kv_heads=HK, head_dim=D, page_size=PAGE,
+                       device=device, generator=gen, poison_unused=False, dtype=dtype)
+        out = torch.empty_like(b.q)
+        t = timer(lambda b=b, out=out: paged_attention(b.q, b.k_cache, b.v_cache, b.meta, scale, out=out))
+        visible = sum(ql * (sl - ql) + ql * (ql + 1) // 2 for ql, sl in zip(q_lens, seq_lens, strict=True))
+        flops = 4 * HQ * D * visible
+        row = dict(case=name, tokens=sum(q_lens), us=t * 1e6, tflops=flops / t / 1e12)
+        if all(q == s for q, s in zip(q_lens, seq_lens, strict=True)) and len(set(q_lens)) == 1:
+            # SDPA's flash path on the same (contiguous) KV, causal
+            L, B = q_lens[0], len(q_lens)
+            q4 = b.q.view(B, L, HQ, D).transpose(1, 2).contiguous()
+            k4 = torch.randn(B, HK, L, D, device=device, dtype=dtype)
+            v4 = torch.randn(B, HK, L, D, device=device, dtype=dtype)
+            t_sdpa = timer(lambda q4=q4, k4=k4, v4=v4: F.scaled_dot_product_attention(
+                q4, k4, v4, is_causal=True, scale=scale, enable_gqa=True))
+            row.update(sdpa_us=t_sdpa * 1e6, sdpa_tflops=flops / t_sdpa / 1e12)
+        rows.append(row)
+        del b, out
+    return rows
+
+
+def bench_prefill_sweep(device: torch.device, timer: Timer, q_len: int) -> list[dict]:
+    from services.engine.kernels.attention import launch, plan_attention
+    from services.engine.kernels.common import next_power_of_2, sm_count
+    from tests.kernels.batch import make_batch
+
+    b = make_batch([q_len], [q_len], num_q_heads=HQ, num_kv_heads=HK, head_dim=D, page_size=PAGE,
+                   device=device, generator=torch.Generator().manual_seed(3), poison_unused=False)
+    out = torch.empty_like(b.q)
+    base = plan_attention(num_tokens=q_len, num_seqs=1, num_q_heads=HQ, num_kv_heads=HK, head_dim=D,
+                          max_query_len=q_len, max_seq_len=q_len, num_sms=sm_count(device))
+    group = HQ // HK
+
+    def rows_of(block_m: int, **kw: Any) -> Any:
+        block_q = block_m // group
+        return replace(base, block_m=block_m, block_q=block_q,
+                       num_blocks=-(-q_len // block_q) + 1, **kw)
+
+    variants = {
+        "default": base,
+        "m64w4": rows_of(64, num_warps=4),
+        "m128n128": rows_of(128, block_n=128),
+        "m128s3": rows_of(128, num_stages=3),
+        "m128w4": rows_of(128, num_warps=4),
+        "m256n32": rows_of(next_power_of_2(256), num_warps=8, block_n=32),
+    }
+    visible = q_len * (q_len + 1) // 2
+    rows = []
+    for name, plan in variants.items():
+        row = dict(q_len=q_len, variant=name, block_m=plan.block_m, block_n=plan.block_n,
+                   warps=plan.num_warps, stages=plan.num_stages)
+        try:
+            t = timer(lambda plan=plan: launch(b.q, b.k_cache, b.v_cache, b.meta, D**-0.5, out, plan))
+            row.update(us=t * 1e6, tflops=4 * HQ * D * visible / t / 1e12)
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+        rows.append(row)
+    return rows
+
+
+# ---- fused ops --------------------------------------------------------------------------------
+
+
+def bench_ops(device: torch.device, timer: Timer, token_counts: list[int], compile_: bool) -> list[dict]:
+    from services.engine.kernels import activation, kv_write, norm, rotary
+    from services.engine.model import ops
+
+    rows = []
+    compiled: dict[str, Callable[..., Any]] = {}
+    references = {
+        "rms_norm": ops.reference_rms_norm,
+        "fused_add_rms_norm": ops.reference_fused_add_rms_norm,
+        "qk_norm": ops.reference_rms_norm,
+        "apply_rotary": ops.reference_apply_rotary,
+        "silu_and_mul": ops.reference_silu_and_mul,
+        "write_kv": ops.reference_write_kv,
+    }
+    tritons = {
+        "rms_norm": norm.rms_norm,
+        "fused_add_rms_norm": norm.fused_add_rms_norm,
+        "qk_norm": norm.rms_norm,
+        "apply_rotary": rotary.apply_rotary,
+        "silu_and_mul": activation.silu_and_mul,
+        "write_kv": kv_write.write_kv,
+    }
+    for name, ref in references.items():
+        compiled[name] = torch.compile(ref, dynamic=True) if compile_ else ref
+    inner = 10  # calls per graph: launch gaps amortised, inputs L2-resident as between layers
+    for tokens in token_counts:
+        x = torch.randn(tokens, HIDDEN, device=device, dtype=BF16)
+        res = torch.randn(tokens, HIDDEN, device=device, dtype=BF16)
+        w = torch.randn(HIDDEN, device=device, dtype=BF16)
+        qkv = torch.randn(tokens, (HQ + 2 * HK) * D, device=device, dtype=BF16)
+        q = qkv[:, : HQ * D].view(tokens, HQ, D)
+        k = qkv[:, HQ * D : (HQ + HK) * D].view(tokens, HK, D)
+        v = qkv[:, (HQ + HK) * D :].view(tokens, HK, D)
+        wd = torch.randn(D, device=device, dtype=BF16)
+        positions = torch.randint(0, 32768, (tokens,), device=device)
+        cache = torch.randn(32768, D, device=device, dtype=torch.float32)
+        gate_up = torch.randn(tokens, 2 * INTER, device=device, dtype=BF16)
+        pages = -(-tokens // PAGE) + 1
+        k_cache = torch.randn(pages, PAGE, HK, D, device=device, dtype=BF16)
+        v_cache = torch.randn(pages, PAGE, HK, D, device=device, dtype=BF16)
+        slots = torch.randperm(pages * PAGE, device=device)[:tokens]
+        e = 2  # bf16 bytes
+        cases: dict[str, tuple[tuple[Any, ...], int]] = {
+            "rms_norm": ((x, w, 1e-6), 2 * tokens * HIDDEN * e),
+            "fused_add_rms_norm": ((x, res, w, 1e-6), 4 * tokens * HIDDEN * e),
+            "qk_norm": ((q, wd, 1e-6), 2 * tokens * HQ * D * e),
+            "apply_rotary": ((q, k, positions, cache), 2 * tokens * (HQ + HK) * D * e + tokens * D * 4),
+            "silu_and_mul": ((gate_up,), 3 * tokens * INTER * e),
+            "write_kv": ((k, v, k_cache, v_cache, slots), 4 * tokens * HK * D * e),
+        }
+        for name, (args, nbytes) in cases.items():
+            row: dict[str, Any] = dict(op=name, tokens=tokens, bytes=nbytes)
+            for label, fn in (("triton", tritons[name]), ("eager", references[name]),
+                              ("compile", compiled[name] if compile_ else None)):
+                if fn is None:
+                    continue
+                try:
+                    t = timer(lambda fn=fn, args=args: [fn(*args) for _ in range(inner)], inner)
+                    row[f"{label}_us"] = t * 1e6
+                    row[f"{label}_gb_s"] = nbytes / t / 1e9
+                except Exception as exc:  # report, keep the other numbers
+                    row[f"{label}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            rows.append(row)
+    return rows
+
+
+# ---- report -------------------------------------------------------------------------------------
+
+
+def table(rows: list[dict], cols: list[str]) -> str:
+    def fmt(v: Any) -> str:
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+    lines.append("-|-".join("-" * w for w in widths))
+    lines += [" | ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def measure_copy(device: torch.device, timer: Timer) -> float:
+    a = torch.empty(2 * 2**30, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    t = timer(lambda: b.copy_(a))
+    return 2 * a.numel() / t
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "out"))
+    parser.add_argument("--sections", default="copy,decode,sweep,prefill,ops")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes (checks the script itself)")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
+    args = parser.parse_args()
+    if not torch.cuda.is_available() and not args.smoke:
+        print("bench_kernels: no CUDA device; skipped (use --smoke to check the script on CPU)")
+        return 0
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = BF16
+    if device.type == "cpu":  # smoke run through Triton's interpreter
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        from tests.kernels.interpreter import DOT_DTYPE, patch_scalar_index
+
+        patch_scalar_index()
+        dtype = DOT_DTYPE
+    timer = Timer(device, replays=3 if args.smoke else 15)
+    sections = set(args.sections.split(","))
+    results: dict[str, Any] = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                               "torch": torch.__version__}
+    import triton
+
+    results["triton"] = triton.__version__
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    out_lines: list[str] = []
+
+    def emit(*lines: str) -> None:
+        """Print a section and rewrite the result files, so a cut-short run keeps what it did."""
+        out_lines.extend(lines)
+        print("\n".join(lines), flush=True)
+        (out / "bench_kernels.json").write_text(json.dumps(results, indent=1))
+        (out / "bench_kernels.txt").write_text("\n".join(out_lines) + "\n")
+
+    if "copy" in sections and device.type == "cuda":
+        results["copy_tb_s"] = measure_copy(device, timer) / 1e12
+        emit(f"device-to-device copy: {results['copy_tb_s']:.3f} TB/s (read + write)")
+    if "decode" in sections:
+        batches, ctxs = ([2], [40]) if args.smoke else ([1, 16, 64, 256], [128, 512, 1024, 2048, 4096, 8192])
+        results["decode"] = bench_decode(device, timer, batches, ctxs, dtype, 1 if args.smoke else 32)
+        emit("", "decode attention (Qwen3-8B: 32 q / 8 kv heads, D=128, page 16)",
+                      table(results["decode"], ["batch", "ctx", "us", "tb_s", "frac_limit", "sdpa_us",
+                                                "speedup_vs_sdpa", "rel_err_vs_sdpa"]))
+    if "sweep" in sections:
+        points = [(1, 70)] if args.smoke else [(1, 8192), (16, 2048), (64, 1024), (256, 512), (256, 4096)]
+        results["decode_sweep"] = bench_decode_sweep(device, timer, points, dtype, 1 if args.smoke else 16,
+                                                     {"default", "splits*2"} if args.smoke else None)
+        emit("", "decode launch-plan sweep",
+                      table(results["decode_sweep"], ["batch", "ctx", "variant", "block_n", "warps", "stages",
+                                                      "splits", "us", "tb_s"]))
+    if "prefill" in sections:
+        cases = [("1x20", [20], [20]), ("1+1 mixed", [5, 1], [5, 9])] if args.smoke else [
+            ("1x1024", [1024], [1024]), ("1x4096", [4096], [4096]), ("1x16384", [16384], [16384]),
+            ("4x2048", [2048] * 4, [2048] * 4), ("4x1024 over 8k prefix", [1024] * 4, [9216] * 4),
+            ("mixed 2048 + 200 decode@2k", [2048] + [1] * 200, [2048] + [2048] * 200),
+        ]
+        results["prefill"] = bench_prefill(device, timer, cases, dtype)
+        emit("", "prefill attention (causal FLOPs)",
+                      table(results["prefill"], ["case", "tokens", "us", "tflops", "sdpa_us", "sdpa_tflops"]))
+        if not args.smoke:
+            results["prefill_sweep"] = bench_prefill_sweep(device, timer, 4096)
+            emit("", "prefill launch-plan sweep (1 x 4096)",
+                          table(results["prefill_sweep"], ["variant", "block_m", "block_n", "warps", "stages",
+                                                           "us", "tflops"]))
+    if "ops" in sections:
+        counts = [1, 3] if args.smoke else [1, 64, 512, 4096, 16384]
+        results["ops"] = bench_ops(device, timer, counts, compile_=not args.no_compile and device.type == "cuda")
+        emit("", "fused ops (GB/s of ideal bytes)",
+                      table(results["ops"], ["op", "tokens", "triton_us", "triton_gb_s", "eager_us", "eager_gb_s",
+                                             "compile_us", "compile_gb_s"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
