@@ -8,6 +8,7 @@ Typed errors raised anywhere below become gRPC statuses in the shared ErrorInter
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sys
 from collections.abc import Sequence
@@ -164,7 +165,8 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
             raise ValidationError(f"token id {bad} is outside the vocabulary "
                                   f"(0..{tokenizer.vocab_size - 1})", param="token_ids")
         skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
-        text = await self.lifecycle.pool.run(tokenizer.decode, list(request.token_ids), skip)
+        decode = functools.partial(tokenizer.decode, skip_special_tokens=skip)
+        text = await self.lifecycle.pool.run(decode, list(request.token_ids))
         return frontend_pb2.DetokenizeResponse(text=text)
 
     async def ListModels(self, request, context):
