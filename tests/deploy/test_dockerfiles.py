@@ -170,8 +170,11 @@ def test_demo_model_image_commands(tmp_path, demo_core):
 
     build, entrypoint = _demo_commands()
     helios = f"{shlex.quote(sys.executable)} -m services.cli.main"
-    command = build.replace("/opt/helios/bin/helios", helios) \
-        .replace("/tmp/", f"{tmp_path}/tmp/").replace("/models", f"{tmp_path}/image-models")
+    # Map the image's paths first, then insert this interpreter (whose path may itself be
+    # under /tmp, as in a CI clone).
+    command = build.replace("/tmp/", f"{tmp_path}/tmp/") \
+        .replace("/models", f"{tmp_path}/image-models") \
+        .replace("/opt/helios/bin/helios", helios)
     result = subprocess.run(["sh", "-c", command], cwd=REPO, capture_output=True, text=True,
                             timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr

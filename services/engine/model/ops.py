@@ -14,6 +14,7 @@ CUDA path can be captured in a graph.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import os
 from collections.abc import Callable
@@ -36,7 +37,9 @@ def kernel_ops() -> dict[str, Callable[..., Any]]:
     if os.environ.get("HELIOS_KERNELS", "").strip().lower() == "torch":
         return {}
     try:
-        import services.engine.kernels as kernels
+        # import_module reads sys.modules (not the parent package's attribute), so a module
+        # substituted there is honoured whatever was imported before
+        kernels = importlib.import_module("services.engine.kernels")
     except ImportError:
         return {}
     except Exception:  # a broken kernel module must not take the engine down
