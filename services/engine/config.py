@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from services.common.config import ServiceConfig, option
 from services.common.errors import ValidationError
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
 
 @dataclass(frozen=True)
 class EngineConfig(ServiceConfig):
@@ -14,9 +16,23 @@ class EngineConfig(ServiceConfig):
     model: str = option("", "prepared core or Hugging Face model directory")
     imageprep_address: str = option("", "imageprep gRPC address (pixels for vision models)")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    dtype: str = option("auto", "compute dtype: auto (float32 on CPU, bfloat16 on GPU), "
+                                "float32, bfloat16 or float16")
     max_num_seqs: int = option(64, "live request slots")
+    max_waiting: int = option(0, "bounded waiting queue in requests (0: 4 x max_num_seqs)")
     prefill_chunk_size: int = option(512, "prompt tokens per prefill step (multiple of 64)")
+    max_num_batched_tokens: int = option(0, "tokens per engine step across requests "
+                                            "(0: prefill_chunk_size + max_num_seqs)")
     max_model_len: int | None = option(None, "context limit (default: the model's)")
+    page_size: int = option(16, "tokens per KV page")
+    kv_cache_bytes: int = option(0, "bytes for KV pages and snapshot rows (0: "
+                                    "kv_cache_memory_fraction of free device memory; on the "
+                                    "CPU capped at 1 GiB)")
+    kv_cache_memory_fraction: float = option(0.9, "fraction of free device memory for the KV "
+                                                  "cache when kv_cache_bytes is 0")
+    num_snapshots: int = option(0, "checkpoint snapshot rows (0: 2 x max_num_seqs)")
+    checkpoint_extra_fraction: float = option(
+        0.05, "extra prefill work allowed for checkpoints at earlier message boundaries")
     context_hint: str = option("raise --max-model-len (engine) up to the model's context",
                                "appended to context-overflow errors")
     capacity_hint: str = option("raise --max-num-seqs or the KV cache budget (engine)",
@@ -32,3 +48,27 @@ class EngineConfig(ServiceConfig):
         if self.prefill_chunk_size < 64 or self.prefill_chunk_size % 64:
             raise ValidationError("prefill_chunk_size must be a positive multiple of 64",
                                   param="prefill_chunk_size")
+        if self.max_num_batched_tokens and self.max_num_batched_tokens < 64:
+            raise ValidationError("max_num_batched_tokens must be 0 or >= 64",
+                                  param="max_num_batched_tokens")
+        if self.max_waiting < 0:
+            raise ValidationError("max_waiting must be >= 0", param="max_waiting")
+        if self.page_size < 1:
+            raise ValidationError("page_size must be >= 1", param="page_size")
+        if self.kv_cache_bytes < 0 or not 0 < self.kv_cache_memory_fraction <= 1:
+            raise ValidationError("kv_cache_bytes must be >= 0 and kv_cache_memory_fraction "
+                                  "in (0, 1]", param="kv_cache_bytes")
+        if self.num_snapshots < 0:
+            raise ValidationError("num_snapshots must be >= 0", param="num_snapshots")
+        if self.dtype not in DTYPES:
+            raise ValidationError(f"dtype must be one of {DTYPES}", param="dtype")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValidationError("max_model_len must be >= 2", param="max_model_len")
+
+    @property
+    def batched_tokens(self) -> int:
+        return self.max_num_batched_tokens or self.prefill_chunk_size + self.max_num_seqs
+
+    @property
+    def waiting_capacity(self) -> int:
+        return self.max_waiting or 4 * self.max_num_seqs

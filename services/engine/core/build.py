@@ -1,0 +1,119 @@
+"""Assembling an engine from its config and model: load, size the KV pool, wire the parts.
+
+Runs inside the engine-core process. The effective context is the smallest of the configured
+limit, the manifest's, the model's exact range (`ModelConfig.max_context`) and what the page
+pool holds, so any admitted request can always run alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from services.common.core import ModelSource
+from services.common.errors import ValidationError
+from services.engine.config import EngineConfig
+from services.engine.model import (
+    ModelConfig,
+    allocate_kv_cache,
+    default_dtype,
+    kv_cache_bytes_per_page,
+    load_model,
+)
+from services.engine.runner.memory import plan_layout
+from services.engine.runner.snapshots import SnapshotStore
+from services.engine.runner.torch_runner import TorchRunner
+from services.engine.scheduler.resources import KVResources
+from services.engine.scheduler.scheduler import Scheduler
+from services.engine.scheduler.state import SchedulerConfig
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class CoreInfo:
+    """What the servicer reports about the running core (ModelInfo, GetLoad)."""
+
+    device: str
+    dtype: str
+    page_size: int
+    num_pages: int
+    num_snapshots: int
+    max_model_len: int
+    max_num_seqs: int
+    prefill_chunk_size: int
+    kv_cache_bytes: int
+    vocab_size: int
+
+
+@dataclass(slots=True)
+class Engine:
+    scheduler: Scheduler
+    runner: TorchRunner
+    info: CoreInfo
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValidationError(f"device {name} requested but CUDA is not available",
+                              param="device")
+    return device
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        index = device.index or 0
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return "cpu"
+
+
+def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
+    device = resolve_device(config.device)
+    dtype = default_dtype(device) if config.dtype == "auto" else _DTYPES[config.dtype]
+    model_config = ModelConfig.from_dict(source.config)
+    manifest = source.manifest
+    context = min(config.max_model_len or manifest.max_model_len, manifest.max_model_len,
+                  model_config.max_context)
+    model = load_model(source, device, dtype, max_positions=context)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    layout = plan_layout(
+        device=device, page_bytes=kv_cache_bytes_per_page(model_config, config.page_size, dtype),
+        page_size=config.page_size, hidden_bytes=model_config.hidden_size * itemsize,
+        budget_bytes=config.kv_cache_bytes, memory_fraction=config.kv_cache_memory_fraction,
+        num_snapshots=config.num_snapshots, max_num_seqs=config.max_num_seqs,
+        min_tokens=min(context, config.prefill_chunk_size), capacity_hint=config.capacity_hint)
+    context = min(context, (layout.num_pages - 1) * layout.page_size)
+    kv = allocate_kv_cache(model_config, layout.num_pages, layout.page_size, device, dtype)
+    snapshots = SnapshotStore(kv, layout.num_snapshots, model_config.hidden_size, dtype, device)
+    eos = tuple(manifest.eos_token_ids)
+    runner = TorchRunner(model, kv, snapshots, eos_token_ids=eos)
+    resources = KVResources(num_pages=layout.num_pages, page_size=layout.page_size,
+                            num_snapshots=layout.num_snapshots)
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=config.max_num_seqs, max_waiting=config.waiting_capacity,
+        prefill_chunk_size=config.prefill_chunk_size,
+        max_num_batched_tokens=config.batched_tokens, max_model_len=context,
+        vocab_size=model_config.vocab_size, eos_token_ids=frozenset(eos),
+        checkpoint_extra_fraction=config.checkpoint_extra_fraction,
+        context_hint=manifest.context_hint or config.context_hint,
+        capacity_hint=manifest.capacity_hint or config.capacity_hint,
+        supports_images=False)
+    scheduler = Scheduler(scheduler_config, resources, manifest.identity_bytes)
+    info = CoreInfo(device=describe_device(device), dtype=str(dtype).removeprefix("torch."),
+                    page_size=layout.page_size, num_pages=layout.num_pages,
+                    num_snapshots=layout.num_snapshots, max_model_len=context,
+                    max_num_seqs=config.max_num_seqs,
+                    prefill_chunk_size=config.prefill_chunk_size,
+                    kv_cache_bytes=layout.budget_bytes, vocab_size=model_config.vocab_size)
+    log.info("engine built", extra={"fields": {
+        "device": info.device, "dtype": info.dtype, "pages": layout.num_pages,
+        "page_size": layout.page_size, "snapshots": layout.num_snapshots,
+        "context": context, "kv_bytes": layout.budget_bytes}})
+    return Engine(scheduler, runner, info)

@@ -1,0 +1,63 @@
+"""The real model through the scheduler and TorchRunner, in-process (no gRPC)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.core import open_model
+from services.engine.config import EngineConfig
+from services.engine.core.build import Engine, build_engine
+from services.engine.sampling import SamplingParams
+from services.engine.scheduler.requests import EngineRequest, StopRules
+
+
+@pytest.fixture(scope="session")
+def demo_source(demo_core):
+    return open_model(demo_core, verify=())
+
+
+@pytest.fixture(scope="session")
+def hf_demo(demo_model_dir):
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(demo_model_dir,
+                                                              dtype=torch.float32)
+    return model.eval()
+
+
+def make_engine(source, **overrides) -> Engine:
+    values = dict(model=str(source.root), kv_cache_bytes=16 << 20, max_num_seqs=8,
+                  prefill_chunk_size=64)
+    values.update(overrides)
+    return build_engine(EngineConfig(**values), source)
+
+
+def greedy_request(request_id: str, prompt, max_tokens: int, *, logprobs: bool = False,
+                   top_logprobs: int = 0, ends=(), n: int = 1, seed: int | None = 0,
+                   **sampling) -> EngineRequest:
+    """A request (greedy unless `temperature` is given) that ignores EOS."""
+    params = SamplingParams.create(temperature=sampling.pop("temperature", 0.0),
+                                   max_tokens=max_tokens, ignore_eos=True, logprobs=logprobs,
+                                   top_logprobs=top_logprobs, seed=seed, **sampling)
+    return EngineRequest(
+        request_id=request_id, prompt_token_ids=tuple(prompt), sampling=params,
+        stop=StopRules(max_tokens=max_tokens, ignore_eos=True), seed=params.seed,
+        logprobs=logprobs, top_logprobs=top_logprobs, checkpoint_token_ends=tuple(ends), n=n)
+
+
+def hf_greedy(model, prompt, max_tokens: int):
+    """transformers' greedy tokens and the logprob of each chosen token."""
+    import torch
+
+    ids = torch.tensor([list(prompt)])
+    with torch.no_grad():
+        # an explicit mask: otherwise generate masks every prompt token equal to the pad id
+        out = model.generate(ids, attention_mask=torch.ones_like(ids),
+                             max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                             do_sample=False, output_scores=True, return_dict_in_generate=True,
+                             pad_token_id=0)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    logprobs = [torch.log_softmax(score[0].float(), -1)[t].item()
+                for score, t in zip(out.scores, tokens, strict=True)]
+    return tokens, logprobs
