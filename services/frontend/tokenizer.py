@@ -26,7 +26,12 @@ NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad
 @dataclass(frozen=True, slots=True)
 class Encoding:
     ids: list[int]
-    offsets: list[tuple[int, int]]   # character span of each token in the input text
+    spans: Any                       # tokenizers.Encoding: char_to_token / token_to_chars
+
+    @property
+    def offsets(self) -> list[tuple[int, int]]:
+        """Character span of each token in the input text."""
+        return list(self.spans.offsets)
 
 
 def _token_text(value: Any) -> str | None:
@@ -71,7 +76,7 @@ class Tokenizer:
 
     def encode_with_offsets(self, text: str, *, add_special_tokens: bool = False) -> Encoding:
         encoding = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
-        return Encoding(encoding.ids, encoding.offsets)
+        return Encoding(encoding.ids, encoding)
 
     # -- decode -------------------------------------------------------------------------------
 

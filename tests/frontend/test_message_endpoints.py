@@ -7,7 +7,7 @@ from google.protobuf import json_format
 
 from services.common.pb import frontend_pb2
 from services.frontend.chat import template_data
-from services.frontend.chat.endpoints import token_ends
+from services.frontend.chat.endpoints import OffsetSpans, token_ends
 from services.frontend.chat.renderer import ChatRenderer, ChatTemplateError
 from services.frontend.chat.template import ChatTemplate
 from services.frontend.chat.types import ChatInput, ChatMessage
@@ -72,7 +72,7 @@ def test_every_stable_message_prefix_is_an_endpoint(asset, case_name):
         except ChatTemplateError:
             continue
         if text and rendered.prompt.startswith(text) and len(text) < len(rendered.prompt):
-            expected.extend(token_ends(encoding.offsets, [len(text)]))
+            expected.extend(token_ends(encoding.spans, len(encoding.ids), [len(text)]))
     assert set(expected) <= set(rendered.message_token_ends)
     has_head = any(m.role != "system" for m in chat.messages[:-1])
     if asset in ("llama3_1", "gemma3", "deepseek_v3") and has_head:
@@ -81,12 +81,14 @@ def test_every_stable_message_prefix_is_an_endpoint(asset, case_name):
 
 def test_token_ends_drop_cuts_inside_tokens_and_shared_spans():
     # tokens: "ab" | "c" | emoji split over two tokens sharing the span 3..4 | "d"
-    offsets = [(0, 2), (2, 3), (3, 4), (3, 4), (4, 5)]
-    assert token_ends(offsets, [1, 2, 3, 4]) == (1, 2, 4)
-    assert token_ends(offsets, [0, 5]) == ()          # not strictly inside
-    assert token_ends(offsets, [2, 2, 3]) == (1, 2)   # unique
-    assert token_ends([(0, 3)], [1]) == ()
-    assert token_ends([], [1]) == ()
+    spans = OffsetSpans([(0, 2), (2, 3), (3, 4), (3, 4), (4, 5)])
+    assert token_ends(spans, 5, [1, 2, 3, 4]) == (1, 2, 4)
+    assert token_ends(spans, 5, [0, 5]) == ()          # not strictly inside
+    assert token_ends(spans, 5, [2, 2, 3]) == (1, 2)   # unique
+    assert token_ends(OffsetSpans([(0, 3)]), 1, [1]) == ()
+    assert token_ends(OffsetSpans([]), 0, [1]) == ()
+    # a character no token covers (dropped by normalization) gives no endpoint
+    assert token_ends(OffsetSpans([(0, 1), (2, 3)]), 2, [1]) == ()
 
 
 def _custom(source: str, messages: list[ChatMessage], **options):

@@ -72,5 +72,5 @@ class ChatRenderer:
     def render(self, chat: ChatInput) -> RenderedPrompt:
         prompt, char_ends = self.render_text(chat)
         encoding = self.tokenizer.encode_with_offsets(prompt)
-        return RenderedPrompt(prompt, encoding.ids, token_ends(encoding.offsets, char_ends),
-                              num_images=len(chat.images))
+        ends = token_ends(encoding.spans, len(encoding.ids), char_ends)
+        return RenderedPrompt(prompt, encoding.ids, ends, num_images=len(chat.images))
