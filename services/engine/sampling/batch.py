@@ -45,6 +45,7 @@ class SamplingBatch:
     seed_lo: torch.Tensor               # int64 [N]: low/high 32 bits of each row's seed
     seed_hi: torch.Tensor               # int64 [N]
     positions: torch.Tensor             # int64 [N]: tokens generated so far (random position)
+    num_top_candidates: int             # host: logits sorted per row for top_k/top_p
     num_top_logprobs: tuple[int, ...]   # host: alternatives each row asked for
     all_greedy: bool                    # host: no row samples randomly
 
@@ -82,6 +83,12 @@ class SamplingBatch:
         has_top_p = enable_all or any(p.top_p < 1 for p in sampled)
         has_min_p = enable_all or any(p.min_p > 0 for p in sampled)
         has_penalties = enable_all or any(p.has_penalties for p in params)
+        # top_k/top_p sort only the largest logits, unless a row asks top_p without top_k
+        if enable_all or any(p.top_p < 1 and not p.top_k_enabled for p in sampled):
+            num_top_candidates = vocab_size
+        else:
+            num_top_candidates = min(vocab_size, max(
+                (p.top_k for p in sampled if p.top_k_enabled), default=vocab_size))
 
         output_counts = prompt_mask = None
         if has_penalties:
@@ -121,6 +128,7 @@ class SamplingBatch:
             seed_lo=longs([lo for lo, _ in seeds]),
             seed_hi=longs([hi for _, hi in seeds]),
             positions=longs([len(row.output_token_ids) for row in rows]),
+            num_top_candidates=num_top_candidates,
             num_top_logprobs=tuple(p.num_top_logprobs for p in params),
             all_greedy=not enable_all and not any(sampling_rows),
         )

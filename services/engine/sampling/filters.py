@@ -56,20 +56,31 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
-                      top_p: torch.Tensor | None) -> torch.Tensor:
-    """top_k int64 [N] (>= V means off), top_p float32 [N] (1 means off); either may be None."""
-    sorted_logits = torch.sort(logits, dim=-1, descending=True).values       # [N, V]
+                      top_p: torch.Tensor | None, num_candidates: int | None = None
+                      ) -> torch.Tensor:
+    """top_k int64 [N] (> num_candidates means off), top_p float32 [N] (1 means off).
+
+    Only the `num_candidates` largest logits of each row are sorted (torch.topk; the whole row
+    when None). It must be at least every row's top_k, and the vocabulary size when a row with
+    top_p < 1 has no top_k; the batch computes it. Ties beyond the candidates are still
+    handled by value, so the result equals a full sort's.
+    """
+    vocab = logits.shape[-1]
+    candidates = vocab if num_candidates is None or top_k is None else min(num_candidates,
+                                                                            vocab)
+    values = torch.topk(logits, candidates, dim=-1).values                     # [N, C] desc
     if top_k is not None:
-        index = (top_k.clamp(1, logits.shape[-1]) - 1)[:, None]
-        kth = sorted_logits.gather(1, index)                                   # [N, 1]
+        index = (top_k.clamp(1, candidates) - 1)[:, None]
+        kth = torch.where(top_k[:, None] <= candidates, values.gather(1, index), NEG_INF)
         logits = logits.masked_fill(logits < kth, NEG_INF)
-        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, NEG_INF)
+        values = values.masked_fill(values < kth, NEG_INF)
     if top_p is not None:
-        probs = torch.softmax(sorted_logits, dim=-1)
+        log_total = torch.logsumexp(logits, dim=-1, keepdim=True)   # over every survivor
+        probs = torch.exp(values - log_total)                                  # [N, C]
         mass_before = torch.cumsum(probs, dim=-1) - probs                      # exclusive
         keep = mass_before < top_p[:, None]
         keep[:, 0] = True
         last = keep.sum(dim=-1, keepdim=True) - 1                              # [N, 1]
-        threshold = sorted_logits.gather(1, last)
+        threshold = torch.where(top_p[:, None] < 1, values.gather(1, last), NEG_INF)
         logits = logits.masked_fill(logits < threshold, NEG_INF)
     return logits

@@ -4,9 +4,11 @@ No generator state: a row's noise depends only on its own seed and how many toke
 generated, never on its batch neighbours, the step it runs in, preemption or chunking; and it
 is computed with plain integer tensor ops, so the same code runs inside a CUDA graph.
 
-The hash is MurmurHash3's 32-bit finaliser applied to seed halves, position and token id.
-Every intermediate stays in int64 below 2**49 (32-bit multiplies are split into 16-bit halves),
-so nothing relies on signed overflow behaving the same on every backend.
+Row keys (seed halves, position) and token ids are hashed with MurmurHash3's 32-bit finaliser
+(cheap: N and V values); the [N, V] part, the only large one, is one xor and a 31-bit
+multiply-xorshift mix (`mix31`), about ten elementwise ops. Every intermediate stays in int64
+below 2**63 (32-bit multiplies are split into 16-bit halves; 31-bit values times 32-bit
+constants cannot overflow), so nothing relies on signed overflow behaving the same everywhere.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import torch
 
 _MASK16 = 0xFFFF
+_MASK31 = 0x7FFFFFFF
 _MASK32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B1        # odd: multiplying by it permutes 32-bit integers
 _POSITION_SALT = 0x27D4EB2F
@@ -36,6 +39,15 @@ def fmix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
+def mix31(h: torch.Tensor) -> torch.Tensor:
+    """A bijection on [0, 2**31): xorshift / odd multiply rounds (products stay below 2**63)."""
+    h = h ^ (h >> 15)
+    h = (h * 0x7FEB352D) & _MASK31
+    h = h ^ (h >> 13)
+    h = (h * 0x846CA68B) & _MASK31
+    return h ^ (h >> 16)
+
+
 def split_seed(seed: int) -> tuple[int, int]:
     """A 64-bit seed as (low, high) 32-bit halves (int64 tensors cannot hold 2**64 - 1)."""
     return seed & _MASK32, (seed >> 32) & _MASK32
@@ -43,17 +55,22 @@ def split_seed(seed: int) -> tuple[int, int]:
 
 def row_keys(seed_lo: torch.Tensor, seed_hi: torch.Tensor, positions: torch.Tensor
              ) -> torch.Tensor:
-    """int64 [N] keys in [0, 2**32) for each row's (seed, output position)."""
+    """int64 [N] keys in [0, 2**31) for each row's (seed, output position)."""
     key = fmix32(seed_lo ^ _SEED_SALT)
     key = fmix32(key ^ seed_hi)
-    return fmix32(key ^ _mul32(positions & _MASK32, _POSITION_SALT))
+    return fmix32(key ^ _mul32(positions & _MASK32, _POSITION_SALT)) & _MASK31
+
+
+def token_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """int64 [V] keys in [0, 2**31), one per token id."""
+    tokens = torch.arange(vocab_size, device=device, dtype=torch.int64)
+    return fmix32(_mul32(tokens, _GOLDEN)) & _MASK31
 
 
 def uniform_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """float32 [N, V] uniforms in (0, 1): one independent draw per (row, token)."""
-    tokens = torch.arange(vocab_size, device=keys.device, dtype=torch.int64)
-    h = fmix32(keys[:, None] ^ _mul32(tokens, _GOLDEN)[None, :])        # [N, V]
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    h = mix31(keys[:, None] ^ token_keys(vocab_size, keys.device)[None, :])   # [N, V]
+    return ((h >> 7).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 
 
 def gumbel_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:

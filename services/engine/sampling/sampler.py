@@ -74,7 +74,8 @@ class Sampler:
         if batch.min_p is not None:
             logits = filters.apply_min_p(logits, batch.min_p)
         if batch.top_k is not None or batch.top_p is not None:
-            logits = filters.apply_top_k_top_p(logits, batch.top_k, batch.top_p)
+            logits = filters.apply_top_k_top_p(logits, batch.top_k, batch.top_p,
+                                               batch.num_top_candidates)
         keys = row_keys(batch.seed_lo, batch.seed_hi, batch.positions)
         sampled_ids = (logits + gumbel_noise(keys, logits.shape[-1])).argmax(dim=-1)
         return torch.where(batch.is_greedy, greedy_ids, sampled_ids)

@@ -75,9 +75,13 @@ def test_min_p(rows, data) -> None:
 def test_top_k(rows, data) -> None:
     vocab = len(rows[0])
     top_k = [data.draw(st.integers(1, vocab + 3)) for _ in rows]
+    expected = [reference.apply_top_k(r, k) for r, k in zip(rows, top_k, strict=True)]
     batched = filters.apply_top_k_top_p(torch.tensor(rows), torch.tensor(top_k), None)
-    masks_equal(batched, [reference.apply_top_k(r, k) for r, k in zip(rows, top_k,
-                                                                      strict=True)])
+    masks_equal(batched, expected)
+    # sorting only the largest max(top_k) logits gives the same (ties included)
+    candidates = filters.apply_top_k_top_p(torch.tensor(rows), torch.tensor(top_k), None,
+                                           num_candidates=max(top_k))
+    masks_equal(candidates, expected)
 
 
 def _clear_of_top_p_edge(row: list[float], top_p: float) -> bool:
@@ -108,10 +112,11 @@ def test_top_k_then_top_p(rows, data) -> None:
     top_p = [data.draw(st.floats(0.01, 1)) for _ in rows]
     expected_k = [reference.apply_top_k(r, k) for r, k in zip(rows, top_k, strict=True)]
     assume(all(_clear_of_top_p_edge(r, p) for r, p in zip(expected_k, top_p, strict=True)))
-    batched = filters.apply_top_k_top_p(torch.tensor(rows), torch.tensor(top_k),
-                                        torch.tensor(top_p))
-    masks_equal(batched, [reference.apply_top_p(r, p) for r, p in zip(expected_k, top_p,
-                                                                      strict=True)])
+    expected = [reference.apply_top_p(r, p) for r, p in zip(expected_k, top_p, strict=True)]
+    for num_candidates in (None, max(top_k)):
+        batched = filters.apply_top_k_top_p(torch.tensor(rows), torch.tensor(top_k),
+                                            torch.tensor(top_p), num_candidates)
+        masks_equal(batched, expected)
 
 
 def test_every_filter_keeps_the_top_token() -> None:
@@ -135,3 +140,13 @@ def test_temperature_leaves_greedy_rows_alone() -> None:
     logits = torch.tensor([[1.0, 2.0], [1.0, 2.0]])
     out = filters.apply_temperature(logits, torch.tensor([0.0, 0.5]))
     assert out.tolist() == [[1.0, 2.0], [2.0, 4.0]]
+
+
+def test_candidate_sort_leaves_rows_without_top_k_whole() -> None:
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 1.0], [4.0, 3.0, 2.0, 1.0, 1.0]])
+    out = filters.apply_top_k_top_p(logits, torch.tensor([2, 5]), torch.tensor([0.5, 1.0]),
+                                    num_candidates=2)
+    assert out[0].isfinite().tolist() == [True, False, False, False, False]
+    assert out[1].isfinite().all()
+    ties = filters.apply_top_k_top_p(logits, torch.tensor([4, 9]), None, num_candidates=4)
+    assert ties[0].isfinite().all()   # the tie at the 4th value keeps both 1.0s

@@ -33,6 +33,18 @@ def test_fmix32_is_murmur3s_finaliser(values: list[int]) -> None:
     assert out == [fmix32_python(v) for v in values]
 
 
+def test_mix31_is_a_bijection_on_31_bits() -> None:
+    values = torch.randperm(1 << 20, generator=torch.Generator().manual_seed(0)).long() * 2047
+    values = torch.cat((values, torch.tensor([0, (1 << 31) - 1])))
+    mixed = rs.mix31(values)
+    assert mixed.min() >= 0 and mixed.max() < 1 << 31
+    assert mixed.unique().numel() == values.unique().numel()
+    # flipping one input bit flips about half the output bits (avalanche)
+    flipped = rs.mix31(values[:4096] ^ (1 << 7)) ^ mixed[:4096]
+    bits = sum(((flipped >> b) & 1).sum().item() for b in range(31)) / (4096 * 31)
+    assert 0.45 < bits < 0.55
+
+
 def test_uniforms_are_uniform_and_in_the_open_interval() -> None:
     keys = rs.row_keys(torch.tensor([0, 1, 7]), torch.tensor([0, 0, 3]),
                        torch.tensor([0, 0, 5]))
