@@ -41,6 +41,7 @@ SMALL = [
     pytest.param([100, 20, 64], [30, 1, 64], 4, 2, 64, 16, 3, id="mixed-padding"),
     pytest.param([33, 9], [1, 9], 8, 1, 32, 1, 0, id="page1-gqa8"),
     pytest.param([40, 17], [3, 0], 6, 2, 48, 5, 2, id="odd-sizes-empty-seq"),
+    pytest.param([50, 30, 90, 7], [2, 3, 17, 1], 16, 2, 32, 16, 1, id="short-runs-gqa8"),
 ]
 
 
@@ -93,7 +94,8 @@ def test_plan_is_a_function_of_host_sizes() -> None:
         num_tokens=4096, num_seqs=2, num_q_heads=32, num_kv_heads=8, head_dim=128,
         max_query_len=4000, max_seq_len=4000, num_sms=132,
     )
-    assert prefill.block_m == 128 and prefill.block_q == 32 and prefill.num_splits == 1
+    assert prefill.block_q * 4 <= prefill.block_m and prefill.num_splits == 1
+    assert (prefill.small_block_q, prefill.small_block_m) == (4, 16)  # decode rows in a mixed step
 
 
 # ---- the full matrix: GPU only ----

@@ -63,6 +63,12 @@ def test_in_place_and_strided(device, gen) -> None:
     q = qkv[:, :4]  # [9, 4, 64] view: rows are not evenly strided across the two dims
     w = _rand(gen, 64, dtype=dtype, device=device)
     _check(rms_norm(q, w, 1e-6), reference.rms_norm(q, w, 1e-6), dtype)
+    before = qkv.clone()
+    rms_norm(q, w, 1e-6, out=torch.empty_like(q))
+    assert torch.equal(qkv, before)  # read in place, nothing written back
+    normed, summed = fused_add_rms_norm(q, qkv[:, 2:], w, 1e-6)  # two strided [9, 4, 64] views
+    _assert_sum(summed, q + qkv[:, 2:])
+    _check(normed, reference.rms_norm(q + qkv[:, 2:], w, 1e-6), dtype)
     x = _rand(gen, 5, 256, dtype=dtype, device=device)
     res = _rand(gen, 5, 256, dtype=dtype, device=device)
     expect_sum = x + res

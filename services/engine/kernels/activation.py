@@ -18,6 +18,7 @@ from services.engine.kernels.common import (
     check_out,
     check_rank,
     next_power_of_2,
+    sm_count,
 )
 
 
@@ -51,9 +52,11 @@ def silu_and_mul(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
     if num_tokens == 0 or inter == 0:
         return out
     block = min(next_power_of_2(inter), 2048)
+    while block > 256 and num_tokens * cdiv(inter, block) < 2 * sm_count(x.device):
+        block //= 2  # few rows (decode): narrower programs, so every multiprocessor gets one
     _silu_and_mul_kernel[(num_tokens, cdiv(inter, block))](
         x, out, inter, x.stride(0), out.stride(0),
         BLOCK=block,
-        num_warps=4 if block >= 1024 else 2,
+        num_warps=max(1, min(4, block // 256)),
     )
     return out

@@ -50,6 +50,8 @@ class AttentionPlan:
     block_q: int  # query tokens per program
     block_m: int  # tile rows: block_q * group, rounded up to a power of two (>= 16)
     block_n: int  # KV positions per tile
+    small_block_q: int  # sequences of at most this many query tokens take the narrow tile...
+    small_block_m: int  # ...of this many rows (== block_q/block_m when there is one tile)
     num_splits: int  # KV ranges per (block, kv head); 1 = no reduction step
     split_len: int  # KV positions per split, a multiple of block_n
     num_blocks: int  # grid axis 0: an upper bound on query blocks over all sequences
@@ -98,18 +100,23 @@ def plan_attention(
     token's query-head group in a tile and split long KV ranges until the grid fills the
     device; prefill and mixed steps use wide tiles and split only when the grid is small."""
     group = num_q_heads // num_kv_heads
+    # the narrow tile: one decode token's query-head group, padded to the 16-row MMA minimum
+    small_block_m = max(16, next_power_of_2(group))
+    small_block_q = small_block_m // group
+    block_n = 64 if head_dim <= 128 else 32
     if max_query_len <= 1:
-        block_q = 1
-        block_m = max(16, next_power_of_2(group))
-        block_n = 64 if head_dim <= 128 else 32
-        num_warps, num_stages = 4, 3
+        block_q, block_m = 1, small_block_m
+        small_block_q, small_block_m = block_q, block_m
+        # measured on an H200 (docs/kernels.md, call 1): 2 stages beat 3 at every decode shape
+        num_warps, num_stages = 4, 2
     else:
-        block_m = 128 if head_dim <= 128 else 64
-        block_m = max(block_m, next_power_of_2(group))
+        # call 1: 64-row tiles with 4 warps beat 128 rows with 8 warps by 19% (1 x 4096 prefill)
+        block_m = max(64 if head_dim <= 128 else 32, next_power_of_2(group))
         block_q = max(1, block_m // group)
         block_m = max(16, next_power_of_2(block_q * group))
-        block_n = 64 if head_dim <= 128 else 32
-        num_warps, num_stages = (8 if block_m >= 128 else 4), 2
+        num_warps, num_stages = 4, 2
+        if small_block_q >= block_q:
+            small_block_q, small_block_m = block_q, block_m
     num_blocks = num_tokens if block_q == 1 else cdiv(num_tokens, block_q) + num_seqs
     kv_span = max(1, max_seq_len)
     if num_splits is None:
@@ -120,7 +127,8 @@ def plan_attention(
     split_len = cdiv(cdiv(kv_span, num_splits), block_n) * block_n
     num_splits = cdiv(kv_span, split_len)
     return AttentionPlan(
-        block_q=block_q, block_m=block_m, block_n=block_n, num_splits=num_splits,
+        block_q=block_q, block_m=block_m, block_n=block_n, small_block_q=small_block_q,
+        small_block_m=small_block_m, num_splits=num_splits,
         split_len=split_len, num_blocks=max(1, num_blocks), num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -228,7 +236,8 @@ def launch(
         plan.num_splits, plan.split_len,
         HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)),
         GROUP=num_q_heads // num_kv_heads, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_m,
-        BLOCK_N=plan.block_n, PAGE_SIZE=page_size, IS_SPLIT=is_split,
+        BLOCK_N=plan.block_n, SMALL_BLOCK_Q=plan.small_block_q, SMALL_BLOCK_M=plan.small_block_m,
+        PAGE_SIZE=page_size, IS_SPLIT=is_split,
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
     if is_split:

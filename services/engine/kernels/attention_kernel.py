@@ -15,6 +15,10 @@ bounds the grid by cdiv(T, BLOCK_Q) + B with no host read; a program finds its s
 binary search over `query_start_loc`. Blocks past the last sequence cover the padding tokens
 [query_start_loc[B], T): they see no KV and write zeros.
 
+A prefill or mixed launch uses wide tiles (BLOCK_Q tokens); a sequence with at most
+SMALL_BLOCK_Q query tokens (decode rows in a mixed step) takes a narrow SMALL_BLOCK_M-row tile
+in the same launch, chosen per program at run time.
+
 Without split (IS_SPLIT false) the program writes the normalised output. With split it writes
 its normalised partial output and log2-sum-exp (-inf when it saw no KV) to scratch, and
 `_reduce_splits_kernel` merges the splits of each (token, head).
@@ -82,42 +86,18 @@ def _attend_tile(
 
 
 @triton.jit
-def _paged_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-    part_out_ptr, part_lse_ptr,
-    qsl_ptr, seq_lens_ptr, page_table_ptr,
-    num_seqs, num_tokens, qk_scale,
+def _attend_block(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, page_table_ptr,
+    seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh,
-    stride_pt,
+    stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
     num_splits, split_len,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr,
 ):
-    block = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-
-    seq = _find_sequence(qsl_ptr, num_seqs, block, BLOCK_Q)
-    first_token = tl.load(qsl_ptr + seq)
-    if BLOCK_Q > 1:  # noqa: SIM108
-        local_block = block - (first_token // BLOCK_Q + seq)
-    else:
-        local_block = block - first_token
-    tok0 = first_token + local_block * BLOCK_Q  # first token of this block
-    if seq < num_seqs:
-        q_len = tl.load(qsl_ptr + seq + 1) - first_token
-        seq_len = tl.load(seq_lens_ptr + seq)
-        n_rows = tl.minimum(q_len - local_block * BLOCK_Q, BLOCK_Q)
-        pos0 = seq_len - q_len + local_block * BLOCK_Q  # position of token tok0
-    else:  # padding tokens after the last sequence: no KV, zero output
-        seq_len = 0
-        n_rows = tl.minimum(num_tokens - tok0, BLOCK_Q)
-        pos0 = 0
-    if n_rows <= 0:
-        return  # this block index maps to no token
-
+    """Attention of query tokens [tok0, tok0 + n_rows) (positions from pos0) x the GROUP query
+    heads of `kv_head`, over this program's KV range; writes the output or the split partials."""
     offs_m = tl.arange(0, BLOCK_M)
     row_tok = offs_m // GROUP
     row_head = kv_head * GROUP + offs_m % GROUP
@@ -184,6 +164,77 @@ def _paged_attention_kernel(
             out_ptr + token[:, None] * stride_ot + row_head[:, None] * stride_oh + offs_d[None, :],
             out.to(out_ptr.dtype.element_ty),
             mask=row_valid[:, None] & d_mask[None, :],
+        )
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+    part_out_ptr, part_lse_ptr,
+    qsl_ptr, seq_lens_ptr, page_table_ptr,
+    num_seqs, num_tokens, qk_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh,
+    stride_pt,
+    num_splits, split_len,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SMALL_BLOCK_Q: tl.constexpr, SMALL_BLOCK_M: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr,
+):
+    block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq = _find_sequence(qsl_ptr, num_seqs, block, BLOCK_Q)
+    first_token = tl.load(qsl_ptr + seq)
+    if BLOCK_Q > 1:  # noqa: SIM108
+        local_block = block - (first_token // BLOCK_Q + seq)
+    else:
+        local_block = block - first_token
+    tok0 = first_token + local_block * BLOCK_Q  # first token of this block
+    if seq < num_seqs:
+        q_len = tl.load(qsl_ptr + seq + 1) - first_token
+        seq_len = tl.load(seq_lens_ptr + seq)
+        pos0 = seq_len - q_len + local_block * BLOCK_Q  # position of token tok0
+    else:  # padding tokens after the last sequence: no KV, zero output
+        q_len = num_tokens - first_token
+        seq_len = 0
+        pos0 = 0
+    n_rows = tl.minimum(q_len - local_block * BLOCK_Q, BLOCK_Q)
+    if n_rows <= 0:
+        return  # this block index maps to no token
+
+    if SMALL_BLOCK_Q < BLOCK_Q:
+        # Wide tiles for long query runs; a sequence of at most SMALL_BLOCK_Q tokens (a decode
+        # row in a mixed step) has one block and takes the narrow tile, so it does not pay for
+        # BLOCK_M rows of tensor-core work to use GROUP of them.
+        if q_len <= SMALL_BLOCK_Q:
+            _attend_block(
+                q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, page_table_ptr,
+                seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
+                stride_qt, stride_qh, stride_ot, stride_oh,
+                stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
+                num_splits, split_len,
+                HEAD_DIM, BLOCK_D, GROUP, SMALL_BLOCK_Q, SMALL_BLOCK_M, BLOCK_N, PAGE_SIZE, IS_SPLIT,
+            )
+        else:
+            _attend_block(
+                q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, page_table_ptr,
+                seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
+                stride_qt, stride_qh, stride_ot, stride_oh,
+                stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
+                num_splits, split_len,
+                HEAD_DIM, BLOCK_D, GROUP, BLOCK_Q, BLOCK_M, BLOCK_N, PAGE_SIZE, IS_SPLIT,
+            )
+    else:
+        _attend_block(
+            q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, page_table_ptr,
+            seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
+            stride_qt, stride_qh, stride_ot, stride_oh,
+            stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
+            num_splits, split_len,
+            HEAD_DIM, BLOCK_D, GROUP, BLOCK_Q, BLOCK_M, BLOCK_N, PAGE_SIZE, IS_SPLIT,
         )
 
 

@@ -6,11 +6,13 @@
 The sum is rounded to the input dtype before it is normalised (what the unfused torch code
 does: `s = x + residual` in bf16, then the norm of `s`), so both paths agree on the residual
 stream bit for bit. Statistics are in fp32. Leading dims are flattened: q/k-norm over heads
-passes [T, heads, D]. A row of up to 16384 elements is held in registers (one read, one
+passes [T, heads, D], read in place even when it is a strided slice of a fused qkv tensor. A row of up to 16384 elements is held in registers (one read, one
 write); longer rows take two passes over column chunks.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -30,10 +32,17 @@ MAX_BLOCK_N = 16384
 
 
 @triton.jit
+def _row_offsets(rows, inner, stride_outer, stride_inner):
+    """Element offset of each row of a [outer, inner, H] view (inner == 1: a plain matrix)."""
+    rows64 = rows.to(tl.int64)
+    return (rows64 // inner) * stride_outer + (rows64 % inner) * stride_inner
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
-    n_rows, n_cols, eps,
-    stride_x, stride_r, stride_o, stride_ro,
+    n_rows, n_cols, inner, eps,
+    sx_outer, sx_inner, sr_outer, sr_inner, so_outer, so_inner, sro_outer, sro_inner,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -41,35 +50,34 @@ def _rms_norm_kernel(
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < n_rows
-    rows64 = rows.to(tl.int64)
+    x_row = _row_offsets(rows, inner, sx_outer, sx_inner)
+    r_row = _row_offsets(rows, inner, sr_outer, sr_inner)
+    o_row = _row_offsets(rows, inner, so_outer, so_inner)
+    ro_row = _row_offsets(rows, inner, sro_outer, sro_inner)
     cols = tl.arange(0, BLOCK_N)
     if NUM_CHUNKS == 1:
         mask = row_mask[:, None] & (cols < n_cols)[None, :]
-        x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        x = tl.load(x_ptr + x_row[:, None] + cols[None, :], mask=mask, other=0.0)
         if HAS_RESIDUAL:
-            r = tl.load(res_ptr + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+            r = tl.load(res_ptr + r_row[:, None] + cols[None, :], mask=mask, other=0.0)
             x = (x.to(tl.float32) + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
-            tl.store(res_out_ptr + rows64[:, None] * stride_ro + cols[None, :], x, mask=mask)
+            tl.store(res_out_ptr + ro_row[:, None] + cols[None, :], x, mask=mask)
         xf = x.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / n_cols + eps)
         w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         y = xf * rstd[:, None] * w[None, :]
-        tl.store(
-            out_ptr + rows64[:, None] * stride_o + cols[None, :],
-            y.to(out_ptr.dtype.element_ty),
-            mask=mask,
-        )
+        tl.store(out_ptr + o_row[:, None] + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         # pass 1: sum of squares (and the residual sum, written once)
         sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
         for chunk in range(NUM_CHUNKS):
             c = chunk * BLOCK_N + cols
             mask = row_mask[:, None] & (c < n_cols)[None, :]
-            x = tl.load(x_ptr + rows64[:, None] * stride_x + c[None, :], mask=mask, other=0.0)
+            x = tl.load(x_ptr + x_row[:, None] + c[None, :], mask=mask, other=0.0)
             if HAS_RESIDUAL:
-                r = tl.load(res_ptr + rows64[:, None] * stride_r + c[None, :], mask=mask, other=0.0)
+                r = tl.load(res_ptr + r_row[:, None] + c[None, :], mask=mask, other=0.0)
                 x = (x.to(tl.float32) + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
-                tl.store(res_out_ptr + rows64[:, None] * stride_ro + c[None, :], x, mask=mask)
+                tl.store(res_out_ptr + ro_row[:, None] + c[None, :], x, mask=mask)
             xf = x.to(tl.float32)
             sum_sq += tl.sum(xf * xf, axis=1)
         rstd = 1.0 / tl.sqrt(sum_sq / n_cols + eps)
@@ -78,40 +86,51 @@ def _rms_norm_kernel(
             c = chunk * BLOCK_N + cols
             mask = row_mask[:, None] & (c < n_cols)[None, :]
             if HAS_RESIDUAL:
-                x = tl.load(
-                    res_out_ptr + rows64[:, None] * stride_ro + c[None, :], mask=mask, other=0.0
-                )
+                x = tl.load(res_out_ptr + ro_row[:, None] + c[None, :], mask=mask, other=0.0)
             else:
-                x = tl.load(x_ptr + rows64[:, None] * stride_x + c[None, :], mask=mask, other=0.0)
+                x = tl.load(x_ptr + x_row[:, None] + c[None, :], mask=mask, other=0.0)
             w = tl.load(w_ptr + c, mask=c < n_cols, other=0.0).to(tl.float32)
             y = x.to(tl.float32) * rstd[:, None] * w[None, :]
-            tl.store(
-                out_ptr + rows64[:, None] * stride_o + c[None, :],
-                y.to(out_ptr.dtype.element_ty),
-                mask=mask,
-            )
+            tl.store(out_ptr + o_row[:, None] + c[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _as_rows(name: str, t: torch.Tensor, hidden: int) -> torch.Tensor:
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """A [..., H] tensor seen as rows: row r starts at (r // inner) * outer + (r % inner) * inner_stride."""
+
+    tensor: torch.Tensor
+    inner: int
+    outer_stride: int
+    inner_stride: int
+
+
+def _as_rows(name: str, t: torch.Tensor, hidden: int) -> _Rows:
+    """Rows of `t` without a copy when its strides allow: any view (-1, H), or a 3-dim
+    [T, heads, H] view such as q/k sliced out of a fused qkv projection."""
     if t.shape[-1] != hidden:
         raise ValidationError(f"{name}: last dim {t.shape[-1]} != weight size {hidden}")
     check_float(name, t)
-    rows = t.reshape(-1, hidden)  # a view where the strides allow, else a copy
-    if hidden > 1 and rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    return rows
+    if hidden > 1 and t.stride(-1) != 1:
+        t = t.contiguous()
+    if t.dim() == 3:
+        return _Rows(t, t.shape[1], t.stride(0), t.stride(1))
+    try:
+        flat = t.view(-1, hidden)
+    except RuntimeError:
+        flat = t.reshape(-1, hidden).contiguous()
+    return _Rows(flat, 1, flat.stride(0), flat.stride(0))
 
 
 def _launch(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
+    x: _Rows,
+    residual: _Rows | None,
     weight: torch.Tensor,
     eps: float,
-    out: torch.Tensor,
-    residual_out: torch.Tensor | None,
+    out: _Rows,
+    residual_out: _Rows | None,
 ) -> None:
     hidden = weight.shape[0]
-    n_rows = x.shape[0]
+    n_rows = x.tensor.numel() // hidden
     if n_rows == 0:
         return
     block_n = min(next_power_of_2(hidden), MAX_BLOCK_N)
@@ -122,15 +141,21 @@ def _launch(
     res = residual if residual is not None else x
     res_out = residual_out if residual_out is not None else out
     _rms_norm_kernel[(cdiv(n_rows, block_m),)](
-        x, res, weight, out, res_out,
-        n_rows, hidden, float(eps),
-        x.stride(0), res.stride(0), out.stride(0), res_out.stride(0),
+        x.tensor, res.tensor, weight, out.tensor, res_out.tensor,
+        n_rows, hidden, x.inner, float(eps),
+        x.outer_stride, x.inner_stride, res.outer_stride, res.inner_stride,
+        out.outer_stride, out.inner_stride, res_out.outer_stride, res_out.inner_stride,
         HAS_RESIDUAL=residual is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         NUM_CHUNKS=num_chunks,
         num_warps=num_warps,
     )
+
+
+def _contiguous_rows(t: torch.Tensor, like: _Rows, hidden: int) -> _Rows:
+    """An output laid out contiguously, indexed with the input's row structure."""
+    return _Rows(t, like.inner, like.inner * hidden, hidden)
 
 
 def _check_weight(weight: torch.Tensor) -> int:
@@ -152,8 +177,7 @@ def rms_norm(
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     else:
         check_out("out", out, tuple(x.shape), x)
-    out_rows = out.view(-1, hidden)
-    _launch(rows, None, weight, eps, out_rows, None)
+    _launch(rows, None, weight, eps, _contiguous_rows(out, rows, hidden), None)
     return out
 
 
@@ -187,5 +211,8 @@ def fused_add_rms_norm(
         residual_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     else:
         check_out("residual_out", residual_out, tuple(x.shape), x)
-    _launch(rows, res_rows, weight, eps, out.view(-1, hidden), residual_out.view(-1, hidden))
+    _launch(
+        rows, res_rows, weight, eps,
+        _contiguous_rows(out, rows, hidden), _contiguous_rows(residual_out, rows, hidden),
+    )
     return out, residual_out
