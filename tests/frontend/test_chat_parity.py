@@ -65,3 +65,19 @@ def test_render_matches_transformers(asset: str, case_name: str):
     streamed = tokenizer.detokenizer(skip_special_tokens=False)
     text = "".join(streamed.push(t) for t in rendered.token_ids) + streamed.flush()
     assert text == expected["decoded"]
+
+
+@pytest.mark.parametrize("asset", ASSET_NAMES)
+def test_goldens_are_what_transformers_renders_now(asset):
+    """Live: the installed transformers still produces the committed goldens."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from services.common.assets import fetch
+    from tests.frontend.fixtures.generate_chat_fixtures import render_case
+
+    hf_logging.set_verbosity_error()
+    tokenizer = AutoTokenizer.from_pretrained(str(fetch(asset)))
+    expected = golden(asset)["cases"]
+    for case_name, case in CASES.items():
+        assert render_case(tokenizer, case) == expected[case_name], case_name

@@ -309,3 +309,29 @@ async def test_special_tokens_kept_when_asked(stack):
                                                        parse_reasoning=False))
     # the ending EOS is never text; other special tokens are, when not skipped
     assert text_of(events) == "<|im_start|>x"
+
+
+async def test_template_that_opens_the_think_block_starts_in_reasoning(demo_core,
+                                                                       demo_frontend_model):
+    """Thinking templates (Qwen3 thinking models, DeepSeek-R1) end the prompt with `<think>`:
+    the output starts inside the reasoning block and `</think>` ends it."""
+    from services.frontend.assets import FrontendAssets
+    from services.frontend.chat.template import ChatTemplate
+    from services.frontend.model import FrontendModel
+
+    base = demo_frontend_model
+    source = base.assets.templates["default"].source.replace(
+        "{{- '<|im_start|>assistant\\n' }}", "{{- '<|im_start|>assistant\\n<think>\\n' }}")
+    assert source != base.assets.templates["default"].source
+    thinking = FrontendModel(base.manifest, FrontendAssets(
+        base.tokenizer, {"default": ChatTemplate(source)}))
+    engine = FakeEngine()
+    engine.script = Script([reply("Let me plan.\n</think>\n\nThe answer is 4.", seed=2)])
+    async with UpstreamServer(engine) as upstream, \
+            FrontendHarness(demo_core, upstream.address, loaded=thinking) as frontend:
+        events = await collect(frontend.stub, chat_request(user("2+2?")))
+        assert text_of(events, kind="reasoning") == "Let me plan."
+        assert text_of(events) == "The answer is 4."
+        unparsed = await collect(frontend.stub, chat_request(user("2+2?"),
+                                                             parse_reasoning=False))
+        assert text_of(unparsed) == "Let me plan.\n</think>\n\nThe answer is 4."
