@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 
@@ -36,17 +37,19 @@ from services.common.errors import HeliosError, InternalError
 log = logging.getLogger(__name__)
 
 
-def error_response(request: Request, error: HttpError) -> JSONResponse:
+def error_response(request: Request, error: HttpError) -> Response:
     state = getattr(request.app.state, "gateway", None)
     if state is not None:
         state.metrics.errors.labels(error.kind).inc()
     request_id = request.scope.get("state", {}).get("request_id", "")
-    return JSONResponse(error_body(protocol_for_path(request.url.path), error, request_id),
-                        status_code=error.status, headers=error.headers())
+    body = error_body(protocol_for_path(request.url.path), error, request_id)
+    # ASCII-escaped JSON: an error may quote client text, which must never break the reply.
+    return Response(json.dumps(body).encode(), status_code=error.status,
+                    headers=error.headers(), media_type="application/json")
 
 
 def _install_error_handlers(app: FastAPI, config: GatewayConfig) -> None:
-    def typed(request: Request, exc: HeliosError) -> JSONResponse:
+    def typed(request: Request, exc: HeliosError) -> Response:
         if exc.kind.value in ("internal", "worker_failure", "poisoned", "drain_failure",
                               "manifest"):
             log.error("request failed: %s (cause: %s)", exc.display_message, exc.cause_text)
@@ -54,15 +57,15 @@ def _install_error_handlers(app: FastAPI, config: GatewayConfig) -> None:
                                                   default_retry_after_s=config.retry_after_s))
 
     @app.exception_handler(HeliosError)
-    async def on_helios_error(request: Request, exc: HeliosError) -> JSONResponse:
+    async def on_helios_error(request: Request, exc: HeliosError) -> Response:
         return typed(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
         return typed(request, validation_error(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
-    async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
         message = (f"no route {request.method} {request.url.path}" if exc.status_code == 404
                    else str(exc.detail))
         response = error_response(request, route_error(exc.status_code, message))
@@ -71,7 +74,7 @@ def _install_error_handlers(app: FastAPI, config: GatewayConfig) -> None:
         return response
 
     @app.exception_handler(Exception)
-    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unexpected failure on %s %s", request.method, request.url.path)
         error = InternalError(f"internal gateway error: {type(exc).__name__}")
         return typed(request, error)

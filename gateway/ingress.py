@@ -7,7 +7,8 @@ Runs on the raw ASGI scope, so everything here happens before FastAPI reads any 
 2. the API key is checked (401 in the route's protocol shape);
 3. body-carrying requests reserve an admission permit (429 full, 503 paused or shutting down)
    that is held until the last byte of the response is sent, however long it streams;
-4. the body is read up to `max_body_bytes` (413 above it), then replayed to the app;
+4. the body is read up to `max_body_bytes` (413 above it), checked for unpaired UTF-16
+   surrogate escapes (400: they are not Unicode and cannot cross gRPC), then replayed;
 5. a watcher listens for the client's disconnect and cancels the request task, which cancels
    the frontend call and so the engine request.
 """
@@ -26,6 +27,7 @@ from gateway.admission import Admission, rejection
 from gateway.auth import is_authorized
 from gateway.errors import HttpError, error_body, http_error, protocol_for_path, too_large
 from gateway.metrics import GatewayMetrics, route_label
+from gateway.validation import check_unicode
 from services.common.errors import AuthenticationError, HeliosError
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,10 @@ class Ingress:
             if isinstance(body, HttpError):
                 await self._send_error(send, path, request_id, body)
                 return
+            invalid = check_unicode(body)
+            if invalid is not None:
+                await self._send_error(send, path, request_id, self._http(invalid))
+                return
             await self._run(scope, body, receive, send)
 
     def _http(self, error: HeliosError) -> HttpError:
@@ -112,7 +118,7 @@ class Ingress:
         return decorated
 
     async def _send_error(self, send, path: str, request_id: str, error: HttpError) -> None:
-        body = json.dumps(error_body(protocol_for_path(path), error, request_id)).encode()
+        body = json.dumps(error_body(protocol_for_path(path), error, request_id)).encode()  # ascii
         headers = [(b"content-type", b"application/json"),
                    (b"content-length", str(len(body)).encode())]
         headers += [(k.encode(), v.encode()) for k, v in error.headers().items()]

@@ -6,10 +6,14 @@ was expected, without echoing the (possibly huge) input value.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from services.common.errors import ValidationError
+
+_TYPE_LABELS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
 
 
 def field_path(loc: Sequence[Any]) -> str:
@@ -20,8 +24,9 @@ def field_path(loc: Sequence[Any]) -> str:
     for part in parts:
         if isinstance(part, int):
             path += f"[{part}]"
-        elif isinstance(part, str) and ("[" in part or "(" in part or part.startswith("function-")):
-            continue  # pydantic's union-branch labels (e.g. "list[int]") are not fields
+        elif isinstance(part, str) and (part in _TYPE_LABELS or "[" in part or "(" in part
+                                        or part.startswith("function-")):
+            continue  # pydantic's union-branch labels (e.g. "str", "list[int]") are not fields
         else:
             path += f".{part}" if path else str(part)
     return path
@@ -43,3 +48,43 @@ def validation_error(errors: Sequence[dict[str, Any]]) -> ValidationError:
     if others:
         text += f" (and {others} more invalid field{'s' if others > 1 else ''})"
     return ValidationError(text, param=param)
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def _lone_surrogate_path(value: Any, path: str) -> str | None:
+    if isinstance(value, str):
+        return path if any("\ud800" <= ch <= "\udfff" for ch in value) else None
+    items: Any = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and _lone_surrogate_path(key, path) is not None:
+            return path or "body"
+        where = f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else key)
+        found = _lone_surrogate_path(item, where)
+        if found is not None:
+            return found
+    return None
+
+
+def check_unicode(body: bytes) -> ValidationError | None:
+    """A body must be UTF-8 (RFC 8259; Python's json would otherwise let encoded surrogates
+    through), and JSON may spell unpaired UTF-16 surrogates (`"\\ud800"`), which are not
+    Unicode text and cannot cross gRPC: refuse both with a 400 naming the field. Paired
+    escapes (emoji) pass."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return ValidationError(f"request body is not valid UTF-8 (byte {exc.start})")
+    if not _SURROGATE_ESCAPE.search(body):
+        return None
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None   # not JSON at all: the route's own parser reports that
+    path = _lone_surrogate_path(value, "")
+    if path is None:
+        return None
+    return ValidationError(f"{path or 'body'}: text contains an unpaired UTF-16 surrogate "
+                           "(invalid Unicode)", param=path)

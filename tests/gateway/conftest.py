@@ -29,4 +29,5 @@ def frontend(fake_frontend):
     servicer = fake_frontend.servicer
     servicer.requests.clear()
     servicer.metadata.clear()
+    servicer.max_active = servicer.active
     return servicer

@@ -109,7 +109,8 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
             pieces = spec.get("text", DEFAULT_TEXT if "tools" not in spec else [])
             if "numbered" in spec:   # [count, size]: distinct numbered pieces, bulk output
                 count, size = spec["numbered"]
-                pieces = [f"<{i:06d}>" + "x" * size for i in range(count)]
+                prefix = spec.get("prefix", "")
+                pieces = [f"{prefix}<{i:06d}>" + "x" * size for i in range(count)]
             for piece in pieces:
                 event = E(index=index, text=frontend_pb2.TextDelta(text=piece))
                 if logprobs:
