@@ -1,7 +1,7 @@
 """The image processor: upright RGB pixels + settings -> a PreparedImage.
 
-    decoded RGB8 --smart_resize/resize_rgb--> resized RGB8 --normalize--> float32
-        --patchify--> pixel_values [N, C*T*P*P]
+    decoded RGB8 --smart_resize/resize_rgb--> resized RGB8 --patch_order--> uint8 patches
+        --normalize--> float32 --temporal copies--> pixel_values [N, C*T*P*P]
     grid --vision_positions--> [N, 2] --table_interpolation--> indices/weights [N, 4]
 
 Every step is a pure function of its inputs (see resize.py, patches.py, positions.py); this
@@ -15,7 +15,7 @@ import torch
 
 from services.imageprep.decode import DecodedImage
 from services.imageprep.identity import semantic_identity
-from services.imageprep.patches import normalize, patchify
+from services.imageprep.patches import pixel_values
 from services.imageprep.positions import table_interpolation, vision_positions
 from services.imageprep.prepared import ImageGeometry, PreparedImage
 from services.imageprep.profiles import ProcessorSettings
@@ -42,10 +42,9 @@ def process_image(decoded: DecodedImage, settings: ProcessorSettings) -> Prepare
     """All tensors of one image, named as FetchPixels ships them."""
     geometry = plan_geometry(decoded.height, decoded.width, settings)
     resized = resized_pixels(decoded.rgb, geometry)
-    pixel_values = patchify(normalize(resized, settings), settings)
     positions = vision_positions(geometry)
     tensors: dict[str, np.ndarray] = {
-        "pixel_values": pixel_values.numpy(),
+        "pixel_values": pixel_values(resized, settings).numpy(),
         "grid_thw": np.array([[geometry.grid_t, geometry.grid_h, geometry.grid_w]],
                              dtype=np.int64),
         "vision_positions": positions.numpy(),
