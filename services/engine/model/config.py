@@ -110,14 +110,18 @@ class ModelConfig:
     def max_context(self) -> int:
         """Longest sequence this engine runs exactly like the reference model.
 
-        Dynamic NTK rope stretches max_position_embeddings by its factor (the config states the
-        pretraining length). Sliding-window attention is not implemented: within the window it
-        equals full attention, so the context is capped to the window instead of silently
-        diverging past it.
+        Rope scaling stretches the range as vLLM reads it: linear and dynamic multiply
+        max_position_embeddings by the factor, yarn covers original length x factor, llama3
+        configs already state the stretched length. Sliding-window attention is not
+        implemented: within the window it equals full attention, so the context is capped to
+        the window instead of silently diverging past it.
         """
         limit = self.max_position_embeddings
-        if self.rope.rope_type == "dynamic":
-            limit = int(limit * self.rope.factor)
+        rope = self.rope
+        if rope.rope_type in ("linear", "dynamic"):
+            limit = int(limit * rope.factor)
+        elif rope.rope_type == "yarn":
+            limit = max(limit, int(rope.original_max_position_embeddings * rope.factor))
         if self.sliding_window:
             return min(limit, self.sliding_window)
         return limit

@@ -34,6 +34,10 @@ def test_parses_legacy_rope_layout() -> None:
     assert config.max_context == 131072 and not config.qk_norm and not config.qkv_bias
     linear = ModelConfig.from_dict({**LLAMA_31, "rope_scaling": {"type": "linear", "factor": 2}})
     assert (linear.rope.rope_type, linear.rope.factor) == ("linear", 2.0)
+    assert linear.max_context == 2 * 131072
+    yarn = ModelConfig.from_dict({**LLAMA_31, "max_position_embeddings": 40960, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}})
+    assert yarn.max_context == 131072
     dynamic = ModelConfig.from_dict({**LLAMA_31, "max_position_embeddings": 4096,
                                      "rope_scaling": {"type": "dynamic", "factor": 2.0}})
     assert dynamic.max_context == 8192
