@@ -10,8 +10,9 @@ tests/frontend/test_detokenizer.py).
   replacement rule as the Rust decoder (one U+FFFD per maximal invalid subpart);
 - sentencepiece-style tokenizers: byte-fallback runs are held until they end (a run is valid
   UTF-8 as a whole or becomes one U+FFFD per byte), the optional leading strip is applied;
-- any other decoder: windowed re-decoding (decode a few tokens of context before and after the
-  new ones, hold back a trailing U+FFFD).
+- any other decoder (Metaspace, WordPiece, BPE suffix ...): windowed re-decoding, vLLM-style
+  (decode the tokens since the last emitted offset with the previous ones as context, hold
+  back a trailing U+FFFD); tested equal to a full decode on those decoders.
 """
 
 from __future__ import annotations

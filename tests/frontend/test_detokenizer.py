@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -147,3 +149,42 @@ def test_stop_matcher_is_chunking_invariant(text, stop, cut):
     points = sorted(cut.draw(st.lists(st.integers(0, len(full)), max_size=6)))
     chunks = [full[a:b] for a, b in zip([0, *points], [*points, len(full)], strict=True)]
     assert run_stop(chunks, [stop]) == (expected_text, stop)
+
+
+def _trained_tokenizer(decoder, pre_tokenizer):
+    """A small BPE tokenizer with a decoder outside the two exactly modelled families."""
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import models, trainers
+
+    from services.frontend.tokenizer import Tokenizer
+
+    rust = RustTokenizer(models.BPE(unk_token="[UNK]"))
+    rust.pre_tokenizer = pre_tokenizer
+    rust.decoder = decoder
+    corpus = ["hello world this is a test", "naïve café ünïcode", "the quick brown fox"] * 20
+    rust.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300,
+                                                         special_tokens=["[UNK]", "<s>"]))
+    return Tokenizer(rust.to_str(), {})
+
+
+@pytest.mark.parametrize("kind", ["metaspace", "wordpiece", "bpe"])
+def test_generic_decoders_stream_like_a_full_decode(kind):
+    from tokenizers import decoders, pre_tokenizers
+
+    decoder, pre = {
+        "metaspace": (decoders.Metaspace(), pre_tokenizers.Metaspace()),
+        "wordpiece": (decoders.WordPiece(), pre_tokenizers.Whitespace()),
+        "bpe": (decoders.BPEDecoder(), pre_tokenizers.Whitespace()),
+    }[kind]
+    tokenizer = _trained_tokenizer(decoder, pre)
+    assert tokenizer.token_bytes.model.kind == "generic"
+    rng = random.Random(kind)
+    words = ["hello", "world", "this", "is", "a", "test", "naïve", "café", "ünïcode", "the", "quick", "brown", "fox"]
+    for _ in range(200):
+        if rng.random() < 0.5:
+            ids = tokenizer.encode(" ".join(rng.choice(words) for _ in range(rng.randint(1, 8))))
+        else:
+            ids = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randint(1, 10))]
+        for skip in (True, False):
+            assert stream(tokenizer, ids, skip_special_tokens=skip)[0] == tokenizer.decode(
+                ids, skip_special_tokens=skip)
