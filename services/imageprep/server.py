@@ -84,6 +84,10 @@ class ImagePrepLifecycle:
         resolver = await asyncio.to_thread(ProfileResolver.from_model, self.config.model)
         cache = await asyncio.to_thread(build_cache, self.config)
         self._service = ImagePrepService(self.config, resolver, cache)
+        log.info("imageprep ready", extra={"fields": {
+            "workers": self.config.num_workers, "torch_threads": torch.get_num_threads(),
+            "default_profile": resolver.default_profile or "-",
+            "tiers": ",".join(["memory", *(type(t).__name__ for t in cache.lower)])}})
 
     async def stop_admission(self) -> None:
         if self._service is not None:

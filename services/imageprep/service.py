@@ -69,7 +69,7 @@ class ImagePrepService:
                          max_decoded_pixels=config.max_decoded_pixels,
                          max_progressive_scans=config.max_progressive_scans), cache)
         self._workers = concurrent.futures.ThreadPoolExecutor(
-            max_workers=config.workers, thread_name_prefix="imageprep-worker")
+            max_workers=config.num_workers, thread_name_prefix="imageprep-worker")
         self._fetchers = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="imageprep-fetch")
         self._lock = threading.Lock()
