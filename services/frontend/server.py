@@ -50,6 +50,18 @@ class FrontendLifecycle:
         self._channels: list[grpc.aio.Channel] = []
         self._engine: EngineClient | None = None
         self._limits_task: asyncio.Task[None] | None = None
+        self.num_active = 0                  # Generate streams in flight
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def generation_started(self) -> None:
+        self.num_active += 1
+        self._idle.clear()
+
+    def generation_ended(self) -> None:
+        self.num_active -= 1
+        if self.num_active == 0:
+            self._idle.set()
 
     async def start(self, health: HealthReporter) -> None:
         self._health = health
@@ -96,6 +108,16 @@ class FrontendLifecycle:
             await upstream.stop()
 
     async def drain(self, timeout_s: float) -> bool:
+        """Let active Generate streams finish (up to the grace period); the server stop that
+        follows cancels the rest, and with them their engine requests."""
+        if self.num_active:
+            log.info("waiting up to %.1f s for %d active generation(s)", timeout_s,
+                     self.num_active)
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout_s)
+            except TimeoutError:
+                log.warning("%d generation(s) still active after %.1f s: cancelling them",
+                            self.num_active, timeout_s)
         return True
 
     async def close(self) -> None:
@@ -119,8 +141,12 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
     async def Generate(self, request, context):
         assert self.lifecycle.pipeline is not None
         domain = generate_request_from_pb(request)
-        async for event in self.lifecycle.pipeline.run(domain):
-            yield event_to_pb(event)
+        self.lifecycle.generation_started()
+        try:
+            async for event in self.lifecycle.pipeline.run(domain):
+                yield event_to_pb(event)
+        finally:
+            self.lifecycle.generation_ended()
 
     async def RenderChat(self, request, context):
         self.model.check_name(request.model)
