@@ -37,6 +37,7 @@ def run_and_check(batch: PagedBatch, **kwargs: object) -> torch.Tensor:
 SMALL = [
     # (seq_lens, q_lens, q heads, kv heads, head dim, page size, padding)
     pytest.param([1, 37, 150], [1, 1, 1], 8, 2, 64, 16, 0, id="decode-gqa4"),
+    pytest.param([40, 17, 9, 3], [1, 0, 1, 0], 4, 4, 32, 16, 2, id="decode-empty-seqs"),
     pytest.param([5, 70], [5, 70], 2, 2, 64, 16, 0, id="prefill-mha"),
     pytest.param([100, 20, 64], [30, 1, 64], 4, 2, 64, 16, 3, id="mixed-padding"),
     pytest.param([33, 9], [1, 9], 8, 1, 32, 1, 0, id="page1-gqa8"),

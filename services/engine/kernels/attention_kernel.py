@@ -12,7 +12,8 @@ row sees fully run without a mask; the rest are masked per row.
 Blocks are laid out sequence after sequence: sequence i owns blocks starting at
 `query_start_loc[i] // BLOCK_Q + i` (just `query_start_loc[i]` when BLOCK_Q == 1), which
 bounds the grid by cdiv(T, BLOCK_Q) + B with no host read; a program finds its sequence by a
-binary search over `query_start_loc`. Blocks past the last sequence cover the padding tokens
+binary search over `query_start_loc` (decode launches first check the usual answer, token i
+belongs to sequence i). Blocks past the last sequence cover the padding tokens
 [query_start_loc[B], T): they see no KV and write zeros.
 
 A prefill or mixed launch uses wide tiles (BLOCK_Q tokens); a sequence with at most
@@ -31,7 +32,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _find_sequence(qsl_ptr, num_seqs, block, BLOCK_Q: tl.constexpr):
+def _search_sequence(qsl_ptr, num_seqs, block, BLOCK_Q: tl.constexpr):
     """Largest i in [0, num_seqs] whose first block is <= `block` (num_seqs: padding)."""
     lo = 0
     hi = num_seqs
@@ -45,6 +46,25 @@ def _find_sequence(qsl_ptr, num_seqs, block, BLOCK_Q: tl.constexpr):
         else:
             hi = mid - 1
     return lo
+
+
+@triton.jit
+def _find_sequence(qsl_ptr, num_seqs, block, BLOCK_Q: tl.constexpr):
+    """The sequence that owns query block `block` (num_seqs for the padding rows)."""
+    if BLOCK_Q == 1:
+        # Decode steps: sequence i almost always owns token i. Check that guess with two loads
+        # issued together instead of a chain of log2(B) dependent loads; search otherwise.
+        guess = tl.minimum(block, num_seqs)
+        start = tl.load(qsl_ptr + guess)
+        end = tl.load(qsl_ptr + tl.minimum(guess + 1, num_seqs))
+        owns = (start <= block) & ((guess == num_seqs) | (block < end))
+        if owns:
+            seq = guess
+        else:
+            seq = _search_sequence(qsl_ptr, num_seqs, block, BLOCK_Q)
+    else:
+        seq = _search_sequence(qsl_ptr, num_seqs, block, BLOCK_Q)
+    return seq
 
 
 @triton.jit
