@@ -1,57 +1,183 @@
-"""Engine service entrypoint: `run_engine(config)` and the gRPC servicer (the protobuf edge)."""
+"""Engine service entrypoint: `run_engine(config)` and the gRPC servicer (the protobuf edge).
+
+The servicer process verifies the model files, starts the engine-core process (scheduler and
+runner, see services/engine/core/) and relays: Generate submits a request and streams its
+coalesced updates; a client cancel of the stream aborts the request. Health turns SERVING once
+the core has loaded the model, NOT_SERVING while draining; a core failure fails every stream
+with its typed error and the service exits 1.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from services.common.config import load_config
 from services.common.core import ModelSource, open_model
+from services.common.errors import (
+    DrainFailure,
+    HeliosError,
+    UnavailableError,
+    ValidationError,
+)
 from services.common.grpc_server import BasicLifecycle, HealthReporter, ServiceBinding, serve
 from services.common.logging import setup_logging
-from services.common.pb import common_pb2, engine_pb2, engine_pb2_grpc
+from services.common.pb import engine_pb2, engine_pb2_grpc
+from services.engine import wire
 from services.engine.config import EngineConfig
+from services.engine.core.client import CoreClient
+from services.engine.prefix.history import BLOCK_TOKENS
+from services.engine.prefix.records import BlockEvent
 
 SERVICE_NAME = "helios.v1.Engine"
+DEFAULT_DRAIN_S = 5.0
+SUBSCRIBER_BACKLOG = 10_000
+
+log = logging.getLogger(__name__)
 
 
 class EngineLifecycle(BasicLifecycle):
+    """Opens the model, runs the engine core; stop admission, drain and close through it."""
+
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.model: ModelSource | None = None
+        self.client: CoreClient | None = None
+        self.health: HealthReporter | None = None
 
     async def start(self, health: HealthReporter) -> None:
+        self.health = health
         self.model = await asyncio.to_thread(open_model, self.config.model)
+        self.client = CoreClient(self.config, on_failure=health.fail)
+        await self.client.start()
+
+    def core(self) -> CoreClient:
+        if self.client is None or self.client.ready is None:
+            raise UnavailableError("the engine is still loading its model", retry_after_s=2.0)
+        return self.client
+
+    async def stop_admission(self) -> None:
+        if self.client is not None and self.client.ready is not None:
+            with contextlib.suppress(HeliosError):
+                await self.client.call("pause")
+
+    async def drain(self, timeout_s: float) -> bool:
+        if self.client is None or self.client.ready is None:
+            return self.client is None or self.client.failure is None
+        try:
+            result = await self.client.call("drain", timeout_s)
+        except HeliosError as exc:
+            log.error("drain failed: %s", exc)
+            return False
+        return bool(result.drained)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
     def __init__(self, config: EngineConfig, lifecycle: EngineLifecycle) -> None:
         self.config = config
         self.lifecycle = lifecycle
+        self._event_sequence = 0
+
+    async def Generate(self, request, context) -> AsyncIterator[engine_pb2.EngineGenerateResponse]:
+        core = self.lifecycle.core()
+        assert core.ready is not None
+        engine_request = wire.request_from_pb(request, core.ready.info.vocab_size)
+        request_id = engine_request.request_id
+        if request.request_id and core.has_stream(request_id):
+            raise ValidationError(f"request id {request_id!r} is already live",
+                                  param="request_id")
+        stream = core.open_stream(request_id)
+        admitted = False
+        try:
+            yield wire.admitted_to_pb(await core.call("submit", engine_request))
+            admitted = True
+            while (update := await stream.next()) is not None:
+                yield wire.update_to_pb(update)
+                if stream.done:
+                    break
+        finally:
+            core.close_stream(request_id)
+            if admitted and not stream.done:       # the caller went away: stop the request
+                task = asyncio.get_running_loop().create_task(
+                    self._abort_quietly(core, request_id))
+                task.add_done_callback(lambda _t: None)
+
+    @staticmethod
+    async def _abort_quietly(core: CoreClient, request_id: str) -> None:
+        with contextlib.suppress(HeliosError):
+            await core.call("abort", [request_id])
+
+    async def Abort(self, request, context):
+        count = await self.lifecycle.core().call("abort", list(request.request_ids))
+        return engine_pb2.AbortResponse(num_aborted=count)
 
     async def GetModelInfo(self, request, context):
-        assert self.lifecycle.model is not None
-        manifest = self.lifecycle.model.manifest
-        caps = manifest.capabilities
-        return engine_pb2.ModelInfo(
-            model_id=manifest.model_id,
-            served_names=list(manifest.served_names),
-            identity=manifest.identity_bytes,
-            architecture=manifest.architecture,
-            dtype=manifest.dtype,
-            max_model_len=self.config.max_model_len or manifest.max_model_len,
-            vocab_size=manifest.vocab_size,
-            eos_token_ids=list(manifest.eos_token_ids),
-            capabilities=common_pb2.Capabilities(tools=caps.tools, vision=caps.vision,
-                                                 reasoning=caps.reasoning),
-            max_num_seqs=self.config.max_num_seqs,
-            prefill_chunk_size=self.config.prefill_chunk_size,
-            context_hint=self.config.context_hint,
-            capacity_hint=self.config.capacity_hint,
-            num_parameters=manifest.num_parameters,
-            weight_bytes=manifest.weight_bytes,
-        )
+        core = self.lifecycle.core()
+        assert self.lifecycle.model is not None and core.ready is not None
+        return wire.model_info_to_pb(self.lifecycle.model.manifest, core.ready.info,
+                                     self.config)
+
+    async def GetLoad(self, request, context):
+        load = await self.lifecycle.core().call("load", wire.load_query_from_pb(request))
+        return wire.load_to_pb(load)
+
+    async def PauseAdmission(self, request, context):
+        return wire.admission_to_pb(await self.lifecycle.core().call("pause"))
+
+    async def ResumeAdmission(self, request, context):
+        state = await self.lifecycle.core().call("resume")
+        if self.lifecycle.health is not None and not state.draining:
+            await self.lifecycle.health.set_serving(True)
+        return wire.admission_to_pb(state)
+
+    async def Drain(self, request, context):
+        core = self.lifecycle.core()
+        if self.lifecycle.health is not None:
+            await self.lifecycle.health.set_serving(False)
+        timeout = request.timeout_s if request.HasField("timeout_s") else DEFAULT_DRAIN_S
+        result = await core.call("drain", max(0.0, timeout))
+        if not result.drained:
+            raise DrainFailure(f"{result.message} ({result.cancelled_requests} requests "
+                               "cancelled)")
+        return wire.drain_to_pb(result)
+
+    async def SubscribePrefixEvents(self, request, context):
+        core = self.lifecycle.core()
+        assert core.ready is not None
+        queue: asyncio.Queue[BlockEvent | None] = asyncio.Queue()
+
+        def deliver(event: BlockEvent) -> None:
+            if queue.qsize() >= SUBSCRIBER_BACKLOG:
+                queue.put_nowait(None)           # fell behind: end the subscription
+            else:
+                queue.put_nowait(event)
+
+        unsubscribe = core.subscribe(deliver)
+        try:
+            if request.replay_existing:
+                for event in await core.call("prefix_replay"):
+                    yield self._event(event, core)
+            while True:
+                event = await queue.get()
+                if event is None:
+                    raise UnavailableError("the prefix-event subscriber fell behind; "
+                                           "subscribe again with replay_existing")
+                yield self._event(event, core)
+        finally:
+            unsubscribe()
+
+    def _event(self, event: BlockEvent, core: CoreClient) -> engine_pb2.PrefixEvent:
+        assert core.ready is not None
+        self._event_sequence += 1
+        return wire.prefix_event_to_pb(event, self._event_sequence, core.ready.session_id,
+                                       BLOCK_TOKENS)
 
 
 async def _serve(config: EngineConfig) -> int:

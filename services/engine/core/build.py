@@ -1,8 +1,9 @@
 """Assembling an engine from its config and model: load, size the KV pool, wire the parts.
 
 Runs inside the engine-core process. The effective context is the smallest of the configured
-limit, the manifest's, the model's exact range (`ModelConfig.max_context`) and what the page
-pool holds, so any admitted request can always run alone.
+limit, the manifest's and the model's exact range (`ModelConfig.max_context`). A request that
+could not run alone in the page pool is refused at admission (capacity), so any admitted
+request can always finish.
 """
 
 from __future__ import annotations
@@ -89,7 +90,10 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
         budget_bytes=config.kv_cache_bytes, memory_fraction=config.kv_cache_memory_fraction,
         num_snapshots=config.num_snapshots, max_num_seqs=config.max_num_seqs,
         min_tokens=min(context, config.prefill_chunk_size), capacity_hint=config.capacity_hint)
-    context = min(context, (layout.num_pages - 1) * layout.page_size)
+    if (layout.num_pages - 1) * layout.page_size < context:
+        log.warning("the KV pool holds %d tokens, less than the %d-token context: longer "
+                    "requests are refused with a capacity error",
+                    (layout.num_pages - 1) * layout.page_size, context)
     kv = allocate_kv_cache(model_config, layout.num_pages, layout.page_size, device, dtype)
     snapshots = SnapshotStore(kv, layout.num_snapshots, model_config.hidden_size, dtype, device)
     eos = tuple(manifest.eos_token_ids)

@@ -70,12 +70,19 @@ def validate_request(request: EngineRequest, limits: AdmissionLimits) -> StopRul
         raise UnsupportedError("this model does not accept images", param="multimodal")
     if any(e.position >= len(prompt) for e in request.conditioning):
         raise ValidationError("an image lies outside the prompt", param="multimodal.images")
-    max_tokens = stop.max_tokens if stop.max_tokens is not None else context - len(prompt)
-    # A choice alone must fit the page pool (plus one page restored from a snapshot).
-    needed = -(-(len(prompt) + max_tokens) // limits.page_size) + 1
-    if needed > limits.num_pages:
+    # A choice alone must fit the page pool (plus one page restored from a snapshot). An
+    # explicit max_tokens that cannot is refused; without one, output stops (length) where
+    # the pool ends, as it would at the context.
+    pool_tokens = (limits.num_pages - 1) * limits.page_size
+    if stop.max_tokens is None:
+        max_tokens = min(context, pool_tokens) - len(prompt)
+    else:
+        max_tokens = stop.max_tokens
+    needed = -(-(len(prompt) + max(1, max_tokens)) // limits.page_size) + 1
+    if max_tokens < 1 or needed > limits.num_pages:
         raise CapacityError(
-            f"the request needs {needed} KV pages ({len(prompt)} prompt + {max_tokens} output "
-            f"tokens) but the cache holds {limits.num_pages}", hint=limits.capacity_hint)
+            f"the request needs {needed} KV pages ({len(prompt)} prompt + "
+            f"{max(1, max_tokens)} output tokens) but the cache holds {limits.num_pages}",
+            hint=limits.capacity_hint)
     return StopRules(max_tokens=max_tokens, min_tokens=stop.min_tokens,
                      ignore_eos=stop.ignore_eos, stop_token_ids=stop.stop_token_ids)

@@ -80,9 +80,10 @@ class Scheduler:
             if request.request_id in state.requests:
                 raise ValidationError(f"request id {request.request_id!r} is already live",
                                       param="request_id")
+            # requests that will wait: queued ones beyond the slots free right now
             queued = sum(1 for r in state.requests.values()
                          if all(s.phase is Phase.QUEUED for s in r.seqs))
-            if queued >= state.config.max_waiting:
+            if queued - state.slots.num_free >= state.config.max_waiting:
                 raise CapacityError(
                     f"the engine's waiting queue is full ({state.config.max_waiting} requests)",
                     hint=state.config.capacity_hint, retry_after_s=1.0)

@@ -47,12 +47,13 @@ def test_a_request_that_can_never_fit_is_refused_with_the_hint():
 
 
 def test_a_full_waiting_queue_is_refused_with_retry_advice():
-    scheduler, _ = make_engine(max_waiting=2)
-    scheduler.admit(request("a", prompt_of(10), 2))
-    scheduler.admit(request("b", prompt_of(10), 2))
+    scheduler, _ = make_engine(max_num_seqs=1, max_waiting=2)
+    for rid in "abc":        # one will take the free slot, two may wait
+        scheduler.admit(request(rid, prompt_of(10), 2))
     with pytest.raises(CapacityError) as info:
-        scheduler.admit(request("c", prompt_of(10), 2))
+        scheduler.admit(request("d", prompt_of(10), 2))
     assert info.value.retry_after_s == 1.0 and "queue is full" in str(info.value)
+    assert scheduler.state.counters.requests_rejected == 1
 
 
 def test_no_starvation_long_prompts_progress_among_many_short_decodes():

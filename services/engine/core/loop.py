@@ -1,0 +1,247 @@
+"""EngineCore: the engine-core process's loop around the scheduler and the runner.
+
+    while running:
+        handle calls from the servicer (submit, abort, load, pause/resume, drain, shutdown)
+        plan = scheduler.plan(); step = scheduler.commit(plan, fence); runner.submit(step)
+        completion = runner.poll(); updates = scheduler.complete(completion)
+        outbox.publish(updates, block events)        # one message per step, never blocking
+
+A failure anywhere in the step notifies every active and queued request (finish ERROR, then a
+`Failed` message carrying the typed cause), confirms the runner drained, and ends the loop with
+exit code 1. A drain stops admission, lets active requests finish until its deadline, cancels
+the rest, confirms the last step finished and only then releases cached resources; a runner
+that cannot confirm keeps everything and the drain reports failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from services.common.errors import (
+    DrainFailure,
+    HeliosError,
+    InternalError,
+    UnavailableError,
+    WorkerFailure,
+)
+from services.engine.core.build import Engine
+from services.engine.core.messages import Call, ErrorInfo, Failed, Reply
+from services.engine.core.outbox import Outbox
+from services.engine.core.telemetry import LoadQuery, Telemetry, snapshot
+from services.engine.scheduler.plan import PlanInvalidated
+from services.engine.scheduler.requests import EngineRequest, FinishReason
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionState:
+    paused: bool
+    draining: bool
+    active_requests: int
+
+
+@dataclass(frozen=True, slots=True)
+class DrainResult:
+    drained: bool
+    cancelled_requests: int
+    message: str
+
+
+@dataclass(slots=True)
+class _DrainJob:
+    call_id: int
+    deadline: float
+
+
+class EngineCore:
+    def __init__(self, engine: Engine, connection: Connection, outbox: Outbox,
+                 session_id: str) -> None:
+        self.scheduler = engine.scheduler
+        self.runner = engine.runner
+        self.connection = connection
+        self.outbox = outbox
+        self.telemetry = Telemetry(session_id)
+        self.paused = False
+        self.draining = False
+        self._drain: _DrainJob | None = None
+        self._stopping = False
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> int:
+        while not self._stopping:
+            try:
+                self._handle_calls(block=not self.scheduler.has_work)
+            except EOFError:
+                log.warning("the servicer went away; stopping the engine core")
+                self._shutdown()
+                return 0
+            try:
+                self._step()
+            except Exception as exc:
+                self._fail(exc)
+                return 1
+            if self._drain is not None:
+                self._advance_drain()
+        return 0
+
+    def _step(self) -> None:
+        scheduler, runner = self.scheduler, self.runner
+        plan = scheduler.plan()
+        if plan is not None:
+            fence = scheduler.state.resources.fences.next_fence
+            try:
+                step = scheduler.commit(plan, fence)
+            except PlanInvalidated:
+                log.debug("plan invalidated before commit; planning again")
+                step = None
+            if step is not None:
+                runner.submit(step)
+        while (completion := runner.poll()) is not None:
+            step = scheduler.state.in_flight.get(completion.fence)
+            updates = scheduler.complete(completion)
+            if step is not None:
+                lengths = {s.handle: self._prompt_len(s.handle) for s in step.seqs}
+                self.telemetry.record(step, completion, lengths)
+            self.outbox.publish(updates, scheduler.state.resources.cache.take_block_events())
+
+    def _prompt_len(self, handle) -> int:
+        seq = self.scheduler.state.running.get(handle.slot)
+        return seq.prompt_len if seq is not None else 0
+
+    # -- calls from the servicer ------------------------------------------------------------
+    def _handle_calls(self, *, block: bool) -> None:
+        timeout = IDLE_POLL_S if block else 0.0
+        while self.connection.poll(timeout):
+            timeout = 0.0
+            call: Call = pickle.loads(self.connection.recv_bytes())
+            try:
+                value = self._dispatch(call)
+            except HeliosError as exc:
+                self.outbox.reply(Reply(call.call_id, error=ErrorInfo.of(exc)))
+                continue
+            if value is not _DEFERRED:
+                self.outbox.reply(Reply(call.call_id, value))
+
+    def _dispatch(self, call: Call) -> Any:
+        verb, args = call.verb, call.args
+        if verb == "submit":
+            return self._submit(args)
+        if verb == "abort":
+            return self._abort(args)
+        if verb == "load":
+            return snapshot(self.scheduler, self.telemetry, args or LoadQuery(),
+                            paused=self.paused, draining=self.draining)
+        if verb == "pause":
+            self.paused = True
+            return self._admission_state()
+        if verb == "resume":
+            self.paused = False
+            if self._drain is None:
+                self.draining = False
+            return self._admission_state()
+        if verb == "drain":
+            self.draining = True
+            if self._drain is None:
+                self._drain = _DrainJob(call.call_id, time.monotonic() + float(args))
+                return _DEFERRED
+            raise UnavailableError("a drain is already in progress")
+        if verb == "prefix_replay":
+            return self.scheduler.state.resources.cache.cached_blocks()
+        if verb == "shutdown":
+            self._shutdown()
+            return True
+        raise InternalError(f"unknown engine-core call {verb!r}")
+
+    def _submit(self, request: EngineRequest) -> Any:
+        if self.draining:
+            raise UnavailableError("the engine is draining", retry_after_s=1.0)
+        if self.paused:
+            raise UnavailableError("engine admission is paused", retry_after_s=1.0)
+        return self.scheduler.admit(request)
+
+    def _abort(self, request_ids: list[str]) -> int:
+        aborted = 0
+        for request_id in request_ids:
+            update = self.scheduler.cancel(request_id)
+            if update is not None:
+                aborted += 1
+                self.outbox.publish([update], ())
+        return aborted
+
+    def _admission_state(self) -> AdmissionState:
+        return AdmissionState(self.paused, self.draining, self.scheduler.num_active)
+
+    # -- drain, shutdown, failure -----------------------------------------------------------
+    def _advance_drain(self) -> None:
+        job = self._drain
+        assert job is not None
+        if self.scheduler.num_active and time.monotonic() < job.deadline:
+            return
+        cancelled = self._cancel_all(FinishReason.CANCELLED)
+        result = self._release_after_drain(cancelled)
+        self._drain = None
+        self.outbox.reply(Reply(job.call_id, result))
+
+    def _release_after_drain(self, cancelled: int) -> DrainResult:
+        """Confirm the last step finished; only then release the cache's resources."""
+        try:
+            while self.scheduler.state.in_flight:
+                completion = self.runner.wait()
+                self.outbox.publish(self.scheduler.complete(completion), ())
+            confirmed = self.runner.drain()
+        except HeliosError as exc:
+            log.error("drain could not confirm the last step: %s", exc)
+            return DrainResult(False, cancelled, f"drain failed, resources kept: {exc}")
+        if not confirmed:
+            return DrainResult(False, cancelled, "the device did not confirm the last step; "
+                                                 "resources kept")
+        self.scheduler.state.resources.evict_all()
+        self.outbox.publish((), self.scheduler.state.resources.cache.take_block_events())
+        return DrainResult(True, cancelled, "drained")
+
+    def _cancel_all(self, reason: FinishReason) -> int:
+        updates = [u for rid in list(self.scheduler.state.requests)
+                   if (u := self.scheduler.cancel(rid, reason)) is not None]
+        self.outbox.publish(updates, ())
+        return len(updates)
+
+    def _shutdown(self) -> None:
+        self._cancel_all(FinishReason.CANCELLED)
+        self._stopping = True
+        try:
+            while self.scheduler.state.in_flight:
+                self.scheduler.complete(self.runner.wait())
+            self.runner.drain()
+        except HeliosError as exc:
+            log.error("shutdown could not drain the runner: %s", exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """The step failed: every request learns why, the runner drains, the loop ends."""
+        error = exc if isinstance(exc, HeliosError) else WorkerFailure(
+            f"engine core failed: {type(exc).__name__}: {exc}")
+        if error is not exc:
+            error.__cause__ = exc
+        log.error("engine core failed: %s (cause: %s)", error, error.cause_text, exc_info=exc)
+        self.scheduler.fail_all()
+        self.scheduler.state.in_flight.clear()
+        drained = False
+        try:
+            drained = self.runner.drain()
+        except Exception as drain_exc:   # a poisoned runner: keep its resources
+            log.error("drain after failure could not be confirmed: %s", drain_exc)
+        if not drained:
+            error = DrainFailure(f"{error.message}; the device could not be drained",
+                                 cause=error.cause_text)
+        self.outbox.send_now(Failed(ErrorInfo.of(error)))
+        self._stopping = True
+
+
+_DEFERRED = object()

@@ -1,0 +1,68 @@
+"""The engine-core process: started by the servicer with the spawn method, talks over one pipe.
+
+    core_main(config, connection)
+        load the model and build the engine  -> Ready(info)   (or Failed(error), exit 1)
+        EngineCore(...).run()                -> exit 0, or 1 after a failure
+
+The core ignores SIGINT/SIGTERM: the servicer owns shutdown and asks for it over the pipe. If
+the servicer dies, the pipe closes and the core stops (and Linux also sends it SIGKILL through
+the parent-death signal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+import uuid
+from multiprocessing.connection import Connection
+
+from services.common.core import open_model
+from services.common.errors import HeliosError, WorkerFailure
+from services.common.logging import setup_logging
+from services.engine.config import EngineConfig
+from services.engine.core.build import build_engine
+from services.engine.core.loop import EngineCore
+from services.engine.core.messages import ErrorInfo, Failed, Ready
+from services.engine.core.outbox import Outbox
+
+log = logging.getLogger("services.engine.core")
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def core_main(config: EngineConfig, connection: Connection) -> None:
+    """Process entry point (multiprocessing spawn target)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
+    setup_logging("engine", config.log_level, config.log_format)
+    outbox = Outbox(connection)
+    try:
+        source = open_model(config.model, verify=())   # the servicer verified the files
+        engine = build_engine(config, source)
+    except Exception as exc:
+        error = exc if isinstance(exc, HeliosError) else WorkerFailure(
+            f"engine core failed to start: {type(exc).__name__}: {exc}")
+        if error is not exc:
+            error.__cause__ = exc
+        log.error("engine core failed to start: %s", error, exc_info=exc)
+        outbox.send_now(Failed(ErrorInfo.of(error)))
+        outbox.close()
+        sys.exit(1)
+    session_id = uuid.uuid4().hex
+    outbox.send_now(Ready(engine.info, session_id))
+    log.info("engine core ready", extra={"fields": {"pid": os.getpid(),
+                                                    "session": session_id}})
+    code = EngineCore(engine, connection, outbox, session_id).run()
+    outbox.close()
+    connection.close()
+    sys.exit(code)
