@@ -55,8 +55,12 @@ class FakeRunner:
         self.hold = False                 # keep completions back until release()
         self.held: deque[Completion] = deque()
         self.steps: list[Step] = []
+        self.drain_ok = True              # what drain() reports
+        self.fail_at: int | None = None   # raise inside submit of this fence
 
     def submit(self, step: Step) -> int:
+        if self.fail_at is not None and step.fence >= self.fail_at:
+            raise RuntimeError(f"injected device fault at fence {step.fence}")
         self.steps.append(step)
         size = self.page_size
         for s in step.seqs:
@@ -97,6 +101,19 @@ class FakeRunner:
 
     def poll(self) -> Completion | None:
         return self.done.popleft() if self.done else None
+
+    def wait(self) -> Completion:
+        self.release()
+        completion = self.poll()
+        assert completion is not None, "wait() with nothing outstanding"
+        return completion
+
+    def drain(self) -> bool:
+        return self.drain_ok
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.done) + len(self.held)
 
     def release(self) -> None:
         self.done.extend(self.held)
