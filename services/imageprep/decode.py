@@ -8,7 +8,7 @@ protects:
    `max_progressive_scans` scans, before libjpeg sees the data;
 3. the decoded-pixel limit is checked on the header's width x height, before any pixel buffer is
    allocated (a decompression bomb costs a header parse);
-4. animated PNG / WebP are refused;
+4. animated PNG / WebP are refused (a multi-picture JPEG keeps its primary picture);
 5. pixels are decoded, the EXIF orientation read and validated (1-8), converted to RGB (alpha dropped,
    no embedded colour profile applied; 16-bit grey keeps its high byte, as Pillow does for 16-bit
    colour), and turned upright.
@@ -95,7 +95,10 @@ def _check_header(pil: Image.Image, limits: DecodeLimits) -> None:
         raise ImageDecodeError(
             f"the image is {width}x{height} = {width * height} pixels; the decoded-pixel limit "
             f"is {limits.max_decoded_pixels}")
-    if getattr(pil, "is_animated", False) or getattr(pil, "n_frames", 1) > 1:
+    # A multi-picture JPEG (MPO: a phone photo with a depth map or a second view) is a still
+    # image: its primary picture is the JPEG stream itself, the only one decoded.
+    animated = getattr(pil, "is_animated", False) or getattr(pil, "n_frames", 1) > 1
+    if animated and pil.format != "MPO":
         raise ImageDecodeError(f"animated images are not supported ({pil.format}, "
                                f"{getattr(pil, 'n_frames', '?')} frames)")
     mode = pil.mode

@@ -63,6 +63,11 @@ class ImagePreparer:
         if running is not None:
             return Prepared(running.result(), cache_hit=True)
         try:
+            # Another worker may have finished this source between the lookup and now.
+            retained = self._retained(key)
+            if retained is not None:
+                mine.set_result(retained)
+                return Prepared(retained, cache_hit=True)
             prepared = process_image(decode_image(encoded, self.limits), settings)
             self.cache.put(key, prepared)
             mine.set_result(prepared)

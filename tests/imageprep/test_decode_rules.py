@@ -167,6 +167,14 @@ def test_animated_images_refused(fmt, media_type):
     assert decode(encode(first, fmt), media_type).rgb.shape == (24, 32, 3)
 
 
+def test_multi_picture_jpeg_uses_its_primary_picture():
+    primary = Image.new("RGB", (32, 24), (200, 10, 10))
+    second = Image.new("RGB", (32, 24), (10, 200, 10))
+    mpo = encode(primary, "MPO", save_all=True, append_images=[second])
+    decoded = decode(mpo, "image/jpeg")
+    np.testing.assert_array_equal(decoded.rgb, decode(encode(primary, "JPEG"), "image/jpeg").rgb)
+
+
 # -- EXIF orientation ------------------------------------------------------------------------
 
 

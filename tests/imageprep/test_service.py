@@ -212,3 +212,26 @@ async def test_admission_is_bounded(monkeypatch):
 async def test_too_many_images(service):
     with pytest.raises(ValidationError, match="33 images in one request; the limit is 32"):
         await service.prepare(request(*[url_image(png())] * 33))
+
+
+async def test_concurrent_requests_share_one_preparation(monkeypatch, count_decodes):
+    service = make_service(workers=2)
+    started, release = threading.Event(), threading.Event()
+    original = preparer_module.process_image
+
+    def slow(decoded, settings):
+        started.set()
+        release.wait(10)
+        return original(decoded, settings)
+
+    monkeypatch.setattr(preparer_module, "process_image", slow)
+    image = url_image(png(120, 80))
+    first = asyncio.create_task(service.prepare(request(image)))
+    await asyncio.to_thread(started.wait, 10)
+    second = asyncio.create_task(service.prepare(request(image)))
+    await asyncio.sleep(0.1)                     # the second is now waiting on the first
+    release.set()
+    a, b = await first, await second
+    assert a.images[0].identity == b.images[0].identity
+    assert count_decodes == ["image/png"]
+    service.close()
