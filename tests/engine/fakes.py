@@ -11,6 +11,7 @@ cancellation.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import deque
 from collections.abc import Sequence
 
@@ -57,8 +58,11 @@ class FakeRunner:
         self.steps: list[Step] = []
         self.drain_ok = True              # what drain() reports
         self.fail_at: int | None = None   # raise inside submit of this fence
+        self.gate: threading.Event | None = None   # submit waits for it (hold the loop)
 
     def submit(self, step: Step) -> int:
+        if self.gate is not None:
+            self.gate.wait(30)
         if self.fail_at is not None and step.fence >= self.fail_at:
             raise RuntimeError(f"injected device fault at fence {step.fence}")
         self.steps.append(step)

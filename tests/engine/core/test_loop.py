@@ -135,9 +135,12 @@ def test_a_drain_that_cannot_confirm_keeps_resources(harness):
 def test_a_failing_step_fails_every_request_and_ends_with_exit_1(harness):
     h = harness(max_num_seqs=1)
     h.runner.fail_at = 3
+    h.runner.gate = threading.Event()           # the loop waits inside its first step
     h.call("submit", request("active", prompt_of(10), 50))
-    h.call("submit", request("queued", prompt_of(10), 50))
+    queued = h.send("submit", request("queued", prompt_of(10), 50))
+    h.runner.gate.set()
     h.pump(lambda: h.failed is not None)
+    assert h.replies[queued].error is None       # admitted (then failed with the rest)
     h.thread.join(10)
     assert h.exit_code == 1
     error = h.failed.error.error()
