@@ -80,6 +80,11 @@ def _message_pb(message: ChatMessage) -> frontend_pb2.ChatMessage:
         pb.text = message.content
     elif message.content is not None:
         pb.parts.parts.extend(_content_part_pb(p) for p in message.content)
+    elif message.role == "assistant":
+        # A tool-call-only turn (OpenAI content null, Anthropic tool_use blocks only): templates
+        # such as Qwen3's read message.content as a string and fail on a missing one, in
+        # transformers too; "" renders the same where null works (vLLM sends "" as well).
+        pb.text = ""
     for call in message.tool_calls:
         pb.tool_calls.append(frontend_pb2.ToolCall(id=call.id, type=call.type, name=call.name,
                                                    arguments_json=call.arguments_json))

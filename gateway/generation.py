@@ -152,6 +152,16 @@ class EventStream:
                 collector.add(event)
         return collector
 
+    def abort(self, error: HeliosError) -> None:
+        """End the request with `error` (shutdown): cancel the calls; the reader gets the
+        events already received, then the error (a protocol error event, not a cut)."""
+        for call in self._calls:
+            if not call.done():
+                call.cancel()
+        for task in self._tasks:
+            task.cancel()
+        self._queue.put_nowait(_Failed(error))
+
     async def close(self) -> None:
         """Cancel whatever is still running (idempotent)."""
         for call in self._calls:

@@ -19,9 +19,12 @@ import uvicorn
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 from services.common.config import load_config
+from services.common.errors import UnavailableError
 from services.common.logging import setup_logging
 
 log = logging.getLogger(__name__)
+
+ABORT_FLUSH_S = 1.0   # after aborting leftover streams, time for their error events to go out
 
 
 class GatewayServer(uvicorn.Server):
@@ -52,12 +55,20 @@ class GatewayServer(uvicorn.Server):
         self._shutdown_task = asyncio.get_running_loop().create_task(self._graceful())
 
     async def _graceful(self) -> None:
-        admission = self.config.app.state.admission  # type: ignore[union-attr]
+        app_state = self.config.app.state  # type: ignore[union-attr]
+        admission = app_state.admission
         admission.close()
         log.info("admission stopped; waiting for %d active responses", admission.active)
         if not await admission.wait_for_requests(self.gateway_config.grace_period_s):
-            log.warning("%d responses still active after %.1f s; closing them",
-                        admission.active, self.gateway_config.grace_period_s)
+            # Past the grace period: end what is left with the protocol's error event (not a
+            # silent cut), which also cancels the engine requests behind them.
+            state = getattr(app_state, "gateway", None)
+            aborted = state.abort_streams(UnavailableError(
+                "the gateway is shutting down; retry the request", retry_after_s=1.0,
+                service="gateway")) if state is not None else 0
+            log.warning("%d responses still active after %.1f s; ended %d generations",
+                        admission.active, self.gateway_config.grace_period_s, aborted)
+            await admission.wait_for_requests(ABORT_FLUSH_S)
         self.should_exit = True
 
 

@@ -62,7 +62,7 @@ async def start_generation(request: Request, requests: Sequence[GenerationReques
     """
     state = gateway_state(request)
     stream = EventStream(state.frontend, requests, trace_id=request_id(request))
-    request.scope.setdefault("state", {}).setdefault("closers", []).append(stream.close)
+    request.scope.setdefault("state", {}).setdefault("closers", []).append(state.track(stream))
     stream.start()
     if wait_first and await stream.wait_first(state.config.sse_keepalive_s):
         state.metrics.first_event.observe(max(0.0, time.time() - stream.created))

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import grpc
 from fastapi import Request
 
 from gateway.admission import Admission
 from gateway.config import GatewayConfig
 from gateway.frontend_client import FrontendClient
+from gateway.generation import EventStream
 from gateway.metrics import GatewayMetrics
 from gateway.responses_store import ResponsesStore, open_store
+from services.common.errors import HeliosError
 from services.common.grpc_client import UpstreamHealth, open_channel
 
 
@@ -25,6 +29,24 @@ class GatewayState:
         self.frontend = FrontendClient(self.channel)
         self.frontend_health = UpstreamHealth("frontend", self.channel)
         self.store: ResponsesStore = open_store(config)
+        self.streams: set[EventStream] = set()      # every running generation
+
+    def track(self, stream: EventStream) -> Callable[[], Awaitable[None]]:
+        """Register a running generation; the returned closer cancels and forgets it."""
+        self.streams.add(stream)
+
+        async def close() -> None:
+            self.streams.discard(stream)
+            await stream.close()
+
+        return close
+
+    def abort_streams(self, error: HeliosError) -> int:
+        """End every running generation with `error` (after the shutdown grace period)."""
+        streams = list(self.streams)
+        for stream in streams:
+            stream.abort(error)
+        return len(streams)
 
     @property
     def accepting(self) -> bool:

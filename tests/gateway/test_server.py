@@ -1,0 +1,87 @@
+"""The gateway as a real process (`helios serve gateway`): SIGTERM stops admission, lets active
+responses finish within the grace period, cancels what outlives it, and exits 0."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import httpx
+
+from tests.gateway.fake_frontend import script
+from tests.support.processes import ServiceProcess, free_port
+
+
+def _start(tmp_path, fake_frontend, *extra: str) -> tuple[ServiceProcess, str]:
+    port = free_port()
+    process = ServiceProcess(["serve", "gateway", "--port", str(port), "--frontend-address",
+                              fake_frontend.address, *extra], tmp_path / "gateway.log")
+    url = f"http://127.0.0.1:{port}"
+    process.wait_http(url + "/health")
+    return process, url
+
+
+def _stream(url: str, content: str, out: dict) -> None:
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": content}]}
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body,
+                          timeout=60) as response:
+            out["status"] = response.status_code
+            out["lines"] = [line for line in response.iter_lines() if line]
+    except httpx.HTTPError as exc:      # cut off by the shutdown
+        out["error"] = exc
+
+
+def test_sigterm_drains_active_responses_then_exits_0(tmp_path, fake_frontend):
+    servicer = fake_frontend.servicer
+    process, url = _start(tmp_path, fake_frontend)
+    try:
+        out: dict = {}
+        before = servicer.active
+        reader = threading.Thread(target=_stream, args=(
+            url, script(numbered=[15, 1], delay_s=0.1), out))
+        reader.start()
+        deadline = time.monotonic() + 30
+        while servicer.active == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        process.proc.send_signal(signal.SIGTERM)
+        # Admission is closed at once: new work gets 503 + Retry-After, /health turns 503.
+        response = httpx.post(url + "/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "x"}]})
+        assert response.status_code == 503 and response.headers["retry-after"]
+        assert httpx.get(url + "/health").status_code == 503
+        reader.join(timeout=30)
+        assert process.proc.wait(timeout=30) == 0, process.output()
+    finally:
+        process.stop()
+    assert out["status"] == 200 and out["lines"][-1] == "data: [DONE]"
+    text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                   for line in out["lines"][:-1] if json.loads(line[6:])["choices"])
+    assert text.count("<") == 15                        # the whole response arrived
+
+
+def test_responses_outliving_the_grace_period_are_cancelled(tmp_path, fake_frontend):
+    servicer = fake_frontend.servicer
+    process, url = _start(tmp_path, fake_frontend, "--grace-period-s", "0.5")
+    try:
+        cancelled = servicer.cancelled
+        out: dict = {}
+        reader = threading.Thread(target=_stream, args=(url, script(hang=True), out))
+        reader.start()
+        deadline = time.monotonic() + 30
+        while not servicer.active and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert process.terminate(signal.SIGTERM) == 0, process.output()
+        reader.join(timeout=30)
+        deadline = time.monotonic() + 30
+        while servicer.cancelled == cancelled and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert servicer.cancelled == cancelled + 1      # the engine request was let go
+    finally:
+        process.stop()
+    # The client got the protocol's error event, not a silent cut.
+    assert out["status"] == 200, out
+    last = json.loads(out["lines"][-1][len("data: "):])
+    assert "shutting down" in last["error"]["message"]
