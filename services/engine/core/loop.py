@@ -106,9 +106,9 @@ class EngineCore:
                 runner.submit(step)
         while (completion := runner.poll()) is not None:
             step = scheduler.state.in_flight.get(completion.fence)
+            lengths = {s.handle: self._prompt_len(s.handle) for s in step.seqs} if step else {}
             updates = scheduler.complete(completion)
             if step is not None:
-                lengths = {s.handle: self._prompt_len(s.handle) for s in step.seqs}
                 self.telemetry.record(step, completion, lengths)
             self.outbox.publish(updates, scheduler.state.resources.cache.take_block_events())
 

@@ -96,6 +96,18 @@ def test_submit_runs_to_completion_and_load_reports_it(harness):
                                     completions_after=0))
     assert load.requests_completed == 1 and load.generation_tokens == 5
     assert load.launches_by_kind["prefill"] >= 1 and load.graphs
+    assert load.completions == ()      # telemetry was off until this query asked for it
+    h.call("submit", request("b", prompt_of(20), 3))
+    h.pump(lambda: h.finished("b"))
+    load = h.call("load", LoadQuery(completions_after=0))
+    kinds = [record.kind for record in load.completions]
+    assert kinds[0] == "prefill" and kinds.count("decode") == 2
+    assert sum(r.output_tokens for r in load.completions) == 3
+    assert load.completions[0].prompt_tokens == 20
+    sequences = [r.sequence for r in load.completions]
+    assert sequences == sorted(sequences)
+    later = h.call("load", LoadQuery(completions_after=sequences[-1]))
+    assert later.completions == ()
 
 
 def test_pause_refuses_submissions_until_resumed(harness):

@@ -9,6 +9,7 @@ from services.common.errors import (
     ContextOverflowError,
     ErrorStage,
     UnavailableError,
+    UnsupportedError,
     ValidationError,
 )
 from services.common.pb import common_pb2, engine_pb2
@@ -36,6 +37,19 @@ def test_validation_errors_name_the_field(engine):
         assert isinstance(error, ValidationError) and error.param == param, error
         assert error.stage is ErrorStage.ADMISSION and text in error.message
         assert error.service == "engine"
+
+
+def test_images_are_unsupported_by_a_text_model(engine):
+    image = common_pb2.ImageDescriptor(identity=bytes(32), token_offset=1, num_tokens=4)
+    request = generate_request("img", [1, 2, 3, 4, 5, 6], 2,
+                               multimodal=common_pb2.MultimodalInputs(images=[image]))
+    code, error = typed_error(_generate(engine, request))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert isinstance(error, UnsupportedError) and error.param == "multimodal"
+    bad = common_pb2.ImageDescriptor(identity=b"short", token_offset=1)
+    code, error = typed_error(_generate(engine, generate_request(
+        "img2", [1, 2, 3], 2, multimodal=common_pb2.MultimodalInputs(images=[bad]))))
+    assert isinstance(error, ValidationError) and "identity" in error.param
 
 
 def test_context_overflow_carries_counts_and_hint(engine):
