@@ -88,8 +88,18 @@ async def _serve(config: GatewayConfig) -> int:
     return 0 if server.started else 1
 
 
+class _DropColorMessage(logging.Filter):
+    """uvicorn attaches an ANSI-coloured copy of each message; keep our log lines plain."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.__dict__.pop("color_message", None)
+        return True
+
+
 def run_gateway(config: GatewayConfig) -> int:
     setup_logging("gateway", config.log_level, config.log_format)
+    for name in ("uvicorn", "uvicorn.error"):
+        logging.getLogger(name).addFilter(_DropColorMessage())
     return asyncio.run(_serve(config))
 
 
