@@ -82,7 +82,8 @@ class Launcher:
         if o.config_file:
             cmd += ["--config", o.config_file]
         if name == "imageprep":
-            cmd += ["--listen", self.addresses["imageprep"]]
+            # the core's image profile and preprocessor_config.json apply (only those are read)
+            cmd += ["--listen", self.addresses["imageprep"], "--model", o.model]
         elif name == "engine":
             cmd += ["--listen", self.addresses["engine"], "--model", o.model,
                     "--imageprep-address", self.addresses["imageprep"]]
