@@ -31,6 +31,8 @@ class EngineConfig(ServiceConfig):
     kv_cache_memory_fraction: float = option(0.9, "fraction of free device memory for the KV "
                                                   "cache when kv_cache_bytes is 0")
     num_snapshots: int = option(0, "checkpoint snapshot rows (0: 2 x max_num_seqs)")
+    cpu_threads: int = option(0, "torch intra-op threads of the engine core (0: torch's "
+                                 "default, one per core)")
     checkpoint_extra_fraction: float = option(
         0.05, "extra prefill work allowed for checkpoints at earlier message boundaries")
     context_hint: str = option("raise --max-model-len (engine) up to the model's context",
@@ -58,6 +60,8 @@ class EngineConfig(ServiceConfig):
         if self.kv_cache_bytes < 0 or not 0 < self.kv_cache_memory_fraction <= 1:
             raise ValidationError("kv_cache_bytes must be >= 0 and kv_cache_memory_fraction "
                                   "in (0, 1]", param="kv_cache_bytes")
+        if self.cpu_threads < 0:
+            raise ValidationError("cpu_threads must be >= 0", param="cpu_threads")
         if self.num_snapshots < 0:
             raise ValidationError("num_snapshots must be >= 0", param="num_snapshots")
         if self.dtype not in DTYPES:

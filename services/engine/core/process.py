@@ -46,6 +46,10 @@ def core_main(config: EngineConfig, connection: Connection) -> None:
     _die_with_parent()
     setup_logging("engine", config.log_level, config.log_format)
     outbox = Outbox(connection)
+    if config.cpu_threads:
+        import torch
+
+        torch.set_num_threads(config.cpu_threads)
     try:
         source = open_model(config.model, verify=())   # the servicer verified the files
         engine = build_engine(config, source)

@@ -11,6 +11,18 @@ from services.engine.sampling import SamplingParams
 from services.engine.scheduler.requests import EngineRequest, StopRules
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """The tiny models here are latency-bound: one intra-op thread avoids OpenMP barrier
+    stalls when the test machine is shared (the engine's own default stays torch's)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def demo_source(demo_core):
     return open_model(demo_core, verify=())

@@ -46,7 +46,8 @@ def start_engine(tmp_path, *extra: str, name: str = "engine") -> Iterator[Runnin
 
     address = f"unix://{tmp_path}/{name}.sock"
     args = ["serve", "engine", "--listen", address, "--model", str(demo_core()),
-            "--kv-cache-bytes", str(32 << 20), "--max-num-seqs", "8", *extra]
+            "--kv-cache-bytes", str(32 << 20), "--max-num-seqs", "8", "--cpu-threads", "1",
+            *extra]
     with ServiceProcess.start(args, tmp_path / f"{name}.log") as process:
         process.wait_grpc_serving(address, timeout=180)
         channel = grpc.insecure_channel(address)
