@@ -23,14 +23,18 @@ def validate(state: SchedulerState, completion: Completion) -> Step:
           f"{len(completion.results)} results for a step of {len(step.seqs)} sequences")
     vocab = state.config.vocab_size
     for result, planned in zip(completion.results, step.seqs, strict=True):
-        check(result.handle == planned.handle,
-              f"result for slot {result.handle}, the step ran {planned.handle}")
-        check(result.consumed == planned.end,
-              f"slot {planned.handle} consumed {result.consumed}, expected {planned.end}")
-        check((result.token_id is not None) == planned.sample,
-              f"slot {planned.handle}: a sampled token {'missing' if planned.sample else 'extra'}")
-        check(result.token_id is None or 0 <= result.token_id < vocab,
-              f"slot {planned.handle}: token {result.token_id} outside the vocabulary")
+        token = result.token_id
+        if (result.handle != planned.handle or result.consumed != planned.end or
+                (token is not None) != planned.sample or
+                (token is not None and not 0 <= token < vocab)):
+            check(result.handle == planned.handle,
+                  f"result for slot {result.handle}, the step ran {planned.handle}")
+            check(result.consumed == planned.end,
+                  f"slot {planned.handle} consumed {result.consumed}, expected {planned.end}")
+            check((token is not None) == planned.sample,
+                  f"slot {planned.handle}: a sampled token "
+                  f"{'missing' if planned.sample else 'extra'}")
+            check(False, f"slot {planned.handle}: token {token} outside the vocabulary")
     return step
 
 
