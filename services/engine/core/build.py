@@ -23,6 +23,7 @@ from services.engine.model import (
     kv_cache_bytes_per_page,
     load_model,
 )
+from services.engine.runner.base import Runner
 from services.engine.runner.memory import plan_layout
 from services.engine.runner.snapshots import SnapshotStore
 from services.engine.runner.torch_runner import TorchRunner
@@ -54,7 +55,7 @@ class CoreInfo:
 @dataclass(slots=True)
 class Engine:
     scheduler: Scheduler
-    runner: TorchRunner
+    runner: Runner
     info: CoreInfo
 
 

@@ -27,3 +27,13 @@ def test_batch_of_mixed_lengths_with_chunked_prefill():
         assert out[rid][0] == reference_tokens(prompt, 12, seed=3, vocab=VOCAB), rid
     kinds = {step.kind for step in runner.steps}
     assert "mixed" in kinds and max(s.num_tokens for s in runner.steps) <= 96
+
+
+def test_the_scheduler_never_imports_torch():
+    """Plain Python: the GPU runner may not leak device concerns into planning."""
+    import subprocess
+    import sys
+
+    code = ("import sys, services.engine.scheduler.scheduler, services.engine.prefix.cache; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
