@@ -26,9 +26,10 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from services.common.errors import InternalError
+from services.engine.prefix.blocks import BlockIndex
 from services.engine.prefix.history import BLOCK_TOKENS, PrefixHistory
 from services.engine.prefix.records import (
     Advance,
@@ -74,12 +75,6 @@ class CacheCounters:
     evicted: int = 0
 
 
-@dataclass(slots=True)
-class _Blocks:
-    counts: dict[bytes, int] = field(default_factory=dict)
-    events: list[BlockEvent] = field(default_factory=list)
-
-
 class PrefixCheckpointCache:
     def __init__(self, *, page_size: int, num_pages: int, num_snapshots: int) -> None:
         self.page_size = page_size
@@ -99,7 +94,7 @@ class PrefixCheckpointCache:
         self._reserved_snapshots: set[int] = set()
         self._retired: list[tuple[int, int, RetiredResources]] = []   # heap by fence
         self._completed = 0
-        self._blocks = _Blocks()
+        self._blocks = BlockIndex()
         self.num_cached_pages = 0        # tail pages of live checkpoints
         self.num_evictable_pages = 0     # tail pages of ready, unpinned checkpoints
         self.num_retired_pages = 0
@@ -307,8 +302,7 @@ class PrefixCheckpointCache:
 
     def take_block_events(self) -> list[BlockEvent]:
         """Blocks stored/removed since the last call (for SubscribePrefixEvents)."""
-        events, self._blocks.events = self._blocks.events, []
-        return events
+        return self._blocks.take_events()
 
     def cached_blocks(self) -> list[BlockEvent]:
         """Every ready checkpoint's blocks as stored events, parents first (replay)."""
@@ -351,7 +345,7 @@ class PrefixCheckpointCache:
             if not self._by_anchor[node.anchor]:
                 del self._by_anchor[node.anchor]
             self.num_evictable_pages -= len(node.tail_pages)
-            self._count_blocks(node, -1)
+            self._blocks.remove(node.block_keys, node.block_parent)
         self.num_cached_pages -= len(node.tail_pages)
         self.num_retired_pages += len(node.tail_pages)
         fence = max(node.last_use_fence, node.ready_fence)
@@ -379,33 +373,9 @@ class PrefixCheckpointCache:
                     self._by_anchor.setdefault(node.anchor, []).append(node)
                     if node.refs == 0:
                         self.num_evictable_pages += len(node.tail_pages)
-                    self._count_blocks(node, +1)
+                    self._blocks.add(node.block_keys, node.block_parent)
                     self.counters.published += 1
                     self._push_lru(node)
                     published.append(node.ref)
                     progress = True
         return tuple(published)
-
-    def _count_blocks(self, node: _Node, delta: int) -> None:
-        """Refcount the node's blocks; one event per run of blocks that appeared/vanished."""
-        counts = self._blocks.counts
-        run: list[bytes] = []
-        run_parent = b""
-        previous = node.block_parent
-        for key in node.block_keys:
-            before = counts.get(key, 0)
-            after = before + delta
-            if after:
-                counts[key] = after
-            else:
-                counts.pop(key, None)
-            if (before == 0) != (after == 0):
-                if not run:
-                    run_parent = previous
-                run.append(key)
-            elif run:
-                self._blocks.events.append(BlockEvent(delta > 0, tuple(run), run_parent))
-                run = []
-            previous = key
-        if run:
-            self._blocks.events.append(BlockEvent(delta > 0, tuple(run), run_parent))
