@@ -101,10 +101,14 @@ class EventStream:
     async def _next(self, timeout_s: float | None) -> _Item | None:
         if self._pending:
             return self._pending.popleft()
-        try:
-            item = await asyncio.wait_for(self._queue.get(), timeout_s)
-        except TimeoutError:
-            return None
+        if not self._queue.empty():           # the common case while tokens flow: no timer
+            item = self._queue.get_nowait()
+        else:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    item = await self._queue.get()
+            except TimeoutError:
+                return None
         if self.first_event_at is None and not isinstance(item, _Done):
             self.first_event_at = time.monotonic()
         return item
