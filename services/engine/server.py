@@ -84,6 +84,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self.config = config
         self.lifecycle = lifecycle
         self._event_sequence = 0
+        self._aborts: set[asyncio.Task[None]] = set()   # keep fire-and-forget aborts alive
 
     async def Generate(self, request, context) -> AsyncIterator[engine_pb2.EngineGenerateResponse]:
         core = self.lifecycle.core()
@@ -94,20 +95,26 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             raise ValidationError(f"request id {request_id!r} is already live",
                                   param="request_id")
         stream = core.open_stream(request_id)
-        admitted = False
+        rejected = False
         try:
-            yield wire.admitted_to_pb(await core.call("submit", engine_request))
-            admitted = True
+            try:
+                admitted = await core.call("submit", engine_request)
+            except HeliosError:
+                rejected = True
+                raise
+            yield wire.admitted_to_pb(admitted)
             while (update := await stream.next()) is not None:
                 yield wire.update_to_pb(update)
                 if stream.done:
                     break
         finally:
             core.close_stream(request_id)
-            if admitted and not stream.done:       # the caller went away: stop the request
+            # the caller went away (even while admission was in flight): stop the request
+            if not rejected and not stream.done and core.failure is None:
                 task = asyncio.get_running_loop().create_task(
                     self._abort_quietly(core, request_id))
-                task.add_done_callback(lambda _t: None)
+                self._aborts.add(task)
+                task.add_done_callback(self._aborts.discard)
 
     @staticmethod
     async def _abort_quietly(core: CoreClient, request_id: str) -> None:

@@ -4,6 +4,7 @@ hits, client cancel and Abort mid-stream (slot and pages come back, seen through
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 
@@ -151,3 +152,17 @@ def test_duplicate_live_request_id_is_refused(engine):
     finally:
         call.cancel()
     engine.wait_idle()
+
+
+def test_cancel_before_the_first_message_leaks_nothing(engine):
+    """A caller that leaves while admission is in flight must not leave a request running
+    (a leaked one would generate all of its 3000 tokens before the engine is idle again)."""
+    before = engine.wait_idle()
+    for i in range(5):
+        call = engine.stub.Generate(generate_request(f"early{i}", PROMPT, 3000), timeout=300)
+        time.sleep(0.002 * i)
+        call.cancel()
+    load = engine.wait_idle(timeout=300)
+    assert load.generation_tokens - before.generation_tokens < 3000
+    assert load.requests_admitted == (load.requests_completed + load.requests_cancelled +
+                                      load.requests_failed)
