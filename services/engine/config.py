@@ -50,8 +50,10 @@ class EngineConfig(ServiceConfig):
         if self.prefill_chunk_size < 64 or self.prefill_chunk_size % 64:
             raise ValidationError("prefill_chunk_size must be a positive multiple of 64",
                                   param="prefill_chunk_size")
-        if self.max_num_batched_tokens and self.max_num_batched_tokens < 64:
-            raise ValidationError("max_num_batched_tokens must be 0 or >= 64",
+        if self.max_num_batched_tokens and self.max_num_batched_tokens < max(
+                64, self.max_num_seqs):
+            raise ValidationError("max_num_batched_tokens must be 0 or at least 64 and "
+                                  "max_num_seqs (every live request decodes each step)",
                                   param="max_num_batched_tokens")
         if self.max_waiting < 0:
             raise ValidationError("max_waiting must be >= 0", param="max_waiting")

@@ -34,8 +34,8 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs must be >= 1 and max_waiting >= 0")
         if self.prefill_chunk_size < 64 or self.prefill_chunk_size % 64:
             raise ValueError("prefill_chunk_size must be a positive multiple of 64")
-        if self.max_num_batched_tokens < 64:
-            raise ValueError("max_num_batched_tokens must be >= 64")
+        if self.max_num_batched_tokens < max(64, self.max_num_seqs):
+            raise ValueError("max_num_batched_tokens must be >= 64 and >= max_num_seqs")
 
 
 def order_key(seq: Sequence) -> tuple[float, int, int]:
