@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import sys
 
 import torch
 
@@ -27,3 +29,25 @@ def patch_scalar_index() -> None:
 
     patched._helios_patched = True  # type: ignore[attr-defined]
     interpreter._patch_lang_tensor = patched
+
+
+def reload_kernel_modules() -> None:
+    """Triton picks interpreted or compiled kernels when a module defines them; redefine any
+    kernel module imported before TRITON_INTERPRET was set (kernel definitions first)."""
+    prefix = "services.engine.kernels."
+    loaded = [name for name in sys.modules if name.startswith(prefix)]
+    for name in sorted(loaded, key=lambda n: (not n.endswith("_kernel"), n)):
+        importlib.reload(sys.modules[name])
+    package = sys.modules.get("services.engine.kernels")
+    if package is not None:
+        for export in getattr(package, "_EXPORTS", {}):
+            package.__dict__.pop(export, None)  # cached by the package's __getattr__
+
+
+def interpreter_active() -> bool:
+    """Whether Triton's own library functions were defined for the interpreter (they are fixed
+    when triton.language is first imported)."""
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(tl.zeros, InterpretedFunction)

@@ -58,7 +58,7 @@ def _find_sequence(qsl_ptr, num_seqs, block, BLOCK_Q: tl.constexpr):
         start = tl.load(qsl_ptr + guess)
         end = tl.load(qsl_ptr + tl.minimum(guess + 1, num_seqs))
         owns = (start <= block) & ((guess == num_seqs) | (block < end))
-        if owns:
+        if owns:  # noqa: SIM108 (a run-time branch: the search runs only on a miss)
             seq = guess
         else:
             seq = _search_sequence(qsl_ptr, num_seqs, block, BLOCK_Q)
