@@ -81,7 +81,7 @@ class FakeRunner:
         results = []
         for s in step.seqs:
             state = b""
-            if s.token_ids:
+            if s.token_ids or (s.capture is not None and s.resume_snapshot is None):
                 prefix = [self.kv[s.page_ids[p // size]][p % size] for p in range(s.end)]
                 state = _fingerprint(prefix)
             if s.capture is not None:

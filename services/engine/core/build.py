@@ -98,7 +98,8 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
     kv = allocate_kv_cache(model_config, layout.num_pages, layout.page_size, device, dtype)
     snapshots = SnapshotStore(kv, layout.num_snapshots, model_config.hidden_size, dtype, device)
     eos = tuple(manifest.eos_token_ids)
-    runner = TorchRunner(model, kv, snapshots, eos_token_ids=eos)
+    runner = TorchRunner(model, kv, snapshots, num_slots=config.max_num_seqs,
+                         eos_token_ids=eos)
     resources = KVResources(num_pages=layout.num_pages, page_size=layout.page_size,
                             num_snapshots=layout.num_snapshots)
     scheduler_config = SchedulerConfig(

@@ -208,6 +208,7 @@ class EngineCore:
         return DrainResult(True, cancelled, "drained")
 
     def _cancel_all(self, reason: FinishReason) -> int:
+        self.scheduler.abandon_captures()
         updates = [u for rid in list(self.scheduler.state.requests)
                    if (u := self.scheduler.cancel(rid, reason)) is not None]
         self.outbox.publish(updates, ())

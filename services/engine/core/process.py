@@ -63,9 +63,9 @@ def core_main(config: EngineConfig, connection: Connection) -> None:
         outbox.close()
         sys.exit(1)
     session_id = uuid.uuid4().hex
-    outbox.send_now(Ready(engine.info, session_id))
     log.info("engine core ready", extra={"fields": {"pid": os.getpid(),
                                                     "session": session_id}})
+    outbox.send_now(Ready(engine.info, session_id))
     code = EngineCore(engine, connection, outbox, session_id).run()
     outbox.close()
     connection.close()

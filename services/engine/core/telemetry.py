@@ -162,9 +162,8 @@ def snapshot(scheduler: Scheduler, telemetry: Telemetry, query: LoadQuery, *,
         live = [seq for record in state.requests.values() for seq in record.seqs
                 if not seq.is_finished]
         rows = tuple(RequestRow(
-            slot=seq.handle.slot if seq.handle and seq.phase is Phase.RUNNING else 0,
-            generation=seq.handle.generation if seq.handle and seq.phase is Phase.RUNNING
-            else 0,
+            slot=seq.handle.slot if seq.handle and seq.is_resident else 0,
+            generation=seq.handle.generation if seq.handle and seq.is_resident else 0,
             phase=_phase(seq), prompt_consumed=min(seq.num_computed, seq.prompt_len),
             prompt_len=seq.prompt_len, output_tokens=len(seq.output_ids),
             gap_ms=(now - seq.last_progress) * 1e3,

@@ -41,7 +41,7 @@ class SlotSampling:
 
 class TorchRunner:
     def __init__(self, model: CausalLM, kv: KVCache, snapshots: SnapshotStore, *,
-                 eos_token_ids: tuple[int, ...] = ()) -> None:
+                 num_slots: int, eos_token_ids: tuple[int, ...] = ()) -> None:
         self.model = model
         self.kv = kv
         self.snapshots = snapshots
@@ -51,6 +51,10 @@ class TorchRunner:
         self.vocab_size = model.config.vocab_size
         self.eos_token_ids = eos_token_ids
         self._slots: dict[int, SlotSampling] = {}
+        # each slot's hidden state after its last fed token: a finished sequence's terminal
+        # checkpoint is captured from here in a later, zero-token step
+        self.last_hidden = torch.zeros((num_slots, model.config.hidden_size),
+                                       dtype=snapshots.hidden.dtype, device=self.device)
         self._done: collections.deque[Completion] = collections.deque()
         self._failure: BaseException | None = None
 
@@ -109,12 +113,22 @@ class TorchRunner:
         if inputs is not None:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv, inputs.meta)
             last_row = dict(zip(inputs.seq_indices, inputs.last_rows, strict=True))
+            slots = [step.seqs[i].handle.slot for i in inputs.seq_indices]
+            self.last_hidden.index_copy_(                                   # [B, H] rows
+                0, torch.tensor(slots, device=self.device),
+                hidden.index_select(0, torch.tensor(inputs.last_rows, device=self.device)))
         for index, seq in enumerate(step.seqs):
+            if seq.resume_snapshot is not None:
+                self.last_hidden[seq.handle.slot].copy_(
+                    self.snapshots.hidden[seq.resume_snapshot])
             if seq.capture is not None:
-                assert hidden is not None
                 c = seq.capture
-                self.snapshots.capture(c.snapshot_id, c.page_id, c.num_tokens,
-                                       hidden[last_row[index]])
+                if index in last_row:
+                    assert hidden is not None
+                    state = hidden[last_row[index]]
+                else:
+                    state = self.last_hidden[seq.handle.slot]
+                self.snapshots.capture(c.snapshot_id, c.page_id, c.num_tokens, state)
         sampled = self._sample(step, hidden, last_row)
         return tuple(SeqResult(seq.handle, seq.end, *sampled.get(index, (None, None)))
                      for index, seq in enumerate(step.seqs))

@@ -55,6 +55,10 @@ def apply_result(state: SchedulerState, step: Step, planned: SeqStep, result: Se
     if planned.capture is not None:
         _publish(state, seq, step.fence)
     seq.bump()
+    if seq.phase is Phase.CAPTURING:          # its terminal state is saved: retire it
+        release(state, seq)
+        seq.phase = Phase.FINISHED
+        return None
     if result.token_id is None:
         return None
     return _commit_token(state, seq, result, now)
@@ -105,20 +109,48 @@ def _commit_token(state: SchedulerState, seq: Sequence, result: SeqResult,
             seq.total_len >= state.config.max_model_len:
         reason = FinishReason.LENGTH
     logprobs = (result.logprobs,) if result.logprobs is not None else ()
-    if reason is not None:
+    if reason is not None and not begin_terminal_capture(state, seq, reason):
         finish(state, seq, reason)
     return ChoiceDelta(seq.request.request_id, seq.index, (token,), logprobs, reason, stop_token)
 
 
-def finish(state: SchedulerState, seq: Sequence, reason: FinishReason) -> None:
-    """End a choice now; its resources retire behind its last submitted step."""
-    if seq.phase is Phase.RUNNING:
+def finish(state: SchedulerState, seq: Sequence, reason: FinishReason | None) -> None:
+    """End a choice now (or drop its pending terminal capture); its resources retire behind
+    its last submitted step."""
+    if seq.is_resident:
         release(state, seq)
     elif seq in state.waiting:
         state.waiting.remove(seq)
     seq.phase = Phase.FINISHED
+    if seq.finish_reason is None:
+        seq.finish_reason = reason
+    seq.bump()
+
+
+def begin_terminal_capture(state: SchedulerState, seq: Sequence, reason: FinishReason) -> bool:
+    """Checkpoint a finished choice's exact consumed state (prompt + output but the last,
+    pending token): the next turn of the conversation starts with those tokens. Only choice 0,
+    only beyond the prompt, only when a snapshot row is obtainable; the caller is told the
+    choice finished now, and one zero-token step saves the state before the slot retires."""
+    res = state.resources
+    endpoint = seq.total_len - 1
+    start = seq.base.endpoint if seq.base else 0
+    size = res.page_size
+    if seq.index or seq.request.cancelled or endpoint <= max(start, seq.prompt_len):
+        return False
+    if any(page not in seq.private_pages for page in seq.page_ids[start // size:endpoint // size]):
+        return False
+    if not res.reclaim(snapshots=1):
+        return False
+    (row,) = res.snapshots.allocate(1)
+    history = seq.request.history
+    history.extend(seq.tokens(len(history), endpoint))
+    seq.target_snapshots[endpoint] = row
+    seq.targets = [endpoint]
+    seq.phase = Phase.CAPTURING
     seq.finish_reason = reason
     seq.bump()
+    return True
 
 
 def observe_duration(state: SchedulerState, step: Step, completion: Completion) -> None:

@@ -1,5 +1,6 @@
 """The token-budget policy: which resident sequences advance this step, and by how much.
 
+0. A finished choice that saves its terminal state runs a zero-token capture.
 1. Every resident sequence that is decoding (or resuming sampling from a snapshot) advances by
    one token (zero for a resume), oldest first.
 2. Sequences with prompt (or, after preemption, replayed) tokens left get chunks, oldest first:
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from services.engine.scheduler.plan import PlannedSeq
 from services.engine.scheduler.residency import drop_waiting_pins, preempt
-from services.engine.scheduler.sequence import Sequence
+from services.engine.scheduler.sequence import Phase, Sequence
 from services.engine.scheduler.state import SchedulerState, order_key
 
 MIN_CHUNK = 64
@@ -28,10 +29,12 @@ def select(state: SchedulerState) -> list[PlannedSeq]:
     config = state.config
     res = state.resources
     candidates = sorted((s for s in state.running.values() if not s.in_flight), key=order_key)
+    # finished choices saving their terminal state: zero tokens, no pages, free a slot soon
+    chosen = [_planned(s, 0) for s in candidates if s.phase is Phase.CAPTURING]
+    candidates = [s for s in candidates if s.phase is Phase.RUNNING]
     decoding = [s for s in candidates if s.resume_snapshot is not None or s.is_decoding]
     prefilling = [s for s in candidates if s not in decoding]
-    chosen: list[PlannedSeq] = []
-    chosen_seqs: set[int] = set()
+    chosen_seqs: set[int] = {id(state.running[p.handle.slot]) for p in chosen}
     budget = config.max_num_batched_tokens
     reserved = 0                                   # pages promised to chosen sequences
 
@@ -105,5 +108,5 @@ def _youngest_victim(state: SchedulerState, requester: Sequence,
     mine = order_key(requester)
     victims = [s for s in state.running.values()
                if id(s) not in chosen and s is not requester and not s.in_flight
-               and order_key(s) > mine]
+               and s.phase is Phase.RUNNING and order_key(s) > mine]
     return max(victims, key=order_key) if victims else None

@@ -119,13 +119,22 @@ class Scheduler:
             if not seq.is_finished:
                 completing.finish(self.state, seq, reason)
                 deltas.append(ChoiceDelta(request_id, seq.index, finish_reason=reason))
+            elif seq.phase is Phase.CAPTURING:
+                completing.finish(self.state, seq, None)
         self._retire_request(record)
         return RequestUpdate(request_id, tuple(deltas), self._usage(record), finished=True)
 
     def fail_all(self) -> list[RequestUpdate]:
         """Finish every live request with ERROR (the engine cannot continue)."""
+        self.abandon_captures()
         return [u for rid in list(self.state.requests)
                 if (u := self.cancel(rid, FinishReason.ERROR)) is not None]
+
+    def abandon_captures(self) -> None:
+        """Drop pending terminal captures (drain, shutdown): their choices already finished."""
+        for seq in list(self.state.running.values()):
+            if seq.phase is Phase.CAPTURING:
+                completing.finish(self.state, seq, None)
 
     # -- the step ---------------------------------------------------------------------------
     def plan(self) -> Plan | None:
@@ -177,7 +186,7 @@ class Scheduler:
             seq.restore = None
         end = start + num_tokens
         capture = None
-        if num_tokens and end in seq.target_snapshots:
+        if end in seq.target_snapshots and (num_tokens or seq.phase is Phase.CAPTURING):
             capture = Capture(seq.target_snapshots[end],
                               seq.page_ids[end // size] if end % size else -1, end % size)
         init = None
@@ -235,7 +244,8 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.state.requests) or bool(self.state.in_flight)
+        state = self.state
+        return bool(state.requests) or bool(state.running) or bool(state.in_flight)
 
     def _usage(self, record: RequestState) -> Usage:
         return Usage(len(record.request.prompt_token_ids), record.completion_tokens,
@@ -258,10 +268,12 @@ class Scheduler:
 
 
 def _step_kind(seqs: tuple[SeqStep, ...]) -> str:
-    decode = sum(1 for s in seqs if s.sample and len(s.token_ids) == 1 and s.output_index > 0)
-    resume = sum(1 for s in seqs if not s.token_ids)
-    if resume == len(seqs):
-        return "resume"
-    if decode + resume == len(seqs):
+    """decode, prefill or mixed by the fed tokens; resume (sampling from snapshots only) and
+    snapshot (terminal captures only) for steps that feed none."""
+    fed = [s for s in seqs if s.token_ids]
+    if not fed:
+        return "resume" if any(s.sample for s in seqs) else "snapshot"
+    decode = sum(1 for s in fed if s.sample and len(s.token_ids) == 1 and s.output_index > 0)
+    if decode == len(fed):
         return "decode"
     return "prefill" if decode == 0 else "mixed"

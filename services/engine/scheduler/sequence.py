@@ -17,6 +17,7 @@ class Phase(enum.Enum):
     QUEUED = "queued"          # waiting for a slot (never ran)
     PREEMPTED = "preempted"    # waiting for a slot again; generated tokens kept
     RUNNING = "running"        # resident in a slot (prefill or decode: see counts)
+    CAPTURING = "capturing"    # finished for the caller; one step saves its terminal state
     FINISHED = "finished"      # done; resources retire behind `last_fence`
 
 
@@ -73,7 +74,12 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
-        return self.phase is Phase.FINISHED
+        """Finished for the caller (its last token and finish reason were reported)."""
+        return self.finish_reason is not None
+
+    @property
+    def is_resident(self) -> bool:
+        return self.phase is Phase.RUNNING or self.phase is Phase.CAPTURING
 
     def bump(self) -> None:
         self.epoch += 1

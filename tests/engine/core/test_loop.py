@@ -99,9 +99,10 @@ def test_submit_runs_to_completion_and_load_reports_it(harness):
     assert load.completions == ()      # telemetry was off until this query asked for it
     h.call("submit", request("b", prompt_of(20), 3))
     h.pump(lambda: h.finished("b"))
+    h.pump(lambda: not h.scheduler.has_work)     # the terminal capture step too
     load = h.call("load", LoadQuery(completions_after=0))
     kinds = [record.kind for record in load.completions]
-    assert kinds[0] == "prefill" and kinds.count("decode") == 2
+    assert kinds == ["prefill", "decode", "decode", "snapshot"]
     assert sum(r.output_tokens for r in load.completions) == 3
     assert load.completions[0].prompt_tokens == 20
     sequences = [r.sequence for r in load.completions]
@@ -124,8 +125,12 @@ def test_drain_cancels_waits_for_the_last_step_and_releases_the_cache(harness):
     h = harness()
     h.call("submit", request("done", prompt_of(30), 2))
     h.pump(lambda: h.finished("done"))
+    h.runner.gate = threading.Event()              # hold the loop inside slow's first step
     h.call("submit", request("slow", prompt_of(30), 900))
-    result = h.call("drain", 0.0)
+    drain = h.send("drain", 0.0)
+    h.runner.gate.set()
+    h.pump(lambda: drain in h.replies)
+    result = h.replies[drain].value
     assert result.drained and result.cancelled_requests == 1
     assert h.finished("slow")
     res = h.scheduler.state.resources
@@ -138,10 +143,13 @@ def test_a_drain_that_cannot_confirm_keeps_resources(harness):
     h = harness()
     h.call("submit", request("done", prompt_of(30), 2))
     h.pump(lambda: h.finished("done"))
+    h.pump(lambda: not h.scheduler.has_work)
+    cached = h.scheduler.state.resources.cache.num_checkpoints
+    assert cached == 2                           # the prompt and the terminal state
     h.runner.drain_ok = False
     result = h.call("drain", 0.0)
     assert not result.drained and "kept" in result.message
-    assert h.scheduler.state.resources.cache.num_checkpoints == 1
+    assert h.scheduler.state.resources.cache.num_checkpoints == cached
 
 
 def test_a_failing_step_fails_every_request_and_ends_with_exit_1(harness):

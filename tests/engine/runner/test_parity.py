@@ -83,6 +83,13 @@ def test_full_and_partial_prefix_hits(demo_source, expected, hf_demo):
     out = _run(engine, [greedy_request("partial", other, 8, ends=(40,))])
     assert out["partial"][0] == hf_greedy(hf_demo, other, 8)[0]
     assert engine.scheduler.state.resources.cache.counters.reused_tokens == 75 + 40
+    # the next turn of the first conversation reuses its terminal state (prompt + output but
+    # the last token), captured after it finished
+    first = expected(75, 7, 8)[0]
+    turn2 = prompt + first[:-1] + _prompt(12, 9)
+    out = _run(engine, [greedy_request("turn2", turn2, 6, ends=(75 + 7,))])
+    assert out["turn2"][0] == hf_greedy(hf_demo, turn2, 6)[0]
+    assert engine.scheduler.state.resources.cache.counters.reused_tokens == 75 + 40 + 82
 
 
 def test_preemption_and_resume(demo_source, expected):

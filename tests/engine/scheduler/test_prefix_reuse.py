@@ -50,8 +50,9 @@ def test_prefill_stops_at_each_selected_checkpoint():
     # the prompt end, the last and the first message boundary are checkpoints
     assert 40 in ends and 250 in ends and 300 in ends
     captured = [s.seqs[0].capture.num_tokens for s in runner.steps if s.seqs[0].capture]
-    assert captured == [40 % 4, 250 % 4, 300 % 4]
-    assert scheduler.state.resources.cache.num_checkpoints == 3
+    # ... and, after it finished, the terminal state: prompt + output but the last token
+    assert captured == [40 % 4, 250 % 4, 300 % 4, 301 % 4]
+    assert scheduler.state.resources.cache.num_checkpoints == 4
 
 
 def test_n_choices_share_the_prompt_pages():
@@ -77,6 +78,46 @@ def test_identical_concurrent_prompts_publish_once():
     out = run_until_idle(scheduler, runner)
     assert out["b"][0] == reference_tokens(prompt, 3, seed=5, vocab=VOCAB)
     cache = scheduler.state.resources.cache
-    assert cache.counters.duplicates == 1 and cache.num_checkpoints == 1
+    # one prompt checkpoint (the second proposal found it existing) + two terminal states
+    assert cache.counters.duplicates == 1 and cache.num_checkpoints == 3
     pool = scheduler.state.resources.pages
     assert pool.num_free + cache.num_cached_pages == pool.capacity
+
+
+def test_terminal_state_serves_the_next_turn():
+    """A finished choice checkpoints prompt + output (but its last, pending token): the next
+    turn, which repeats them and adds a message, reuses all of it."""
+    scheduler, runner = make_engine()
+    prompt = prompt_of(70)
+    scheduler.admit(request("turn1", prompt, 10))
+    out = run_until_idle(scheduler, runner)["turn1"][0]
+    assert out == reference_tokens(prompt, 10, vocab=VOCAB)
+    capture_step = runner.steps[-1]
+    assert capture_step.num_tokens == 0 and capture_step.seqs[0].capture is not None
+    second = prompt + out[:-1] + prompt_of(20, salt=5)
+    admitted = scheduler.admit(request("turn2", second, 6))
+    assert admitted.usage.cached_tokens == 79
+    before = len(runner.steps)
+    result = run_until_idle(scheduler, runner)["turn2"][0]
+    assert result == reference_tokens(second, 6, vocab=VOCAB)
+    assert runner.steps[before].seqs[0].start == 79
+
+
+def test_no_terminal_capture_for_a_single_token_or_after_abandon():
+    scheduler, runner = make_engine()
+    scheduler.admit(request("one", prompt_of(30), 1))
+    run_until_idle(scheduler, runner)
+    assert scheduler.state.resources.cache.num_checkpoints == 1       # the prompt end only
+    scheduler.admit(request("two", prompt_of(30, salt=3), 4))
+    from tests.engine.fakes import run_step
+
+    while scheduler.state.requests:
+        run_step(scheduler, runner)                # up to the finishing token
+    (seq,) = scheduler.state.running.values()
+    assert seq.phase.value == "capturing" and seq.is_finished
+    scheduler.abandon_captures()                   # e.g. a drain
+    assert not scheduler.has_work
+    res = scheduler.state.resources
+    assert res.cache.num_checkpoints == 2          # two prompt ends, no terminal state
+    assert res.pages.num_free + res.cache.num_cached_pages == res.pages.capacity
+    assert res.snapshots.num_free + res.cache.num_checkpoints == res.snapshots.capacity

@@ -79,7 +79,7 @@ def test_capacity_errors_carry_the_hint(tmp_path, demo_core):
             calls.append(engine.stub.Generate(generate_request(f"q{i}", [5] * 10, 500),
                                               timeout=300))
             next(calls[-1])
-        assert engine.load().num_waiting == 1
+        assert engine.load().num_waiting >= 1       # q2 (and q1 if preempted for pages)
         code, error = typed_error(_generate(engine, generate_request("over", [5] * 10, 5)))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and isinstance(error, CapacityError)
         assert error.retry_after_s == 1.0 and "queue" in error.message
