@@ -167,31 +167,51 @@ async def grpc_request(client: FrontendClient, model: str, text: str, output_len
     return sample or Sample(ttft_s=time.perf_counter() - start)
 
 
-async def http_request(http: httpx.AsyncClient, model: str, text: str, output_len: int,
+async def http_request(target: tuple[str, int], model: str, text: str, output_len: int,
                        seed: int) -> Sample:
-    body = {"model": model, "stream": True, "max_tokens": output_len, "temperature": 1.0,
-            "seed": seed,
-            "ignore_eos": True, "messages": [{"role": "user", "content": text}],
-            "chat_template_kwargs": {"enable_thinking": False}}
+    """One streamed chat completion over a raw HTTP/1.1 connection.
+
+    A deliberately thin client (no httpx, no JSON parsing of chunks): at hundreds of streams a
+    full Python HTTP client costs more CPU than the gateway itself and would measure itself.
+    A chunk carries a token when its delta has non-empty content / reasoning / tool calls.
+    """
+    body = json.dumps({"model": model, "stream": True, "max_tokens": output_len,
+                       "temperature": 1.0, "seed": seed, "ignore_eos": True,
+                       "messages": [{"role": "user", "content": text}],
+                       "chat_template_kwargs": {"enable_thinking": False}}).encode()
+    host, port = target
     start = time.perf_counter()
-    sample, last = None, 0.0
-    async with http.stream("POST", "/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"HTTP {response.status_code}: {await response.aread()!r}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            delta = chunk["choices"][0]["delta"] if chunk["choices"] else {}
-            if delta.get("content") or delta.get("reasoning") or delta.get("tool_calls"):
-                now = time.perf_counter()
-                if sample is None:
-                    sample = Sample(ttft_s=now - start)
-                else:
-                    sample.itl_s.append(now - last)
-                sample.tokens += 1
-                last = now
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: %s\r\n"
+                     b"content-type: application/json\r\ncontent-length: %d\r\n"
+                     b"connection: close\r\n\r\n%s" % (host.encode(), len(body), body))
+        head = await reader.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(head.split(b"\r\n", 1)[0].decode())
+        sample, last, buffer = None, 0.0, b""
+        while True:
+            size = int((await reader.readline()).strip() or b"0", 16)   # chunked encoding
+            if size == 0:
+                break
+            buffer += (await reader.readexactly(size + 2))[:-2]
+            *events, buffer = buffer.split(b"\n\n")
+            now = time.perf_counter()
+            for event in events:
+                if _TOKEN_MARKS[0] in event or _TOKEN_MARKS[1] in event or \
+                        _TOKEN_MARKS[2] in event:
+                    if sample is None:
+                        sample = Sample(ttft_s=now - start)
+                    else:
+                        sample.itl_s.append(now - last)
+                    sample.tokens += 1
+                    last = now
+    finally:
+        writer.close()
     return sample or Sample(ttft_s=time.perf_counter() - start)
+
+
+_TOKEN_MARKS = (b'"delta":{"content":"', b'"reasoning":"', b'"tool_calls":[')
 
 
 async def run_level(name: str, concurrency: int, count: int, make) -> PathStats:
@@ -216,53 +236,53 @@ async def run_level(name: str, concurrency: int, count: int, make) -> PathStats:
 async def measure(args: argparse.Namespace, url: str, frontend: str) -> list[dict]:
     channel = open_channel(frontend)
     client = FrontendClient(channel)
-    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+    parsed = httpx.URL(url)
+    http = (parsed.host, parsed.port or 80)
     results = []
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
-        # Warm both paths (first requests load code paths and fill the allocator).
-        await grpc_request(client, args.model_name, prompt(0, "warm", 0, 8), 4, 0)
-        await http_request(http, args.model_name, prompt(0, "warm", 1, 8), 4, 0)
-        for level in args.concurrency:
-            count = max(args.min_requests, args.per_stream * level)
-            merged = {"grpc": PathStats(), "http": PathStats()}
-            for round_number in range(args.rounds):
-                base = round_number * count
-                for name in ("grpc", "http"):
-                    def make(number: int, name: str = name, level: int = level,
-                             base: int = base):
-                        text = prompt(level, name, base + number, args.input_words)
-                        if name == "grpc":
-                            return grpc_request(client, args.model_name, text, args.output_len,
-                                                number)
-                        return http_request(http, args.model_name, text, args.output_len, number)
+    # Warm both paths (first requests load code paths and fill the allocator).
+    await grpc_request(client, args.model_name, prompt(0, "warm", 0, 8), 4, 0)
+    await http_request(http, args.model_name, prompt(0, "warm", 1, 8), 4, 0)
+    for level in args.concurrency:
+        count = max(args.min_requests, args.per_stream * level)
+        merged = {"grpc": PathStats(), "http": PathStats()}
+        for round_number in range(args.rounds):
+            base = round_number * count
+            for name in ("grpc", "http"):
+                def make(number: int, name: str = name, level: int = level,
+                         base: int = base):
+                    text = prompt(level, name, base + number, args.input_words)
+                    if name == "grpc":
+                        return grpc_request(client, args.model_name, text, args.output_len,
+                                            number)
+                    return http_request(http, args.model_name, text, args.output_len, number)
 
-                    stats = await run_level(name, level, count, make)
-                    total = merged[name]
-                    total.requests += stats.requests
-                    total.failed += stats.failed
-                    total.duration_s += stats.duration_s
-                    total.ttft_s += stats.ttft_s
-                    total.itl_s += stats.itl_s
-                    total.tokens += stats.tokens
-            row = {"concurrency": level, "requests_per_path": count * args.rounds}
-            for name, stats in merged.items():
-                row[name] = {"requests": stats.requests, "failed": stats.failed,
-                             "ttft_p50_ms": pct(stats.ttft_s, 0.5),
-                             "ttft_p99_ms": pct(stats.ttft_s, 0.99),
-                             "itl_p50_ms": pct(stats.itl_s, 0.5),
-                             "itl_p99_ms": pct(stats.itl_s, 0.99),
-                             "itl_mean_ms": statistics.fmean(stats.itl_s) * 1000
-                             if stats.itl_s else float("nan"),
-                             "output_tok_s": stats.tokens / stats.duration_s
-                             if stats.duration_s else 0.0}
-            row["added_ttft_p50_ms"] = row["http"]["ttft_p50_ms"] - row["grpc"]["ttft_p50_ms"]
-            row["added_itl_p50_ms"] = row["http"]["itl_p50_ms"] - row["grpc"]["itl_p50_ms"]
-            row["added_itl_mean_ms"] = row["http"]["itl_mean_ms"] - row["grpc"]["itl_mean_ms"]
-            results.append(row)
-            print(f"C={level:<4} grpc ttft p50 {row['grpc']['ttft_p50_ms']:8.2f} ms, "
-                  f"http {row['http']['ttft_p50_ms']:8.2f} ms; itl p50 "
-                  f"{row['grpc']['itl_p50_ms']:.2f} / {row['http']['itl_p50_ms']:.2f} ms",
-                  flush=True)
+                stats = await run_level(name, level, count, make)
+                total = merged[name]
+                total.requests += stats.requests
+                total.failed += stats.failed
+                total.duration_s += stats.duration_s
+                total.ttft_s += stats.ttft_s
+                total.itl_s += stats.itl_s
+                total.tokens += stats.tokens
+        row = {"concurrency": level, "requests_per_path": count * args.rounds}
+        for name, stats in merged.items():
+            row[name] = {"requests": stats.requests, "failed": stats.failed,
+                         "ttft_p50_ms": pct(stats.ttft_s, 0.5),
+                         "ttft_p99_ms": pct(stats.ttft_s, 0.99),
+                         "itl_p50_ms": pct(stats.itl_s, 0.5),
+                         "itl_p99_ms": pct(stats.itl_s, 0.99),
+                         "itl_mean_ms": statistics.fmean(stats.itl_s) * 1000
+                         if stats.itl_s else float("nan"),
+                         "output_tok_s": stats.tokens / stats.duration_s
+                         if stats.duration_s else 0.0}
+        row["added_ttft_p50_ms"] = row["http"]["ttft_p50_ms"] - row["grpc"]["ttft_p50_ms"]
+        row["added_itl_p50_ms"] = row["http"]["itl_p50_ms"] - row["grpc"]["itl_p50_ms"]
+        row["added_itl_mean_ms"] = row["http"]["itl_mean_ms"] - row["grpc"]["itl_mean_ms"]
+        results.append(row)
+        print(f"C={level:<4} grpc ttft p50 {row['grpc']['ttft_p50_ms']:8.2f} ms, "
+              f"http {row['http']['ttft_p50_ms']:8.2f} ms; itl p50 "
+              f"{row['grpc']['itl_p50_ms']:.2f} / {row['http']['itl_p50_ms']:.2f} ms",
+              flush=True)
     await channel.close()
     return results
 
