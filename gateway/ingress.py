@@ -36,6 +36,7 @@ Scope = dict[str, Any]
 Message = dict[str, Any]
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+OFFLOAD_BYTES = 1 << 20
 _REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,200}$")
 
 
@@ -90,7 +91,8 @@ class Ingress:
             if isinstance(body, HttpError):
                 await self._send_error(send, path, request_id, body)
                 return
-            invalid = check_unicode(body)
+            invalid = check_unicode(body) if len(body) < OFFLOAD_BYTES else \
+                await asyncio.to_thread(check_unicode, body)   # big image bodies: off the loop
             if invalid is not None:
                 await self._send_error(send, path, request_id, self._http(invalid))
                 return

@@ -35,6 +35,8 @@ from services.common.errors import HeliosError, NotFoundError, ValidationError
 
 router = APIRouter()
 
+_ITEM_PREFIX = {"function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
+
 
 async def _history(state: GatewayState, previous_id: str | None) -> list[ChatMessage]:
     if not previous_id:
@@ -57,8 +59,8 @@ def _generation(body: ResponsesRequest, response_id: str,
                      chat_template_kwargs_json=template_kwargs(None, effort))
     sampling = Sampling(temperature=body.temperature, top_p=body.top_p,
                         max_tokens=body.max_output_tokens,
-                        logprobs=body.top_logprobs is not None,
-                        top_logprobs=body.top_logprobs or 0)
+                        logprobs=body.logprobs_top is not None,
+                        top_logprobs=body.logprobs_top or 0)
     return GenerationRequest(request_id=response_id, model=body.model, input=chat,
                              sampling=sampling, response_format=body.response_format(),
                              parse_tool_calls=False if choice.mode is Mode.NONE else None)
@@ -80,7 +82,8 @@ async def _store(state: GatewayState, body: ResponsesRequest, builder: ResponseB
                  conversation: list[ChatMessage]) -> None:
     if body.store is False:
         return
-    items = [dict(item, id=item.get("id") or new_id("msg_")) for item in body.input_items()]
+    items = [dict(item, id=item.get("id") or new_id(_ITEM_PREFIX.get(item.get("type"), "msg_")))
+             for item in body.input_items()]
     history = [*conversation, _output_message(builder)] if builder.status != "failed" \
         else conversation
     await state.store.put(StoredResponse(id=builder.id, response=builder.response(),

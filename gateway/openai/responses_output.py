@@ -200,7 +200,7 @@ class ResponseBuilder:
             events = self._ensure("message")
             part = self.open["content"][0]  # type: ignore[index]
             part["text"] += event.text
-            logprobs = _logprobs(event.logprobs, self.body.top_logprobs)
+            logprobs = _logprobs(event.logprobs, self.body.logprobs_top)
             part["logprobs"].extend(logprobs)
             return [*events, self._event("response.output_text.delta", **self._ids(), content_index=0, delta=event.text, logprobs=logprobs)]
         if isinstance(event, ReasoningDelta):

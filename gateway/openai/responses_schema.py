@@ -145,6 +145,16 @@ class ResponsesRequest(ApiModel):
     user: str | None = None
     truncation: str | None = None
 
+    @property
+    def logprobs_top(self) -> int | None:
+        """Alternatives per output token when logprobs are asked for (`top_logprobs`, or
+        `include: ["message.output_text.logprobs"]`), else None."""
+        if self.top_logprobs is not None:
+            return self.top_logprobs
+        if "message.output_text.logprobs" in (self.include or ()):
+            return 0
+        return None
+
     def check_supported(self) -> None:
         if self.background:
             raise UnsupportedError("background responses are not supported", param="background")

@@ -200,3 +200,18 @@ def test_metrics(gateway):
     assert "helios_gateway_admission_capacity 320.0" in text
     assert "helios_gateway_active_requests" in text
     assert "secret-id" not in text and "prompt words" not in text
+
+
+def test_large_bodies_are_checked_off_the_event_loop(gateway, frontend):
+    """Over 1 MiB the UTF-8 / surrogate check runs in a thread; same answers."""
+    url = "data:image/png;base64," + "A" * (3 << 20)
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "ok"}]}]}
+    assert httpx.post(gateway.url + "/v1/chat/completions", json=body,
+                      timeout=60).status_code == 200
+    body["messages"][0]["content"][1]["text"] = "\ud800"
+    response = httpx.post(gateway.url + "/v1/chat/completions", timeout=60,
+                          content=json.dumps(body).encode(),
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "messages[0].content[1].text"

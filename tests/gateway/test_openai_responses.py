@@ -149,3 +149,17 @@ def test_redis_store_is_shared_by_replicas(fake_frontend, redis_url):
         second.responses.delete(created.id)
         with pytest.raises(openai.NotFoundError):
             first.responses.retrieve(created.id)
+
+
+def test_logprobs_on_request(client, frontend):
+    response = client.responses.create(model="m", input="x",
+                                       include=["message.output_text.logprobs"])
+    assert frontend.requests[-1].sampling.logprobs
+    logprobs = response.output[0].content[0].logprobs
+    assert [lp.token for lp in logprobs] == ["Hello", " from", " Helios"]
+    assert logprobs[0].top_logprobs == []
+    response = client.responses.create(model="m", input="x", top_logprobs=2)
+    assert [t.token for t in response.output[0].content[0].logprobs[0].top_logprobs] == \
+        ["Hello", "x"]
+    plain = client.responses.create(model="m", input="x")
+    assert plain.output[0].content[0].logprobs == []
