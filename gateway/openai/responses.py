@@ -82,7 +82,7 @@ async def _store(state: GatewayState, body: ResponsesRequest, builder: ResponseB
                  conversation: list[ChatMessage]) -> None:
     if body.store is False:
         return
-    items = [dict(item, id=item.get("id") or new_id(_ITEM_PREFIX.get(item.get("type"), "msg_")))
+    items = [dict(item, id=item.get("id") or new_id(_ITEM_PREFIX.get(str(item.get("type")), "msg_")))
              for item in body.input_items()]
     history = [*conversation, _output_message(builder)] if builder.status != "failed" \
         else conversation
