@@ -72,14 +72,17 @@ def _publish(state: SchedulerState, seq: Sequence, fence: int) -> None:
     start = seq.base.endpoint if seq.base else 0
     size = res.page_size
     tail = seq.page_ids[start // size:endpoint // size]
-    if any(page not in seq.private_pages for page in tail):   # never expected; be safe
+    if any(page not in seq.private_pages for page in tail):   # never expected: skip it
         res.retire_snapshots([row], fence)
         return
     publication = res.cache.publish(seq.request.history, endpoint, seq.base, tail, row, fence)
-    if publication.outcome is PublishOutcome.CREATED:
-        seq.private_pages.difference_update(tail)
-    else:
-        res.retire_snapshots([row], fence)       # the existing checkpoint serves; row is ours
+    if publication.outcome is PublishOutcome.EXISTING:
+        # An equal checkpoint serves lookups already. The sequence keeps its own pages (no
+        # remapping) and its base: pinning the duplicate would hold pages it never reads, and
+        # its next checkpoint can chain from its base over its still-private pages.
+        res.retire_snapshots([row], fence)
+        return
+    seq.private_pages.difference_update(tail)
     new_pin = res.cache.pin(publication.checkpoint)
     res.cache.mark_used(publication.checkpoint, fence)
     for pin in seq.pins:

@@ -92,3 +92,18 @@ def test_no_starvation_long_prompts_progress_among_many_short_decodes():
                                                    vocab=VOCAB)
     # each long prompt's prefill ran in consecutive steps of one chunk: ceil(400 / 64) = 7
     assert sorted(prefill_steps.values())[-3:] == [7, 7, 7]
+
+
+def test_a_duplicate_checkpoint_is_not_held_by_the_sequence_that_proposed_it():
+    """Two identical prompts prefill together: one publishes the prompt checkpoint, the other
+    finds it existing and keeps its own pages. It must not also pin the duplicate, or a pool
+    sized for one such sequence could never give it the pages it needs next (found by the
+    random workload test)."""
+    scheduler, runner = make_engine(num_pages=60, page_size=1, max_num_seqs=2)
+    prompt = prompt_of(29)
+    scheduler.admit(request("a", prompt, 1))
+    scheduler.admit(request("b", prompt, 4, seed=1))
+    out = run_until_idle(scheduler, runner)
+    assert out["b"][0] == reference_tokens(prompt, 4, seed=1, vocab=VOCAB)
+    assert scheduler.state.resources.cache.counters.duplicates == 1
+    assert scheduler.state.resources.cache.counters.evicted >= 1
