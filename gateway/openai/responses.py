@@ -8,6 +8,7 @@ silently ignored. The stream is named events with increasing `sequence_number`, 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -33,6 +34,7 @@ from gateway.sse import (
 from gateway.state import GatewayState, gateway_state
 from services.common.errors import HeliosError, NotFoundError, ValidationError
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 
 _ITEM_PREFIX = {"function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
@@ -86,9 +88,13 @@ async def _store(state: GatewayState, body: ResponsesRequest, builder: ResponseB
              for item in body.input_items()]
     history = [*conversation, _output_message(builder)] if builder.status != "failed" \
         else conversation
-    await state.store.put(StoredResponse(id=builder.id, response=builder.response(),
-                                         input_items=items,
-                                         history=[message_to_dict(m) for m in history]))
+    try:
+        await state.store.put(StoredResponse(id=builder.id, response=builder.response(),
+                                             input_items=items,
+                                             history=[message_to_dict(m) for m in history]))
+    except HeliosError as exc:
+        # The client still gets the response it paid for; only its later retrieval fails.
+        log.error("could not store response %s: %s", builder.id, exc.display_message)
 
 
 @router.post("/v1/responses", tags=["openai"])

@@ -163,3 +163,22 @@ def test_logprobs_on_request(client, frontend):
         ["Hello", "x"]
     plain = client.responses.create(model="m", input="x")
     assert plain.output[0].content[0].logprobs == []
+
+
+def test_redis_outage_keeps_the_answer_and_fails_retrieval_with_503(fake_frontend, tmp_path):
+    from tests.support.redis_server import RedisServer
+
+    with RedisServer.start(tmp_path / "redis") as redis_server:
+        config = GatewayConfig(frontend_address=fake_frontend.address,
+                               redis_url=redis_server.url)
+        with GatewayThread(config) as gw:
+            client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+            stored = client.responses.create(model="m", input="before")
+            redis_server.stop()
+            # Generation does not depend on the table: the answer still arrives.
+            response = client.responses.create(model="m", input="during the outage")
+            assert response.output_text == "Hello from Helios"
+            with pytest.raises(openai.InternalServerError) as info:
+                client.responses.retrieve(stored.id)
+            assert info.value.status_code == 503
+            assert info.value.response.headers["retry-after"]
