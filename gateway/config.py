@@ -10,6 +10,8 @@ from services.common.errors import ValidationError
 
 @dataclass(frozen=True)
 class GatewayConfig(CommonConfig):
+    """The HTTP gateway: OpenAI, Anthropic and Ollama APIs in front of the frontend's gRPC."""
+
     host: str = option("127.0.0.1", "HTTP bind address")
     port: int = option(8000, "HTTP port")
     frontend_address: str = option("127.0.0.1:50051", "frontend gRPC address")
