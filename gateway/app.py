@@ -24,7 +24,7 @@ from gateway.anthropic.messages import router as anthropic_router
 from gateway.config import GatewayConfig
 from gateway.errors import HttpError, error_body, http_error, protocol_for_path, route_error
 from gateway.ingress import Ingress
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, scrape_upstreams
 from gateway.ollama.routes import router as ollama_router
 from gateway.openai.chat import router as chat_router
 from gateway.openai.completions import router as completions_router
@@ -33,6 +33,7 @@ from gateway.openai.responses import router as responses_router
 from gateway.state import GatewayState
 from gateway.validation import validation_error
 from services.common.errors import HeliosError, InternalError
+from services.common.metrics import merge_exposition
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,12 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
     @app.get("/metrics", tags=["ops"])
     async def prometheus() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        # The gateway's own metrics, then (single-node runs) every upstream service's.
+        body = metrics.render()
+        if config.metrics_upstreams:
+            body = merge_exposition([body.decode(), *await scrape_upstreams(
+                config.metrics_upstreams)])
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     for router in (models_router, chat_router, completions_router, responses_router,
                    anthropic_router, ollama_router):

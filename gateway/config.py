@@ -29,6 +29,8 @@ class GatewayConfig(CommonConfig):
     responses_ttl_s: int = option(7 * 24 * 3600, "lifetime of stored /v1/responses objects")
     responses_max_entries: int = option(10_000, "stored responses kept in memory (no Redis)")
     ollama_version: str = option("0.12.0", "version reported by /api/version")
+    metrics_upstreams: tuple[str, ...] = option(
+        (), "other services' /metrics URLs that /metrics appends (single-node picture)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -48,6 +50,10 @@ class GatewayConfig(CommonConfig):
             raise ValidationError("sse_keepalive_s must be > 0", param="sse_keepalive_s")
         if self.responses_ttl_s < 1:
             raise ValidationError("responses_ttl_s must be >= 1", param="responses_ttl_s")
+        for url in self.metrics_upstreams:
+            if not url.startswith(("http://", "https://")):
+                raise ValidationError(f"metrics upstream {url!r} is not an http(s) URL",
+                                      param="metrics_upstreams")
         if self.responses_max_entries < 1:
             raise ValidationError("responses_max_entries must be >= 1",
                                   param="responses_max_entries")

@@ -62,3 +62,22 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+async def scrape_upstreams(urls: tuple[str, ...], timeout_s: float = 2.0) -> list[str]:
+    """The /metrics texts of the other services (single-node runs); an upstream that does not
+    answer is left out of this scrape rather than failing it."""
+    import asyncio
+
+    import httpx
+
+    async def one(client: httpx.AsyncClient, url: str) -> str:
+        try:
+            response = await client.get(url)
+        except httpx.HTTPError:
+            return ""
+        return response.text if response.status_code == 200 else ""
+
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+        texts = await asyncio.gather(*(one(client, url) for url in urls))
+    return [text for text in texts if text]

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,12 @@ class RunOptions:
     extra: dict[str, list[str]] = field(default_factory=dict)  # per-service extra flags
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _set_parent_death_signal() -> None:
     """Child preexec: own process group (the terminal's Ctrl-C reaches only the launcher, which
     stops services in order) and SIGTERM when the launcher dies (Linux prctl)."""
@@ -67,6 +74,9 @@ class Launcher:
             name: f"unix://{self.runtime_dir / (name + '.sock')}"
             for name in ("imageprep", "engine", "frontend")
         }
+        # Each gRPC service serves Prometheus text on a loopback port; the gateway's /metrics
+        # appends them, so one scrape of the gateway shows the whole single-node picture.
+        self.metrics_ports = {name: _free_port() for name in self.addresses}
         self.processes: dict[str, subprocess.Popen] = {}
         self._stop = threading.Event()
         self._first_signal_at: float | None = None
@@ -81,6 +91,8 @@ class Launcher:
         cmd = [sys.executable, "-m", "services.cli.main", "serve", name]
         if o.config_file:
             cmd += ["--config", o.config_file]
+        if name in self.metrics_ports:
+            cmd += ["--metrics-listen", f"127.0.0.1:{self.metrics_ports[name]}"]
         if name == "imageprep":
             # the core's image profile and preprocessor_config.json apply (only those are read)
             cmd += ["--listen", self.addresses["imageprep"], "--model", o.model]
@@ -92,8 +104,11 @@ class Launcher:
                     "--engine-address", self.addresses["engine"],
                     "--imageprep-address", self.addresses["imageprep"]]
         else:
+            upstreams = ",".join(f"http://127.0.0.1:{port}/metrics"
+                                 for port in self.metrics_ports.values())
             cmd += ["--host", o.host, "--port", str(o.port),
-                    "--frontend-address", self.addresses["frontend"]]
+                    "--frontend-address", self.addresses["frontend"],
+                    "--metrics-upstreams", upstreams]
             if o.api_key:
                 cmd += ["--api-key", o.api_key]
         return cmd + list(o.extra.get(name, []))

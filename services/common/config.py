@@ -209,8 +209,13 @@ class ServiceConfig(CommonConfig):
     """Fields every gRPC service shares; each service's config extends this."""
 
     listen: str = option("127.0.0.1:50051", "gRPC listen address: host:port or unix:///path")
+    metrics_listen: str = option("", "Prometheus /metrics HTTP address host:port ('' = off)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.listen:
             raise ValidationError("listen must not be empty", param="listen")
+        if self.metrics_listen:
+            from services.common.metrics import parse_listen
+
+            parse_listen(self.metrics_listen)

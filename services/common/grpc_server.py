@@ -26,9 +26,11 @@ from typing import Any, Protocol
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry
 
 from services.common.config import ServiceConfig
 from services.common.grpc_errors import ErrorInterceptor
+from services.common.metrics import MetricsEndpoint, service_registry
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +119,12 @@ async def serve(
     config: ServiceConfig,
     bindings: Sequence[ServiceBinding],
     lifecycle: Lifecycle,
+    registry: CollectorRegistry | None = None,
 ) -> int:
-    """Run one service until SIGTERM/SIGINT or a fatal failure; return the exit code."""
+    """Run one service until SIGTERM/SIGINT or a fatal failure; return the exit code.
+
+    With `config.metrics_listen` set, `registry` (default: a registry with only the uptime
+    gauge) is served as Prometheus text from the moment the listener is bound."""
     server = grpc.aio.server(interceptors=[ErrorInterceptor(service)], options=CHANNEL_OPTIONS)
     for binding in bindings:
         binding.add_to_server(binding.servicer, server)
@@ -140,6 +146,15 @@ async def serve(
         log.error("cannot listen on %s: %s", config.listen, exc)
         return 1
     await server.start()
+    metrics = None
+    if config.metrics_listen:
+        try:
+            metrics = MetricsEndpoint.start(config.metrics_listen,
+                                            registry or service_registry(service))
+        except OSError as exc:
+            log.error("cannot serve metrics on %s: %s", config.metrics_listen, exc)
+            await server.stop(None)
+            return 1
     log.info("%s listening", service, extra={"fields": {"listen": config.listen, "port": port,
                                                         "pid": os.getpid()}})
 
@@ -190,6 +205,8 @@ async def serve(
         log.exception("%s close failed", service)
         drained = False
     stop_task.cancel()
+    if metrics is not None:
+        metrics.stop()
     if not drained:
         exit_code = 1
     log.info("%s stopped", service, extra={"fields": {"exit_code": exit_code}})

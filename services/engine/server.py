@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from services.common.config import load_config
 from services.common.core import ModelSource, open_model
@@ -25,16 +26,20 @@ from services.common.errors import (
 )
 from services.common.grpc_server import BasicLifecycle, HealthReporter, ServiceBinding, serve
 from services.common.logging import setup_logging
+from services.common.metrics import service_registry
 from services.common.pb import engine_pb2, engine_pb2_grpc
 from services.engine import wire
 from services.engine.config import EngineConfig
 from services.engine.core.client import CoreClient
+from services.engine.core.telemetry import LoadQuery, LoadSnapshot
+from services.engine.metrics import EngineMetrics
 from services.engine.prefix.history import BLOCK_TOKENS
 from services.engine.prefix.records import BlockEvent
 
 SERVICE_NAME = "helios.v1.Engine"
 DEFAULT_DRAIN_S = 5.0
 SUBSCRIBER_BACKLOG = 10_000
+METRICS_FETCH_TIMEOUT_S = 2.0
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +52,13 @@ class EngineLifecycle(BasicLifecycle):
         self.model: ModelSource | None = None
         self.client: CoreClient | None = None
         self.health: HealthReporter | None = None
+        self.metrics: EngineMetrics | None = None
 
     async def start(self, health: HealthReporter) -> None:
         self.health = health
         self.model = await asyncio.to_thread(open_model, self.config.model)
+        if self.metrics is not None:
+            self.metrics.model_name = self.model.manifest.card_id
         self.client = CoreClient(self.config, on_failure=health.fail)
         await self.client.start()
 
@@ -80,13 +88,17 @@ class EngineLifecycle(BasicLifecycle):
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
-    def __init__(self, config: EngineConfig, lifecycle: EngineLifecycle) -> None:
+    def __init__(self, config: EngineConfig, lifecycle: EngineLifecycle,
+                 metrics: EngineMetrics) -> None:
         self.config = config
         self.lifecycle = lifecycle
+        self.metrics = metrics
         self._event_sequence = 0
         self._aborts: set[asyncio.Task[None]] = set()   # keep fire-and-forget aborts alive
 
     async def Generate(self, request, context) -> AsyncIterator[engine_pb2.EngineGenerateResponse]:
+        started = time.monotonic()
+        first_token = True
         core = self.lifecycle.core()
         assert core.ready is not None
         engine_request = wire.request_from_pb(request, core.ready.info.vocab_size)
@@ -104,6 +116,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 raise
             yield wire.admitted_to_pb(admitted)
             while (update := await stream.next()) is not None:
+                if first_token and any(d.token_ids for d in update.deltas):
+                    first_token = False
+                    self.metrics.observe_first_token(time.monotonic() - started)
+                if update.finished:
+                    self.metrics.observe_finished(time.monotonic() - started)
                 yield wire.update_to_pb(update)
                 if stream.done:
                     break
@@ -187,11 +204,33 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                                        BLOCK_TOKENS)
 
 
+def _load_fetcher(lifecycle: EngineLifecycle, loop: asyncio.AbstractEventLoop
+                  ) -> Callable[[], LoadSnapshot | None]:
+    """Read the core's load snapshot from the metrics server's thread (None while loading)."""
+
+    def fetch() -> LoadSnapshot | None:
+        core = lifecycle.client
+        if core is None or core.ready is None or core.failure is not None:
+            return None
+        future = asyncio.run_coroutine_threadsafe(core.call("load", LoadQuery()), loop)
+        try:
+            return future.result(timeout=METRICS_FETCH_TIMEOUT_S)
+        except Exception:  # a scrape during shutdown shows no engine values
+            future.cancel()
+            return None
+
+    return fetch
+
+
 async def _serve(config: EngineConfig) -> int:
     lifecycle = EngineLifecycle(config)
-    servicer = EngineServicer(config, lifecycle)
+    registry = service_registry("engine")
+    metrics = EngineMetrics(registry, "", _load_fetcher(lifecycle, asyncio.get_running_loop()))
+    lifecycle.metrics = metrics
+    servicer = EngineServicer(config, lifecycle, metrics)
     binding = ServiceBinding(SERVICE_NAME, servicer, engine_pb2_grpc.add_EngineServicer_to_server)
-    return await serve(service="engine", config=config, bindings=[binding], lifecycle=lifecycle)
+    return await serve(service="engine", config=config, bindings=[binding], lifecycle=lifecycle,
+                       registry=registry)
 
 
 def run_engine(config: EngineConfig) -> int:

@@ -14,13 +14,15 @@ import sys
 from collections.abc import Sequence
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from services.common.config import load_config
 from services.common.core import TOKENIZER_ROLES, open_model
-from services.common.errors import ValidationError
+from services.common.errors import ErrorKind, HeliosError, ValidationError
 from services.common.grpc_client import UpstreamHealth, open_channel
 from services.common.grpc_server import HealthReporter, ServiceBinding, serve
 from services.common.logging import setup_logging
+from services.common.metrics import service_registry
 from services.common.pb import common_pb2, frontend_pb2, frontend_pb2_grpc
 from services.frontend.config import FrontendConfig
 from services.frontend.convert import chat_from_pb, generate_request_from_pb
@@ -28,6 +30,7 @@ from services.frontend.convert_out import event_to_pb
 from services.frontend.generate.pipeline import GeneratePipeline
 from services.frontend.generate.upstream import EngineClient, ImagePrepClient
 from services.frontend.generate.workers import PreparationPool
+from services.frontend.metrics import FrontendMetrics
 from services.frontend.model import FrontendModel
 
 SERVICE_NAME = "helios.v1.Frontend"
@@ -129,9 +132,12 @@ class FrontendLifecycle:
 
 
 class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
-    def __init__(self, config: FrontendConfig, lifecycle: FrontendLifecycle) -> None:
+    def __init__(self, config: FrontendConfig, lifecycle: FrontendLifecycle,
+                 metrics: FrontendMetrics | None = None) -> None:
         self.config = config
         self.lifecycle = lifecycle
+        self.metrics = metrics or FrontendMetrics(CollectorRegistry(), lifecycle.pool,
+                                                  lambda: lifecycle.num_active)
 
     @property
     def model(self) -> FrontendModel:
@@ -140,11 +146,26 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
 
     async def Generate(self, request, context):
         assert self.lifecycle.pipeline is not None
-        domain = generate_request_from_pb(request)
+        timer = self.metrics.request()
         self.lifecycle.generation_started()
         try:
+            domain = generate_request_from_pb(request)
             async for event in self.lifecycle.pipeline.run(domain):
+                timer.event(event)
                 yield event_to_pb(event)
+            timer.completed()
+        except HeliosError as exc:
+            if exc.kind is ErrorKind.CANCELLED:
+                timer.cancelled()
+            else:
+                timer.failed(exc.kind.value)
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            timer.cancelled()
+            raise
+        except Exception:
+            timer.failed(ErrorKind.INTERNAL.value)
+            raise
         finally:
             self.lifecycle.generation_ended()
 
@@ -221,10 +242,13 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
 
 async def _serve(config: FrontendConfig) -> int:
     lifecycle = FrontendLifecycle(config)
-    servicer = FrontendServicer(config, lifecycle)
+    registry = service_registry("frontend")
+    metrics = FrontendMetrics(registry, lifecycle.pool, lambda: lifecycle.num_active)
+    servicer = FrontendServicer(config, lifecycle, metrics)
     binding = ServiceBinding(SERVICE_NAME, servicer,
                              frontend_pb2_grpc.add_FrontendServicer_to_server)
-    return await serve(service="frontend", config=config, bindings=[binding], lifecycle=lifecycle)
+    return await serve(service="frontend", config=config, bindings=[binding], lifecycle=lifecycle,
+                       registry=registry)
 
 
 def run_frontend(config: FrontendConfig) -> int:

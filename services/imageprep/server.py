@@ -10,11 +10,13 @@ from pathlib import Path
 
 import grpc
 import torch
+from prometheus_client import CollectorRegistry
 
 from services.common.config import load_config
 from services.common.errors import UnavailableError
 from services.common.grpc_server import HealthReporter, ServiceBinding, serve
 from services.common.logging import setup_logging
+from services.common.metrics import service_registry
 from services.common.pb import imageprep_pb2, imageprep_pb2_grpc
 from services.imageprep.cache.disk import DiskTier
 from services.imageprep.cache.memory import MemoryTier
@@ -22,6 +24,7 @@ from services.imageprep.cache.redis_tier import RedisTier
 from services.imageprep.cache.retention import LowerTier, RetentionCache
 from services.imageprep.config import ImagePrepConfig
 from services.imageprep.convert import chunk_to_pb, prepare_request_from_pb, prepare_result_to_pb
+from services.imageprep.metrics import ImagePrepMetrics
 from services.imageprep.model_profile import ProfileResolver
 from services.imageprep.service import ImagePrepService
 
@@ -69,9 +72,14 @@ class ImagePrepLifecycle:
 
     dynamic_health = False
 
-    def __init__(self, config: ImagePrepConfig) -> None:
+    def __init__(self, config: ImagePrepConfig, registry: CollectorRegistry | None = None
+                 ) -> None:
         self.config = config
         self._service: ImagePrepService | None = None
+        self.metrics = ImagePrepMetrics(
+            registry or CollectorRegistry(), capacity=config.max_pending_images,
+            pending=lambda: self._service.pending_images if self._service else 0,
+            memory=lambda: self._service.cache.memory_stats() if self._service else None)
 
     def service(self) -> ImagePrepService:
         if self._service is None:
@@ -83,7 +91,7 @@ class ImagePrepLifecycle:
             torch.set_num_threads(self.config.torch_threads)
         resolver = await asyncio.to_thread(ProfileResolver.from_model, self.config.model)
         cache = await asyncio.to_thread(build_cache, self.config)
-        self._service = ImagePrepService(self.config, resolver, cache)
+        self._service = ImagePrepService(self.config, resolver, cache, self.metrics)
         log.info("imageprep ready", extra={"fields": {
             "workers": self.config.num_workers, "torch_threads": torch.get_num_threads(),
             "default_profile": resolver.default_profile or "-",
@@ -102,11 +110,12 @@ class ImagePrepLifecycle:
 
 
 async def _serve(config: ImagePrepConfig) -> int:
-    lifecycle = ImagePrepLifecycle(config)
+    registry = service_registry("imageprep")
+    lifecycle = ImagePrepLifecycle(config, registry)
     binding = ServiceBinding(SERVICE_NAME, ImagePrepServicer(lifecycle),
                              imageprep_pb2_grpc.add_ImagePrepServicer_to_server)
     return await serve(service="imageprep", config=config, bindings=[binding],
-                       lifecycle=lifecycle)
+                       lifecycle=lifecycle, registry=registry)
 
 
 def run_imageprep(config: ImagePrepConfig) -> int:

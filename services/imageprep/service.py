@@ -31,6 +31,7 @@ from services.imageprep.config import ImagePrepConfig
 from services.imageprep.decode import DecodeLimits
 from services.imageprep.expansion import expand_prompt
 from services.imageprep.identity import IDENTITY_BYTES
+from services.imageprep.metrics import ImagePrepMetrics
 from services.imageprep.model_profile import ProfileResolver
 from services.imageprep.prepared import PreparedImage, dtype_name
 from services.imageprep.preparer import ImagePreparer, Prepared
@@ -60,8 +61,9 @@ def _at_image(error: HeliosError, index: int) -> HeliosError:
 
 class ImagePrepService:
     def __init__(self, config: ImagePrepConfig, resolver: ProfileResolver,
-                 cache: RetentionCache) -> None:
+                 cache: RetentionCache, metrics: ImagePrepMetrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics
         self.resolver = resolver
         self.cache = cache
         self.preparer = ImagePreparer(
@@ -76,6 +78,10 @@ class ImagePrepService:
         self._pending_images = 0
         self._active_requests = 0
         self._admitting = True
+
+    @property
+    def pending_images(self) -> int:
+        return self._pending_images
 
     # -- Prepare --------------------------------------------------------------------------
 
@@ -124,6 +130,8 @@ class ImagePrepService:
         prepared: list[Prepared] = []
         for index, outcome in enumerate(outcomes):
             if isinstance(outcome, HeliosError):
+                if self.metrics is not None:
+                    self.metrics.images.labels("refused").inc()
                 raise _at_image(outcome, index)
             if isinstance(outcome, BaseException):
                 raise outcome
@@ -141,6 +149,11 @@ class ImagePrepService:
             descriptors = [ImageDescriptor(d.identity, d.profile, d.geometry, d.pixel_bytes,
                                            d.source_index, offset)
                            for d, offset in zip(descriptors, expanded.token_offsets, strict=True)]
+        if self.metrics is not None:
+            retained = sum(p.cache_hit for p in prepared)
+            self.metrics.images.labels("retained").inc(retained)
+            self.metrics.images.labels("prepared").inc(len(prepared) - retained)
+            self.metrics.prepare_seconds.observe(time.perf_counter() - started)
         log.debug("prepared %d image(s) for %s in %.1f ms (%d retained)", len(prepared),
                   request.request_id, (time.perf_counter() - started) * 1e3,
                   sum(p.cache_hit for p in prepared))
@@ -167,6 +180,8 @@ class ImagePrepService:
                     f"image {identity.hex()} is not retained (never prepared here, or evicted); "
                     "prepare it again", param=f"identities[{index}]")
             images.append(image)
+        if self.metrics is not None:
+            self.metrics.fetched.inc(len(images))
         return images
 
     def chunks(self, images: Sequence[PreparedImage]) -> Iterator[TensorChunk]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,16 @@ class Tmux:
                 return screen
             if time.monotonic() > deadline:
                 raise AssertionError(f"{text!r} not on screen after {timeout}s:\n{screen}")
+            time.sleep(0.2)
+
+    def wait_until(self, predicate, what: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            screen = self.screen()
+            if predicate(screen):
+                return screen
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} not on screen after {timeout}s:\n{screen}")
             time.sleep(0.2)
 
     def kill(self) -> None:
@@ -103,6 +114,57 @@ def test_dashboard_shows_an_unreachable_engine_and_ctrl_c_exits(tmp_path):
         tmux.wait_for("DASHBOARD-EXIT=0")
     finally:
         tmux.kill()
+
+
+def test_dashboard_against_a_running_demo(tmp_path, demo_core):
+    """The real engine's telemetry: traffic shows up in both panes; scrolling; clean exit."""
+    import threading
+
+    import openai
+
+    from tests.support.processes import HeliosRun
+
+    with HeliosRun.start_demo(tmp_path) as run:
+        tmux = Tmux(f"{sys.executable} -m services.cli.main dashboard "
+                    f"--runtime-dir {run.runtime_dir}")
+        stop = threading.Event()
+
+        def traffic() -> None:
+            client = openai.OpenAI(base_url=run.url + "/v1", api_key="x", max_retries=0)
+            while not stop.is_set():
+                client.chat.completions.create(
+                    model="helios-demo", messages=[{"role": "user", "content": "Hello"}],
+                    max_tokens=64, extra_body={"ignore_eos": True})
+
+        workers = [threading.Thread(target=traffic, daemon=True) for _ in range(3)]
+        try:
+            screen = tmux.wait_for("Throughput")
+            assert "helios-demo" in screen
+            for worker in workers:
+                worker.start()
+            tmux.wait_for("decode", timeout=60)           # request rows from the engine
+            history = re.compile(r"[·PDs]{9}D")            # decode completions in the history
+            tmux.wait_until(history.search, "a decode history cell", timeout=60)
+            tmux.keys("Tab")
+            screen = tmux.wait_for("calls/2s")
+            assert "decode" in screen.split("calls/2s", 1)[1]
+            tmux.keys("Down", "Up")
+            tmux.keys("Left")
+            screen = tmux.wait_for("Throughput")
+            stop.set()
+            for worker in workers:
+                worker.join(timeout=60)
+            def completed(screen: str) -> int:
+                found = re.search(r"completed ([\d,]+)", screen)
+                return int(found.group(1).replace(",", "")) if found else 0
+
+            tmux.wait_until(lambda screen: completed(screen) >= 3, "3 completed requests")
+            tmux.keys("q")
+            tmux.wait_for("DASHBOARD-EXIT=0")
+        finally:
+            stop.set()
+            tmux.kill()
+        assert run.terminate() == 0
 
 
 def test_run_without_a_terminal_keeps_plain_logs(tmp_path, demo_core):

@@ -1,0 +1,127 @@
+"""Engine metrics: the core's counters and gauges, read at scrape time, plus latency histograms.
+
+Counters and gauges come from the engine core's load snapshot (the same numbers GetLoad
+returns), fetched when Prometheus scrapes, so a scrape after the engine went quiet shows exact
+totals. Names follow the reference design (`helios_engine_*`) and, for Kubernetes inference
+routing, vLLM's (`vllm:*`, labelled with `model_name` only). The servicer observes
+time-to-first-token and end-to-end latency per request. No request labels, prompts or ids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from services.engine.core.telemetry import LoadSnapshot
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                   2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+MINUTE_SAMPLE_S = 5.0   # the last-minute token gauge is re-sampled at most this often
+
+_COUNTERS = (  # (name, help, snapshot field)
+    ("helios_engine_requests_admitted", "requests admitted by the engine", "requests_admitted"),
+    ("helios_engine_requests_completed", "requests that finished normally", "requests_completed"),
+    ("helios_engine_requests_cancelled", "requests cancelled or aborted", "requests_cancelled"),
+    ("helios_engine_requests_failed", "requests that failed during execution", "requests_failed"),
+    ("helios_engine_requests_rejected", "requests refused at admission", "requests_rejected"),
+    ("helios_engine_prefix_lookups", "prefix-cache lookups (rejected admissions included)",
+     "prefix_lookups"),
+    ("helios_engine_prefix_hits", "prefix-cache lookups that reused a checkpoint", "prefix_hits"),
+    ("helios_engine_prefix_misses", "prefix-cache lookups that reused nothing", "prefix_misses"),
+    ("helios_engine_prefix_reused_tokens", "prompt tokens served from the prefix cache",
+     "prefix_reused_tokens"),
+    ("helios_engine_checkpoints_published", "ready checkpoint publications (unique)",
+     "checkpoints_published"),
+    ("helios_engine_checkpoints_evicted", "logical checkpoint evictions", "checkpoints_evicted"),
+    ("helios_engine_prompt_tokens", "prompt tokens consumed (no padding, no reuse)",
+     "prompt_tokens"),
+    ("helios_engine_generation_tokens", "output tokens committed", "generation_tokens"),
+    ("helios_engine_preemptions", "requests preempted for pages", "preemptions"),
+)
+
+_GAUGES = (
+    ("helios_engine_slots_live", "request slots holding a live request", "slots_live"),
+    ("helios_engine_slots_free", "request slots free for admission", "slots_free"),
+    ("helios_engine_slots_retiring", "request slots waiting for their last GPU use",
+     "slots_retiring"),
+    ("helios_engine_pages_total", "KV pages in the pool", "pages_total"),
+    ("helios_engine_pages_reusable", "KV pages free to reuse (fences complete)", "pages_free"),
+    ("helios_engine_pages_cached", "KV pages owned by cached checkpoints", "pages_cached"),
+    ("helios_engine_pages_retiring", "KV pages waiting for their final-use fence",
+     "pages_retiring"),
+    ("helios_engine_checkpoints_cached", "checkpoints in the prefix cache", "checkpoints_cached"),
+    ("helios_engine_requests_pending", "requests waiting for admission to a slot", "num_waiting"),
+    ("helios_engine_requests_running", "requests holding a slot", "num_running"),
+)
+
+
+class EngineMetrics(Collector):
+    def __init__(self, registry: CollectorRegistry, model_name: str,
+                 fetch: Callable[[], LoadSnapshot | None]) -> None:
+        self.model_name = model_name
+        self._fetch = fetch
+        self._minute_value = 0
+        self._minute_sampled = -MINUTE_SAMPLE_S
+        self.ttft = Histogram("vllm:time_to_first_token_seconds",
+                              "engine admission to the first output token", ["model_name"],
+                              buckets=LATENCY_BUCKETS, registry=registry)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds",
+                             "engine request start to its last output", ["model_name"],
+                             buckets=LATENCY_BUCKETS, registry=registry)
+        registry.register(self)
+
+    # -- per request (servicer) -------------------------------------------------------------
+    def observe_first_token(self, seconds: float) -> None:
+        self.ttft.labels(self.model_name).observe(seconds)
+
+    def observe_finished(self, seconds: float) -> None:
+        self.e2e.labels(self.model_name).observe(seconds)
+
+    # -- scrape -----------------------------------------------------------------------------
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # values are read at scrape time; nothing to describe up front
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._fetch()
+        if snap is None:
+            return
+        for name, help_text, attr in _COUNTERS:
+            yield CounterMetricFamily(name, help_text, value=getattr(snap, attr))
+        for name, help_text, attr in _GAUGES:
+            yield GaugeMetricFamily(name, help_text, value=getattr(snap, attr))
+        launches = CounterMetricFamily("helios_engine_launches",
+                                       "successful engine steps by graph kind", labels=["kind"])
+        for kind, count in sorted(snap.launches_by_kind.items()):
+            launches.add_metric([kind], count)
+        yield launches
+        now = time.monotonic()
+        if now - self._minute_sampled >= MINUTE_SAMPLE_S:
+            self._minute_value, self._minute_sampled = snap.tokens_last_minute, now
+        yield GaugeMetricFamily("helios_engine_tokens_last_minute",
+                                "output tokens generated during the most recent minute "
+                                "(sampled every five seconds)", value=self._minute_value)
+        # vLLM-compatible names (Kubernetes inference routing reads these)
+        labels, value = ["model_name"], [self.model_name]
+        for name, help_text, number, family in (
+            ("vllm:num_requests_waiting", "requests waiting to be scheduled",
+             snap.num_waiting, GaugeMetricFamily),
+            ("vllm:num_requests_running", "requests being scheduled", snap.num_running,
+             GaugeMetricFamily),
+            ("vllm:kv_cache_usage_perc", "fraction of KV pages in use (1 = full)",
+             snap.kv_cache_usage, GaugeMetricFamily),
+            ("vllm:prefix_cache_queries", "prompt tokens looked up in the prefix cache",
+             snap.prefix_query_tokens, CounterMetricFamily),
+            ("vllm:prefix_cache_hits", "prompt tokens found in the prefix cache",
+             snap.prefix_reused_tokens, CounterMetricFamily),
+            ("vllm:prompt_tokens", "prompt tokens processed", snap.prompt_tokens,
+             CounterMetricFamily),
+            ("vllm:generation_tokens", "output tokens generated", snap.generation_tokens,
+             CounterMetricFamily),
+        ):
+            metric = family(name, help_text, labels=labels)
+            metric.add_metric(value, number)
+            yield metric
