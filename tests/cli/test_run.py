@@ -32,7 +32,7 @@ def test_run_exits_1_when_a_service_dies(tmp_path, demo_core):
         engine_pid = None
         import subprocess
 
-        out = subprocess.run(["pgrep", "-f", f"serve engine --listen {run.addresses['engine']}"],
+        out = subprocess.run(["pgrep", "-f", f"serve engine .*--listen {run.addresses['engine']}"],
                              capture_output=True, text=True)
         engine_pid = int(out.stdout.split()[0])
         import os
