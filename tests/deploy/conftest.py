@@ -26,6 +26,17 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "external-redis": {"redis": {"url": "redis://redis.cache.svc:6379"}},
     "auth": {"auth": {"apiKey": "sk-helios-test"}},
     "existing-secret": {"auth": {"existingSecret": "llm-keys", "existingSecretKey": "token"}},
+    "observability": {
+        "metrics": {"serviceMonitor": {"enabled": True, "interval": "30s"},
+                    "scrapeAnnotations": True,
+                    "networkPolicy": {"from": [{"namespaceSelector": {"matchLabels": {
+                        "kubernetes.io/metadata.name": "observability"}}, "podSelector": {
+                        "matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]},
+                    "grafanaDashboard": {"enabled": True, "namespace": "grafana",
+                                         "annotations": {"grafana_folder": "Helios"}}},
+        "gateway": {"networkPolicy": {"from": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "ingress-nginx"}}}]}},
+    },
     "everything": {
         "image": {"registry": "registry.example.com/llm", "tag": "1.2.3"},
         "engine": {"gpu": {"enabled": True}, "replicas": 2},
@@ -41,7 +52,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "imageprep": {"autoscaling": {"enabled": True}},
         "redis": {"enabled": True},
         "auth": {"apiKey": "sk-helios-test"},
-        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+                    "grafanaDashboard": {"enabled": True}},
     },
 }
 

@@ -2,8 +2,9 @@
 
 Each service runs `helios serve NAME` with the HELIOS_* variables and arguments its container
 would get; only what names the container world is rewritten for loopback: `host:port` of a
-service -> 127.0.0.1:<free port>, `0.0.0.0:<port>` listen addresses -> 127.0.0.1:<its port>,
-`/models/...` -> a local directory, `redis://<service>:6379/<db>` -> a real local redis-server.
+service -> 127.0.0.1:<free port>, `0.0.0.0:<port>` listen addresses -> 127.0.0.1:<its port>
+(HELIOS_METRICS_LISTEN -> 127.0.0.1:<its own metrics port>), `/models/...` -> a local
+directory, `redis://<service>:6379/<db>` -> a real local redis-server.
 Packages an image leaves out (docker/requirements.py) are made unimportable in that service's
 process, so a service that starts importing one fails here instead of in its container.
 """
@@ -88,6 +89,7 @@ def _blocker(directory: Path, modules: set[str]) -> Path:
 class LocalDeployment:
     topology: Topology
     ports: dict[str, int]
+    metrics_ports: dict[str, int]       # gRPC services: where HELIOS_METRICS_LISTEN serves here
     env: dict[str, dict[str, str]]
     argv: dict[str, list[str]]
     processes: dict[str, ServiceProcess] = field(default_factory=dict)
@@ -124,10 +126,14 @@ def run_locally(topology: Topology, workdir: Path, *, models_dir: Path,
     """Start every service of `topology` (imageprep, engine, frontend, gateway) and yield once
     all are started; `images` names each service's image for the left-out-package check."""
     ports = {name: free_port() for name in topology.services}
-    deployment = LocalDeployment(topology, ports, {}, {})
+    metrics_ports = {name: free_port() for name, spec in topology.services.items()
+                     if spec.env.get("HELIOS_METRICS_LISTEN")}
+    deployment = LocalDeployment(topology, ports, metrics_ports, {}, {})
     for name, spec in topology.services.items():
         env = {k: _rewrite(v, name, topology, ports, models_dir, redis_url)
                for k, v in spec.env.items()}
+        if name in metrics_ports:
+            env["HELIOS_METRICS_LISTEN"] = f"127.0.0.1:{metrics_ports[name]}"
         if name == "gateway":
             env["HELIOS_HOST"] = "127.0.0.1"
             env["HELIOS_PORT"] = str(ports["gateway"])

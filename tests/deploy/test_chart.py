@@ -318,22 +318,30 @@ def test_disruption_budgets_cover_every_tier(scenario):
 
 # ---- network policy: only the gateway from outside, each service from its callers ---------------
 
-def _allowed_callers(rendered: Rendered, target: str) -> tuple[set[str], bool]:
-    """(components allowed in, whether anyone may connect) for `target`'s pods."""
+def ingress_rules(rendered: Rendered, target: str, port: str) -> list[dict[str, Any]]:
+    """The NetworkPolicy ingress rules that open `port` (a container port name) of `target`'s
+    pods; a rule without `ports` opens every port."""
     workload = _workload(rendered, target)
-    callers: set[str] = set()
-    anyone = False
     policies = [p for p in rendered.of_kind("NetworkPolicy")
                 if _selects(p["spec"]["podSelector"]["matchLabels"], workload)]
     assert policies, f"no NetworkPolicy selects {target}: it is open to everyone"
-    for policy in policies:
-        for rule in policy["spec"]["ingress"]:
-            if "from" not in rule:
-                anyone = True
-            for peer in rule.get("from", []):
-                assert set(peer) == {"podSelector"}, peer
-                labels = peer["podSelector"]["matchLabels"]
-                callers |= {component(w) for w in rendered.workloads() if _selects(labels, w)}
+    return [rule for policy in policies for rule in policy["spec"]["ingress"]
+            if "ports" not in rule or any(p["port"] == port for p in rule["ports"])]
+
+
+def _allowed_callers(rendered: Rendered, target: str, port: str) -> tuple[set[str], bool]:
+    """(release components allowed in, whether anyone may connect) on `target`'s `port`;
+    peers other than the release's own pods (metrics.networkPolicy.from) are ignored here."""
+    callers: set[str] = set()
+    anyone = False
+    for rule in ingress_rules(rendered, target, port):
+        if "from" not in rule:
+            anyone = True
+        for peer in rule.get("from", []):
+            if set(peer) != {"podSelector"}:
+                continue
+            labels = peer["podSelector"]["matchLabels"]
+            callers |= {component(w) for w in rendered.workloads() if _selects(labels, w)}
     return callers, anyone
 
 
@@ -341,17 +349,23 @@ def test_network_policies_follow_the_call_graph(scenario):
     name, rendered = scenario
     edges = topology.from_chart(rendered).edges()
     for service in ("frontend", "imageprep", "engine"):
-        callers, anyone = _allowed_callers(rendered, service)
+        rules = ingress_rules(rendered, service, "grpc")
+        assert all(set(peer) == {"podSelector"} for r in rules for peer in r.get("from", [])), \
+            f"{name}: {service}'s API is open beyond its callers"
+        callers, anyone = _allowed_callers(rendered, service, "grpc")
         assert not anyone, f"{name}: {service} is reachable from outside"
         assert callers == {e.caller for e in edges if e.callee == service}, (name, service)
-    callers, anyone = _allowed_callers(rendered, "gateway")
-    assert anyone and not callers, "the gateway is the way in"
+    callers, anyone = _allowed_callers(rendered, "gateway", "http")
+    restricted = SCENARIOS[name].get("gateway", {}).get("networkPolicy", {}).get("from")
+    assert anyone is not bool(restricted) and not callers, "the gateway is the way in"
     if any(component(w) == "redis" for w in rendered.workloads()):
-        callers, anyone = _allowed_callers(rendered, "redis")
+        callers, anyone = _allowed_callers(rendered, "redis", "redis")
         assert not anyone and callers == {"gateway", "imageprep"}
+        assert all(set(peer) == {"podSelector"}
+                   for r in ingress_rules(rendered, "redis", "redis") for peer in r["from"])
 
 
-# ---- auth, Redis, metrics ----------------------------------------------------------------------
+# ---- auth, Redis (metrics and the dashboard: test_chart_metrics.py) --------------------------
 
 def test_api_key_lives_in_a_secret(renders):
     secret = renders["auth"].get("Secret", "helios-auth")
@@ -376,22 +390,6 @@ def test_redis(renders):
     assert _env(_main(external, "gateway"))["HELIOS_REDIS_URL"] == "redis://redis.cache.svc:6379/0"
     assert not any(component(w) == "redis" for w in external.workloads())
     assert "HELIOS_REDIS_URL" not in _env(_main(renders["default"], "gateway"))
-
-
-def test_service_monitor_selects_every_metrics_service(renders):
-    rendered = renders["everything"]
-    (monitor,) = rendered.of_kind("ServiceMonitor")
-    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
-    assert monitor["metadata"]["labels"]["release"] == "prometheus"
-    selector = monitor["spec"]["selector"]["matchLabels"]
-    selected = [s for s in rendered.of_kind("Service")
-                if all(s["metadata"]["labels"].get(k) == v for k, v in selector.items())]
-    assert [s["metadata"]["name"] for s in selected] == ["helios-gateway"]
-    endpoint_ports = {e["port"] for e in monitor["spec"]["endpoints"]}
-    for service in selected:
-        assert endpoint_ports & {p["name"] for p in service["spec"]["ports"]}
-    assert all(e["path"] == "/metrics" for e in monitor["spec"]["endpoints"])
-    assert renders["default"].of_kind("ServiceMonitor") == []
 
 
 def test_notes_tell_how_to_reach_it(renders):

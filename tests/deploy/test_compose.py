@@ -1,6 +1,8 @@
 """docker/compose.yaml: valid for Docker Compose v2 in both profiles, GPU only where it belongs,
-real healthchecks, drains that fit their stop grace, only Envoy published, Prometheus scraping
-services that exist, and Envoy's config (docker/envoy.yaml) agreeing with compose."""
+real healthchecks, drains that fit their stop grace, only Envoy published (Prometheus and Grafana
+on loopback), Prometheus scraping every Helios service where it serves /metrics, and Envoy's
+config (docker/envoy.yaml) agreeing with compose. Grafana's provisioning: tests/deploy/
+test_dashboard.py."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy import topology
+from tests.deploy import scrapes, topology
 from tests.deploy.tools import REPO, compose, compose_binary
 
 ENVOY_CONFIG = REPO / "docker" / "envoy.yaml"
@@ -57,9 +59,10 @@ def test_a_broken_file_is_caught(tmp_path):
 
 def test_profiles(compose_gpu, compose_cpu):
     assert set(compose_gpu["services"]) == {"envoy", "gateway", "frontend", "imageprep",
-                                            "engine", "redis", "prometheus"}
+                                            "engine", "redis", "prometheus", "grafana"}
     assert set(compose_cpu["services"]) == {"envoy", "gateway", "frontend-cpu", "imageprep",
-                                            "engine-cpu", "demo-model", "redis", "prometheus"}
+                                            "engine-cpu", "demo-model", "redis", "prometheus",
+                                            "grafana"}
     (device,) = _gpu_devices(compose_gpu["services"]["engine"])
     assert device["driver"] == "nvidia" and device["count"] == 1
     assert all(not _gpu_devices(s) for s in compose_cpu["services"].values()), "cpu needs no GPU"
@@ -69,8 +72,9 @@ def test_profiles(compose_gpu, compose_cpu):
 def test_only_the_edge_is_published(compose_gpu, compose_cpu):
     for project in (compose_gpu, compose_cpu):
         published = {n: s["ports"] for n, s in project["services"].items() if s.get("ports")}
-        assert set(published) == {"envoy", "prometheus"}
-        assert all(p.get("host_ip") == "127.0.0.1" for p in published["prometheus"])
+        assert set(published) == {"envoy", "prometheus", "grafana"}
+        for monitoring in ("prometheus", "grafana"):
+            assert all(p.get("host_ip") == "127.0.0.1" for p in published[monitoring])
 
 
 def test_nothing_runs_as_root(compose_gpu, compose_cpu):
@@ -118,23 +122,32 @@ def test_model_volumes(compose_gpu, compose_cpu):
 
 
 def test_prometheus_scrapes_services_that_exist(compose_gpu, compose_cpu):
-    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
-    targets = {}
-    for job in config["scrape_configs"]:
-        for group in job["static_configs"]:
-            for target in group["targets"]:
-                targets[target] = job.get("metrics_path", "/metrics")
+    targets = scrapes.prometheus_targets()
     for project in (compose_gpu, compose_cpu):
         topo = topology.from_compose(project)
-        names = dict(topo.hosts)
         for target in targets:
-            host, port = target.rsplit(":", 1)
-            compose_name = topo.sources.get(names.get(host, ""), host)
+            compose_name = topo.sources.get(topo.hosts.get(target.host, ""), target.host)
             assert compose_name in project["services"], target
-            assert port in project["services"][compose_name].get("expose", []), target
-        # every Helios service that serves /metrics over HTTP is scraped (today: the gateway)
-        assert targets.get(f"{topo.sources['gateway']}:{topology.default_port('gateway')}") == \
-            "/metrics"
+            assert str(target.port) in project["services"][compose_name].get("expose", []), target
+
+
+def test_prometheus_scrapes_every_helios_service_once(compose_gpu, compose_cpu):
+    """Each service is a target exactly where it serves /metrics (the gateway on its HTTP port,
+    the gRPC services on HELIOS_METRICS_LISTEN), and the gateway does not also append the
+    others' metrics (HELIOS_METRICS_UPSTREAMS is `helios run`'s mode): nothing counts twice."""
+    targets = scrapes.prometheus_targets()
+    for project in (compose_gpu, compose_cpu):
+        topo = topology.from_compose(project)
+        configs = topo.configs()
+        for service, config in configs.items():
+            host, port = topo.metrics_address(service, config) or ("", 0)
+            assert host == "0.0.0.0", (service, "metrics must be reachable from Prometheus")
+            if service != "gateway":
+                assert port == topology.METRICS_PORT, service
+            scraped = [t for t in targets if topo.hosts.get(t.host) == service]
+            assert [(t.port, t.path) for t in scraped] == [(port, "/metrics")], service
+            assert scraped[0].job == f"helios-{service}"
+        assert configs["gateway"].metrics_upstreams == ()
 
 
 # ---- docker/envoy.yaml (written with the gateway) ------------------------------------------------

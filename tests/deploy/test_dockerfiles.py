@@ -80,10 +80,15 @@ def test_service_images(service, target):
     assert stage.user is not None, "the image sets USER"
     uid = stage.user.split(":")[0]
     assert uid.isdigit() and int(uid) >= 1000, f"USER {stage.user}: numeric, not root"
-    assert stage.exposed == [topology.default_port(service)]
     assert env["HELIOS_LOG_FORMAT"] == "json"
     listen = env.get("HELIOS_LISTEN") or f"{env['HELIOS_HOST']}:{env['HELIOS_PORT']}"
     assert listen == f"0.0.0.0:{topology.default_port(service)}"
+    if service == "gateway":   # /metrics on its HTTP port
+        assert stage.exposed == [topology.default_port(service)]
+        assert "HELIOS_METRICS_LISTEN" not in env
+    else:                      # gRPC, then Prometheus /metrics on the fixed metrics port
+        assert stage.exposed == [topology.default_port(service), topology.METRICS_PORT]
+        assert env["HELIOS_METRICS_LISTEN"] == f"0.0.0.0:{topology.METRICS_PORT}"
     spec = topology.ServiceSpec(service, (), env)
     assert spec.unknown_settings() == []
     # the image's build runs the entrypoint once (`--help`), so a missing import fails the build

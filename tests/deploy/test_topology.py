@@ -15,8 +15,8 @@ import sys
 import httpx
 import pytest
 
-from tests.deploy import dockerfiles, localrun, topology
-from tests.deploy.tools import render_chart
+from tests.deploy import dockerfiles, localrun, scrapes, topology
+from tests.deploy.tools import pod_spec, render_chart
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -74,7 +74,36 @@ def test_ports_agree_everywhere(compose_gpu, compose_cpu, renders):
             assert topo.listen_address(service, config) == ("0.0.0.0", expected), (where, service)
         for target in ((None, "engine-cpu") if service == "engine" else (None,)):
             stage = dockerfiles.stage(dockerfiles.dockerfile_of(service), target)
-            assert stage.exposed == [expected], (service, target)
+            assert stage.exposed[0] == expected, (service, target)
+
+
+def test_metrics_ports_agree_everywhere(compose_gpu, compose_cpu, renders):
+    """Prometheus finds every service at the same place in its image, compose and the chart:
+    the gateway on its HTTP port, each gRPC service on port 9100 (HELIOS_METRICS_LISTEN,
+    EXPOSEd by its image, `expose`d in compose, the container and Service port `metrics`)."""
+    topologies = {"compose gpu": topology.from_compose(compose_gpu),
+                  "compose cpu": topology.from_compose(compose_cpu),
+                  **{f"chart {k}": topology.from_chart(v) for k, v in renders.items()}}
+    expected = {s: ("0.0.0.0", topology.METRICS_PORT) for s in ("frontend", "imageprep", "engine")}
+    expected["gateway"] = ("0.0.0.0", topology.default_port("gateway"))
+    for where, topo in topologies.items():
+        for service, config in topo.configs().items():
+            assert topo.metrics_address(service, config) == expected[service], (where, service)
+    for service in ("frontend", "imageprep", "engine"):
+        for target in ((None, "engine-cpu") if service == "engine" else (None,)):
+            stage = dockerfiles.stage(dockerfiles.dockerfile_of(service), target)
+            assert topology.METRICS_PORT in stage.exposed, (service, target)
+        for project in (compose_gpu, compose_cpu):
+            name = topology.from_compose(project).sources[service]
+            assert str(topology.METRICS_PORT) in project["services"][name]["expose"], name
+        for scenario, rendered in renders.items():
+            workload = rendered.get("Deployment", f"helios-{service}")
+            container = pod_spec(workload)["containers"][0]
+            ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+            assert ports["metrics"] == topology.METRICS_PORT, (scenario, service)
+            svc = rendered.get("Service", f"helios-{service}")
+            (port,) = [p for p in svc["spec"]["ports"] if p["name"] == "metrics"]
+            assert (port["port"], port["targetPort"]) == (topology.METRICS_PORT, "metrics")
 
 
 @pytest.mark.slow
@@ -84,6 +113,15 @@ def test_compose_cpu_profile_serves(tmp_path, compose_cpu, demo_models, redis_ur
     with localrun.run_locally(topo, tmp_path, models_dir=demo_models, redis_url=redis_url,
                               images=images) as deployment:
         deployment.processes["gateway"].wait_http(deployment.url + "/health", timeout=120)
+        # Every Helios target of docker/prometheus.yml answers with its service's own metrics.
+        for target in scrapes.prometheus_targets():
+            service = topo.hosts.get(target.host)
+            if service is None:
+                continue   # Envoy
+            port = deployment.ports[service] if service == "gateway" else \
+                deployment.metrics_ports[service]
+            families = scrapes.scrape(f"http://127.0.0.1:{port}{target.path}")
+            assert scrapes.helios_service_of(families) == {service}, (target, sorted(families))
         # The healthchecks compose runs inside each container pass against the live services.
         for service in dockerfiles.SERVICES:
             check = compose_cpu["services"][topo.sources[service]]["healthcheck"]["test"]
@@ -98,7 +136,8 @@ def test_compose_cpu_profile_serves(tmp_path, compose_cpu, demo_models, redis_ur
 
 @pytest.mark.slow
 def test_chart_serves_with_redis_and_auth(tmp_path, demo_models, redis_url):
-    rendered = render_chart({"redis": {"enabled": True}, "auth": {"apiKey": "sk-test"}})
+    rendered = render_chart({"redis": {"enabled": True}, "auth": {"apiKey": "sk-test"},
+                             "metrics": {"serviceMonitor": {"enabled": True}}})
     topo = topology.from_chart(rendered)
     configs = topo.configs()
     assert configs["gateway"].api_key == "sk-test"
@@ -108,7 +147,17 @@ def test_chart_serves_with_redis_and_auth(tmp_path, demo_models, redis_url):
                               images={s: s for s in topo.services}) as deployment:
         gateway = deployment.processes["gateway"]
         gateway.wait_http(deployment.url + "/health", timeout=120)   # open without the key
-        assert httpx.get(deployment.url + "/metrics").status_code == 200
+        assert httpx.get(deployment.url + "/metrics").status_code == 200   # open too
+        # The ServiceMonitor's endpoints reach every service's own metrics, each once.
+        # (component, container port) -> where that port is served here
+        local = {("gateway", configs["gateway"].port): deployment.ports["gateway"]}
+        local.update({(s, topology.METRICS_PORT): p for s, p in deployment.metrics_ports.items()})
+        monitored = scrapes.service_monitor_targets(rendered)
+        assert sorted(m.component for m in monitored) == sorted(dockerfiles.SERVICES)
+        for m in monitored:
+            families = scrapes.scrape(f"http://127.0.0.1:{local[m.component, m.container_port]}"
+                                      f"{m.path}")
+            assert scrapes.helios_service_of(families) == {m.component}, m
         # `helm test`'s pod passes against it
         (pod,) = [o for o in rendered.of_kind("Pod")
                   if o["metadata"]["annotations"].get("helm.sh/hook") == "test"]

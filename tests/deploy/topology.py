@@ -21,6 +21,7 @@ from tests.deploy import dockerfiles
 from tests.deploy.tools import Rendered, pod_spec
 
 SERVICES = dockerfiles.SERVICES
+METRICS_PORT = 9100    # every gRPC service's /metrics port in a container (HELIOS_METRICS_LISTEN)
 HELIOS_PREFIX = "HELIOS_"
 NOT_A_FIELD = {"HELIOS_CONFIG", "HELIOS_CACHE_DIR"}   # read by the loader / assets, not fields
 
@@ -80,6 +81,16 @@ class Topology:
         if config.listen.startswith("unix://"):
             return config.listen, None
         host, port = config.listen.rsplit(":", 1)
+        return host, int(port)
+
+    def metrics_address(self, service: str, config: Any) -> tuple[str, int] | None:
+        """Where `service` serves Prometheus /metrics: the gateway on its HTTP port, a gRPC
+        service on `metrics_listen` (None when that is off)."""
+        if service == "gateway":
+            return config.host, config.port
+        if not config.metrics_listen:
+            return None
+        host, port = config.metrics_listen.rsplit(":", 1)
         return host, int(port)
 
     def edges(self) -> set[Edge]:

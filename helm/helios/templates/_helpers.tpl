@@ -159,7 +159,7 @@ lifecycle:
 {{/* A gRPC service (h2c) for one component: helios.grpcService (dict "root" $ "component" "engine")
      With "headless" true, DNS answers with every ready pod: gRPC keeps one HTTP/2 connection
      per address, so callers that route per request (the frontend across engine replicas) need
-     to see the pods, not one virtual IP. */}}
+     to see the pods, not one virtual IP. Its `metrics` port is what the ServiceMonitor scrapes. */}}
 {{- define "helios.grpcService" -}}
 apiVersion: v1
 kind: Service
@@ -167,6 +167,7 @@ metadata:
   name: {{ include "helios.component" . }}
   labels:
     {{- include "helios.labels" . | nindent 4 }}
+    helios.dev/metrics: "true"
 spec:
   type: ClusterIP
   {{- if .headless }}
@@ -180,6 +181,33 @@ spec:
       targetPort: grpc
       protocol: TCP
       appProtocol: kubernetes.io/h2c
+    - name: metrics
+      port: {{ .root.Values.metrics.port }}
+      targetPort: metrics
+      protocol: TCP
+      appProtocol: http
+{{- end -}}
+
+{{/* A gRPC service's Prometheus endpoint: its env and container port (helios.metricsEnv .) */}}
+{{- define "helios.metricsEnv" -}}
+- name: HELIOS_METRICS_LISTEN
+  value: {{ printf "0.0.0.0:%v" .Values.metrics.port | quote }}
+{{- end -}}
+
+{{- define "helios.metricsPort" -}}
+- name: metrics
+  containerPort: {{ .Values.metrics.port }}
+  protocol: TCP
+{{- end -}}
+
+{{/* Pod annotations for annotation-based discovery (metrics.scrapeAnnotations), with the port
+     the pod serves /metrics on: helios.scrapeAnnotations (dict "root" $ "port" 8000) */}}
+{{- define "helios.scrapeAnnotations" -}}
+{{- if .root.Values.metrics.scrapeAnnotations -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .port | quote }}
+prometheus.io/path: /metrics
+{{- end -}}
 {{- end -}}
 
 {{/* Probes of a gRPC service: ready while grpc.health.v1 says SERVING; alive while it listens
