@@ -260,8 +260,13 @@ def inspect_model_dir(
     context_hint: str = "",
     capacity_hint: str = "",
     capture_batch_sizes: tuple[int, ...] = (),
+    allow_missing_weights: bool = False,
 ) -> Manifest:
-    """Check a Hugging Face checkpoint directory and describe it as a manifest."""
+    """Check a Hugging Face checkpoint directory and describe it as a manifest.
+
+    `allow_missing_weights` accepts a directory with config and tokenizer but no weights (an
+    engine run with `--load-format dummy`, speed benchmarks at real shapes); its manifest lists
+    no weight files and counts the parameters as 0."""
     model_dir = Path(model_dir)
     config_path = model_dir / "config.json"
     if not config_path.is_file():
@@ -272,7 +277,7 @@ def inspect_model_dir(
         raise ValidationError(f"{config_path}: no `architectures` entry")
     architecture = architectures[0]
     weights = sorted(p.name for p in model_dir.glob("*.safetensors"))
-    if not weights:
+    if not weights and not allow_missing_weights:
         raise ValidationError(f"{model_dir}: no *.safetensors weights (only safetensors load)")
     if not (model_dir / "tokenizer.json").is_file():
         raise ValidationError(f"{model_dir}: tokenizer.json is missing")
@@ -370,8 +375,10 @@ def verify_core(root: Path, manifest: Manifest, roles: tuple[str, ...] | None = 
                 "match its fingerprint", param=manifest.chat_template_file)
 
 
-def open_model(path: Path | str, *, verify: tuple[str, ...] | None = None) -> ModelSource:
-    """Open a prepared core (verifying files with the given roles; all when None) or a model dir.
+def open_model(path: Path | str, *, verify: tuple[str, ...] | None = None,
+               allow_missing_weights: bool = False) -> ModelSource:
+    """Open a prepared core (verifying files with the given roles; all when None) or a model dir
+    (one without weights only with `allow_missing_weights`: see inspect_model_dir).
 
     Unknown paths and malformed manifests raise ValidationError / ManifestError.
     """
@@ -382,7 +389,8 @@ def open_model(path: Path | str, *, verify: tuple[str, ...] | None = None) -> Mo
         verify_core(root, manifest, verify)
         return ModelSource(root, manifest, is_core=True)
     if (root / "config.json").is_file():
-        return ModelSource(root, inspect_model_dir(root))
+        return ModelSource(root, inspect_model_dir(
+            root, allow_missing_weights=allow_missing_weights))
     raise ValidationError(
         f"{root} is neither a prepared core ({MANIFEST_NAME}) nor a model directory "
         "(config.json)")

@@ -8,6 +8,9 @@ from services.common.config import ServiceConfig, option
 from services.common.errors import ValidationError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+RUNNERS = ("auto", "torch", "graph")
+SWITCHES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,21 @@ class EngineConfig(ServiceConfig):
     num_snapshots: int = option(0, "checkpoint snapshot rows (0: 2 x max_num_seqs)")
     cpu_threads: int = option(0, "torch intra-op threads of the engine core (0: torch's "
                                  "default, one per core)")
+    load_format: str = option("auto", "weights: auto or safetensors (read the checkpoint), "
+                                      "or dummy (random weights drawn on the device from "
+                                      "dummy_seed; a directory without weights serves: "
+                                      "speed tests at real shapes)")
+    dummy_seed: int = option(0, "seed of the dummy weights")
+    runner: str = option("auto", "auto (graph on CUDA, torch on the CPU), torch (eager, "
+                                 "synchronous) or graph (persistent buffers, CUDA graphs for "
+                                 "decode, two-frame overlap; eager on the CPU)")
+    cuda_graph_max_batch: int = option(0, "largest decode batch captured as a CUDA graph "
+                                          "(power-of-two capacities up to it; 0: max_num_seqs, "
+                                          "-1: no graphs)")
+    overlap: str = option("auto", "two-frame execution: plan step N+1 while step N runs "
+                                  "(auto: on with the graph runner)")
+    cost_model: str = option("auto", "size prefill chunks by measured per-shape step durations "
+                                     "(auto: on for CUDA)")
     checkpoint_extra_fraction: float = option(
         0.05, "extra prefill work allowed for checkpoints at earlier message boundaries")
     context_hint: str = option("raise --max-model-len (engine) up to the model's context",
@@ -68,6 +86,13 @@ class EngineConfig(ServiceConfig):
             raise ValidationError("num_snapshots must be >= 0", param="num_snapshots")
         if self.dtype not in DTYPES:
             raise ValidationError(f"dtype must be one of {DTYPES}", param="dtype")
+        for name, allowed in (("load_format", LOAD_FORMATS), ("runner", RUNNERS),
+                              ("overlap", SWITCHES), ("cost_model", SWITCHES)):
+            if getattr(self, name) not in allowed:
+                raise ValidationError(f"{name} must be one of {allowed}", param=name)
+        if self.cuda_graph_max_batch < -1:
+            raise ValidationError("cuda_graph_max_batch must be >= -1",
+                                  param="cuda_graph_max_batch")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValidationError("max_model_len must be >= 2", param="max_model_len")
 

@@ -56,7 +56,9 @@ class EngineLifecycle(BasicLifecycle):
 
     async def start(self, health: HealthReporter) -> None:
         self.health = health
-        self.model = await asyncio.to_thread(open_model, self.config.model)
+        self.model = await asyncio.to_thread(
+            open_model, self.config.model,
+            allow_missing_weights=self.config.load_format == "dummy")
         if self.metrics is not None:
             self.metrics.model_name = self.model.manifest.card_id
         self.client = CoreClient(self.config, on_failure=health.fail)

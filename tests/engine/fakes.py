@@ -52,6 +52,8 @@ class FakeRunner:
         self.snapshot_tail: dict[int, tuple[int | None, ...]] = {}
         self.snapshot_state: dict[int, bytes] = {}
         self.seeds: dict[int, int] = {}
+        self.last_token: dict[int, int] = {}   # slot -> last sampled (feeds pending tokens)
+        self.window = 1                   # 2: the engine loop overlaps steps (two frames)
         self.done: deque[Completion] = deque()
         self.hold = False                 # keep completions back until release()
         self.held: deque[Completion] = deque()
@@ -75,7 +77,8 @@ class FakeRunner:
                 assert len(tail) == s.restore.num_tokens
                 self.kv[s.restore.page_id][:len(tail)] = list(tail)
         for s in step.seqs:
-            for j, token in enumerate(s.token_ids):
+            fed = (self.last_token[s.handle.slot],) if s.feeds_pending else s.token_ids
+            for j, token in enumerate(fed):
                 pos = s.start + j
                 self.kv[s.page_ids[pos // size]][pos % size] = token
         results = []
@@ -98,6 +101,7 @@ class FakeRunner:
                 banned = set(s.suppress_token_ids)
                 while token in banned:          # what a sampler's mask does
                     token = (token + 1) % self.vocab
+                self.last_token[s.handle.slot] = token
             results.append(SeqResult(s.handle, s.end, token))
         completion = Completion(step.fence, tuple(results), duration_s=0.001)
         (self.held if self.hold else self.done).append(completion)
@@ -156,3 +160,45 @@ def collect(outputs: dict[str, dict[int, list[int]]], updates: list[RequestUpdat
         for delta in update.deltas:
             outputs.setdefault(update.request_id, {}).setdefault(delta.index, []).extend(
                 delta.token_ids)
+
+
+def run_step_two_frames(scheduler: Scheduler, runner: FakeRunner
+                        ) -> tuple[bool, list[RequestUpdate]]:
+    """One round of the engine loop with a window of two (as core/loop.py drives a two-frame
+    runner): plan and submit while fewer than two steps are outstanding, complete the oldest
+    when the window is full or nothing new could be planned. Held completions stay held."""
+    updates: list[RequestUpdate] = []
+    submitted = False
+    if runner.outstanding < 2:
+        plan = scheduler.plan()
+        if plan is not None:
+            fence = scheduler.state.resources.fences.next_fence
+            runner.submit(scheduler.commit(plan, fence))
+            submitted = True
+    completed = False
+    if runner.done and (runner.outstanding >= 2 or not submitted):
+        updates.extend(scheduler.complete(runner.done.popleft()))
+        completed = True
+    return submitted or completed, updates
+
+
+def run_like_the_loop(scheduler: Scheduler, runner, max_rounds: int = 100_000
+                      ) -> dict[str, dict[int, list[int]]]:
+    """Drive to idle exactly as core/loop.py does: plan and submit while the runner's window
+    has room, wait for the oldest completion when it is full or nothing could be planned."""
+    outputs: dict[str, dict[int, list[int]]] = {}
+    for _ in range(max_rounds):
+        submitted = False
+        if runner.outstanding < runner.window:
+            plan = scheduler.plan()
+            if plan is not None:
+                fence = scheduler.state.resources.fences.next_fence
+                runner.submit(scheduler.commit(plan, fence))
+                submitted = True
+        if runner.outstanding and (runner.outstanding >= runner.window or not submitted):
+            collect(outputs, scheduler.complete(runner.wait()))
+        while (completion := runner.poll()) is not None:
+            collect(outputs, scheduler.complete(completion))
+        if not scheduler.has_work:
+            return outputs
+    raise AssertionError("did not finish")

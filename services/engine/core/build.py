@@ -21,9 +21,11 @@ from services.engine.model import (
     allocate_kv_cache,
     default_dtype,
     kv_cache_bytes_per_page,
+    load_dummy_model,
     load_model,
 )
 from services.engine.runner.base import Runner
+from services.engine.runner.graph_runner import GraphRunner, GraphRunnerConfig
 from services.engine.runner.memory import plan_layout
 from services.engine.runner.snapshots import SnapshotStore
 from services.engine.runner.torch_runner import TorchRunner
@@ -76,6 +78,26 @@ def describe_device(device: torch.device) -> str:
     return "cpu"
 
 
+@dataclass(frozen=True, slots=True)
+class RunnerChoice:
+    graph: bool               # GraphRunner (else the synchronous TorchRunner)
+    graph_max_batch: int      # largest captured decode capacity (0: none; CUDA only)
+    overlap: bool             # two-frame execution
+    cost_model: bool          # measured step durations size prefill chunks
+
+
+def resolve_runner(config: EngineConfig, device: torch.device) -> RunnerChoice:
+    """auto: the graph runner with graphs, overlap and the cost model on CUDA; the torch
+    runner on the CPU. Each can be forced (the CPU tests run the graph runner eagerly)."""
+    cuda = device.type == "cuda"
+    graph = config.runner == "graph" or (config.runner == "auto" and cuda)
+    max_batch = config.max_num_seqs if config.cuda_graph_max_batch == 0 else \
+        max(0, config.cuda_graph_max_batch)
+    overlap = graph and (config.overlap == "on" or (config.overlap == "auto" and cuda))
+    cost_model = config.cost_model == "on" or (config.cost_model == "auto" and cuda)
+    return RunnerChoice(graph, max_batch if graph else 0, overlap, cost_model)
+
+
 def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
     device = resolve_device(config.device)
     dtype = default_dtype(device) if config.dtype == "auto" else _DTYPES[config.dtype]
@@ -83,7 +105,11 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
     manifest = source.manifest
     context = min(config.max_model_len or manifest.max_model_len, manifest.max_model_len,
                   model_config.max_context)
-    model = load_model(source, device, dtype, max_positions=context)
+    if config.load_format == "dummy":
+        model = load_dummy_model(model_config, device, dtype, max_positions=context,
+                                 seed=config.dummy_seed)
+    else:
+        model = load_model(source, device, dtype, max_positions=context)
     itemsize = torch.empty((), dtype=dtype).element_size()
     layout = plan_layout(
         device=device, page_bytes=kv_cache_bytes_per_page(model_config, config.page_size, dtype),
@@ -98,8 +124,19 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
     kv = allocate_kv_cache(model_config, layout.num_pages, layout.page_size, device, dtype)
     snapshots = SnapshotStore(kv, layout.num_snapshots, model_config.hidden_size, dtype, device)
     eos = tuple(manifest.eos_token_ids)
-    runner = TorchRunner(model, kv, snapshots, num_slots=config.max_num_seqs,
-                         eos_token_ids=eos)
+    choice = resolve_runner(config, device)
+    runner: Runner
+    if choice.graph:
+        graph_runner = GraphRunner(model, kv, snapshots, GraphRunnerConfig(
+            num_slots=config.max_num_seqs, max_model_len=context,
+            max_num_batched_tokens=config.batched_tokens,
+            graph_max_batch=choice.graph_max_batch, overlap=choice.overlap,
+            eos_token_ids=eos))
+        graph_runner.capture()
+        runner = graph_runner
+    else:
+        runner = TorchRunner(model, kv, snapshots, num_slots=config.max_num_seqs,
+                             eos_token_ids=eos)
     resources = KVResources(num_pages=layout.num_pages, page_size=layout.page_size,
                             num_snapshots=layout.num_snapshots)
     scheduler_config = SchedulerConfig(
@@ -110,7 +147,7 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
         checkpoint_extra_fraction=config.checkpoint_extra_fraction,
         context_hint=manifest.context_hint or config.context_hint,
         capacity_hint=manifest.capacity_hint or config.capacity_hint,
-        supports_images=False)
+        supports_images=False, overlap=choice.overlap, cost_model=choice.cost_model)
     scheduler = Scheduler(scheduler_config, resources, manifest.identity_bytes)
     info = CoreInfo(device=describe_device(device), dtype=str(dtype).removeprefix("torch."),
                     page_size=layout.page_size, num_pages=layout.num_pages,

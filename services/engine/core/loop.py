@@ -93,24 +93,33 @@ class EngineCore:
         return 0
 
     def _step(self) -> None:
+        """plan -> submit -> complete. With a two-frame runner (window 2) the next step is
+        planned and submitted while the last one runs, and the loop waits for the oldest
+        completion only when the window is full or nothing new could be planned."""
         scheduler, runner = self.scheduler, self.runner
-        plan = scheduler.plan()
-        if plan is not None:
-            fence = scheduler.state.resources.fences.next_fence
-            try:
-                step = scheduler.commit(plan, fence)
-            except PlanInvalidated:
-                log.debug("plan invalidated before commit; planning again")
-                step = None
-            if step is not None:
-                runner.submit(step)
+        submitted = False
+        if runner.outstanding < runner.window:
+            plan = scheduler.plan()
+            if plan is not None:
+                fence = scheduler.state.resources.fences.next_fence
+                try:
+                    runner.submit(scheduler.commit(plan, fence))
+                    submitted = True
+                except PlanInvalidated:
+                    log.debug("plan invalidated before commit; planning again")
+        if runner.outstanding and (runner.outstanding >= runner.window or not submitted):
+            self._complete(runner.wait())
         while (completion := runner.poll()) is not None:
-            step = scheduler.state.in_flight.get(completion.fence)
-            lengths = {s.handle: self._prompt_len(s.handle) for s in step.seqs} if step else {}
-            updates = scheduler.complete(completion)
-            if step is not None:
-                self.telemetry.record(step, completion, lengths)
-            self.outbox.publish(updates, scheduler.state.resources.cache.take_block_events())
+            self._complete(completion)
+
+    def _complete(self, completion) -> None:
+        scheduler = self.scheduler
+        step = scheduler.state.in_flight.get(completion.fence)
+        lengths = {s.handle: self._prompt_len(s.handle) for s in step.seqs} if step else {}
+        updates = scheduler.complete(completion)
+        if step is not None:
+            self.telemetry.record(step, completion, lengths)
+        self.outbox.publish(updates, scheduler.state.resources.cache.take_block_events())
 
     def _prompt_len(self, handle) -> int:
         seq = self.scheduler.state.running.get(handle.slot)

@@ -13,6 +13,7 @@ from services.engine.model.attention import (
 )
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from services.engine.model.dummy import init_dummy_weights, load_dummy_model
 from services.engine.model.loader import default_dtype, load_model
 
 __all__ = [
@@ -24,6 +25,8 @@ __all__ = [
     "allocate_kv_cache",
     "build_metadata",
     "default_dtype",
+    "init_dummy_weights",
     "kv_cache_bytes_per_page",
+    "load_dummy_model",
     "load_model",
 ]

@@ -8,6 +8,7 @@ for sampling and the state a checkpoint capture saves.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -25,8 +26,9 @@ class ForwardInputs:
     last_rows: tuple[int, ...]     # packed row of each forward sequence's last token
 
 
-def build_forward_inputs(step: Step, page_size: int, device: torch.device
-                         ) -> ForwardInputs | None:
+def build_forward_inputs(step: Step, page_size: int, device: torch.device,
+                         last_tokens: Mapping[int, int] | None = None) -> ForwardInputs | None:
+    """`last_tokens` (slot -> its last sampled token) supplies a pending fed token."""
     token_ids: list[int] = []
     positions: list[int] = []
     query_lens: list[int] = []
@@ -37,7 +39,12 @@ def build_forward_inputs(step: Step, page_size: int, device: torch.device
     for index, seq in enumerate(step.seqs):
         if not seq.token_ids:
             continue
-        token_ids.extend(seq.token_ids)
+        if seq.feeds_pending:
+            if last_tokens is None or seq.handle.slot not in last_tokens:
+                raise RuntimeError(f"slot {seq.handle} feeds a pending token it never sampled")
+            token_ids.append(last_tokens[seq.handle.slot])
+        else:
+            token_ids.extend(seq.token_ids)
         positions.extend(range(seq.start, seq.end))
         query_lens.append(len(seq.token_ids))
         seq_lens.append(seq.end)

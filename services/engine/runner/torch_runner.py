@@ -51,9 +51,11 @@ class TorchRunner:
         self.vocab_size = model.config.vocab_size
         self.eos_token_ids = eos_token_ids
         self._slots: dict[int, SlotSampling] = {}
-        # each slot's hidden state after its last fed token: a finished sequence's terminal
-        # checkpoint is captured from here in a later, zero-token step
-        self.last_hidden = torch.zeros((num_slots, model.config.hidden_size),
+        # each slot's hidden state after its last fed tokens, by the parity of the row's
+        # position: a finished sequence's terminal checkpoint at endpoint E is captured from
+        # row E - 1 in a later, zero-token step, even when one overlapped decode (position E)
+        # already ran behind it
+        self.last_hidden = torch.zeros((num_slots, 2, model.config.hidden_size),
                                        dtype=snapshots.hidden.dtype, device=self.device)
         self._done: collections.deque[Completion] = collections.deque()
         self._failure: BaseException | None = None
@@ -62,6 +64,11 @@ class TorchRunner:
     @property
     def outstanding(self) -> int:
         return len(self._done)
+
+    @property
+    def window(self) -> int:
+        """Synchronous: each step completes before the next is planned."""
+        return 1
 
     def submit(self, step: Step) -> int:
         self._check_healthy()
@@ -107,19 +114,22 @@ class TorchRunner:
             if seq.restore is not None:
                 r = seq.restore
                 self.snapshots.restore(r.snapshot_id, r.page_id, r.num_tokens)
-        inputs = build_forward_inputs(step, self.page_size, self.device)
+        last_tokens = {slot: s.output_token_ids[-1] for slot, s in self._slots.items()
+                       if s.output_token_ids}
+        inputs = build_forward_inputs(step, self.page_size, self.device, last_tokens)
         hidden = None
         last_row: dict[int, int] = {}
         if inputs is not None:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv, inputs.meta)
             last_row = dict(zip(inputs.seq_indices, inputs.last_rows, strict=True))
-            slots = [step.seqs[i].handle.slot for i in inputs.seq_indices]
-            self.last_hidden.index_copy_(                                   # [B, H] rows
-                0, torch.tensor(slots, device=self.device),
+            fed = [step.seqs[i] for i in inputs.seq_indices]
+            self.last_hidden.index_put_(                                    # [B, H] rows
+                (torch.tensor([s.handle.slot for s in fed], device=self.device),
+                 torch.tensor([(s.end - 1) % 2 for s in fed], device=self.device)),
                 hidden.index_select(0, torch.tensor(inputs.last_rows, device=self.device)))
         for index, seq in enumerate(step.seqs):
             if seq.resume_snapshot is not None:
-                self.last_hidden[seq.handle.slot].copy_(
+                self.last_hidden[seq.handle.slot, (seq.start - 1) % 2].copy_(
                     self.snapshots.hidden[seq.resume_snapshot])
             if seq.capture is not None:
                 c = seq.capture
@@ -127,7 +137,7 @@ class TorchRunner:
                     assert hidden is not None
                     state = hidden[last_row[index]]
                 else:
-                    state = self.last_hidden[seq.handle.slot]
+                    state = self.last_hidden[seq.handle.slot, (c.endpoint - 1) % 2]
                 self.snapshots.capture(c.snapshot_id, c.page_id, c.num_tokens, state)
         sampled = self._sample(step, hidden, last_row)
         return tuple(SeqResult(seq.handle, seq.end, *sampled.get(index, (None, None)))

@@ -41,9 +41,14 @@ def validate(state: SchedulerState, completion: Completion) -> Step:
 def apply_result(state: SchedulerState, step: Step, planned: SeqStep, result: SeqResult,
                  now: float) -> ChoiceDelta | None:
     seq = state.resident(result.handle)
-    if seq is None or seq.in_flight != step.fence:
+    if seq is None or not seq.in_flight_fences or seq.in_flight_fences[0] != step.fence:
         return None                    # cancelled or preempted while in flight: discard
-    seq.in_flight = 0
+    seq.in_flight_fences.pop(0)
+    if planned.feeds_pending and seq.finish_reason is not None:
+        # a decode that ran behind the token that finished this choice: drop what it made
+        # (its KV lies past the terminal endpoint; its pages retire with the sequence)
+        seq.bump()
+        return None
     prompt_len = seq.prompt_len
     state.counters.prompt_tokens += max(0, min(result.consumed, prompt_len) -
                                         min(planned.start, prompt_len))

@@ -1,8 +1,14 @@
-"""Per-shape step duration estimates: the cost model's measurement half (issue 5 builds on it).
+"""Per-shape step duration estimates and the choice they feed (the scheduler's cost model).
 
 Each step shape (kind + capacity label) keeps the median of its last nine valid observations.
 An estimate starts unmeasured (None); after `stale_after_s` without an observation it is
-stale but still available. Host delays and queueing never enter: callers pass device time.
+stale but still available. Host delays and queueing never enter: callers pass device time
+(the GPU runner measures each step between CUDA events).
+
+`chunk_budget` uses them: among the token capacities a step's prefill could fill, it picks the
+one with the most useful work (an output token is worth `output_value` prompt tokens) per
+estimated duration. An unmeasured capacity ranks ahead of every measured one (largest first),
+so each shape gets measured once before the measurements decide.
 """
 
 from __future__ import annotations
@@ -62,3 +68,33 @@ class DurationEstimator:
     def estimated_duration_s(self, kind: str, label: str) -> float | None:
         stats = self.shapes.get((kind, label))
         return stats.estimate_s() if stats else None
+
+
+def shape_label(num_seqs: int, num_tokens: int) -> str:
+    """A step's capacity label (as `Step.label`): b<batch capacity> t<token capacity>."""
+    batch = 1 << max(0, num_seqs - 1).bit_length()
+    tokens = 1 << max(0, num_tokens - 1).bit_length()
+    return f"b{batch} t{tokens}"
+
+
+def chunk_budget(costs: DurationEstimator, *, num_seqs: int, num_outputs: int, num_tokens: int,
+                 budget: int, min_chunk: int, output_value: float) -> int:
+    """Prefill tokens to add to a step that already feeds `num_tokens` tokens of `num_seqs`
+    sequences and samples `num_outputs` tokens: `budget` or a smaller capacity that fills a
+    power-of-two token capacity, whichever does the most useful work per estimated second."""
+    kind = "mixed" if num_tokens else "prefill"
+    candidates: list[int] = []
+    capacity = 1 << max(0, num_tokens + min_chunk - 1).bit_length()
+    while capacity - num_tokens < budget:
+        candidates.append(capacity - num_tokens)
+        capacity *= 2
+    candidates.append(budget)
+    best, best_rate = budget, -1.0
+    for chunk in reversed(candidates):             # largest first: unmeasured ones explore
+        estimate = costs.estimated_duration_s(kind, shape_label(num_seqs + 1, num_tokens + chunk))
+        if estimate is None:
+            return chunk
+        rate = (output_value * num_outputs + chunk) / max(estimate, 1e-9)
+        if rate > best_rate:
+            best, best_rate = chunk, rate
+    return best

@@ -9,6 +9,11 @@
 A plan is immutable; it records each participant's state epoch. Mutating or retiring a
 participant (cancel, preemption, finish) bumps its epoch, and committing a plan whose epochs no
 longer match raises `PlanInvalidated`. Everything here is plain Python: ids, not tensors.
+
+Two-frame overlap: a decode may be planned behind a sequence's in-flight step that samples
+(`PlannedSeq.follows`). Its one fed token is that step's sampled token, which the host does
+not know yet: the step carries `PENDING_TOKEN` and the runner feeds the token it sampled last
+for the slot (on the GPU straight from device memory).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from typing import Any
 
 from services.common.errors import InternalError
 from services.engine.scheduler.requests import SampledLogprobs
+
+PENDING_TOKEN = -1     # a fed token the runner takes from the slot's last sampled token
 
 
 class PlanInvalidated(InternalError):
@@ -42,6 +49,7 @@ class PlannedSeq:
     start: int            # tokens whose KV exists before the step
     num_tokens: int       # tokens fed this step (0: resume sampling from a snapshot)
     sample: bool          # the step reaches the end of the known tokens: sample one
+    follows: bool = False  # a decode behind the sequence's in-flight step (feeds its token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +78,8 @@ class Capture:
     snapshot_id: int
     page_id: int          # page holding positions [endpoint - num_tokens, endpoint); -1 if none
     num_tokens: int       # endpoint % page_size
+    endpoint: int = 0     # tokens the checkpoint covers (its hidden state is that of row
+                          # endpoint - 1, even when a later decode already ran behind it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +98,8 @@ class SamplingInit:
 class SeqStep:
     handle: SlotHandle
     start: int                         # KV length before the step
-    token_ids: tuple[int, ...]         # fed tokens at positions start.. (() = resume sampling)
+    token_ids: tuple[int, ...]         # fed tokens at positions start.. (() = resume sampling;
+                                       # (PENDING_TOKEN,) = the slot's last sampled token)
     page_ids: tuple[int, ...]          # the sequence's page table after the step
     sample: bool                       # sample a token after this step
     output_index: int                  # index of the token sampled now (counter for the seed)
@@ -101,6 +112,11 @@ class SeqStep:
     @property
     def end(self) -> int:
         return self.start + len(self.token_ids)
+
+    @property
+    def feeds_pending(self) -> bool:
+        """The fed token is the slot's last sampled token (not yet known to the host)."""
+        return len(self.token_ids) == 1 and self.token_ids[0] == PENDING_TOKEN
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,12 +11,15 @@
    preempting younger resident sequences (youngest first). A sequence never preempts an older
    one, so the oldest request always progresses: nobody starves.
 
-Order is arrival time shifted by priority (state.order_key). The cost model (issue 5) will
-rank candidate shapes by value per estimated duration; it plugs in here.
+Order is arrival time shifted by priority (state.order_key). With the cost model on
+(`SchedulerConfig.cost_model`), the prefill allowance of a step is the candidate token
+capacity with the most useful work per measured duration (costs.chunk_budget). With overlap on,
+a decode may be planned behind a sequence's in-flight step (`can_follow`).
 """
 
 from __future__ import annotations
 
+from services.engine.scheduler.costs import chunk_budget
 from services.engine.scheduler.plan import PlannedSeq
 from services.engine.scheduler.residency import drop_waiting_pins, preempt
 from services.engine.scheduler.sequence import Phase, Sequence
@@ -28,11 +31,13 @@ MIN_CHUNK = 64
 def select(state: SchedulerState) -> list[PlannedSeq]:
     config = state.config
     res = state.resources
-    candidates = sorted((s for s in state.running.values() if not s.in_flight), key=order_key)
+    candidates = sorted((s for s in state.running.values()
+                         if not s.in_flight_fences or can_follow(state, s)), key=order_key)
     # finished choices saving their terminal state: zero tokens, no pages, free a slot soon
     chosen = [_planned(s, 0) for s in candidates if s.phase is Phase.CAPTURING]
     candidates = [s for s in candidates if s.phase is Phase.RUNNING]
-    decoding = [s for s in candidates if s.resume_snapshot is not None or s.is_decoding]
+    decoding = [s for s in candidates
+                if s.in_flight_fences or s.resume_snapshot is not None or s.is_decoding]
     prefilling = [s for s in candidates if s not in decoding]
     chosen_seqs: set[int] = {id(state.running[p.handle.slot]) for p in chosen}
     budget = config.max_num_batched_tokens
@@ -58,11 +63,21 @@ def select(state: SchedulerState) -> list[PlannedSeq]:
     for seq in decoding:
         if seq.handle is None or seq.handle.slot not in state.running:
             continue                                # preempted by an older sequence
-        tokens = 0 if seq.resume_snapshot is not None else 1
-        if obtain(seq, res.pages_for(seq.num_computed + tokens) - len(seq.page_ids)):
-            chosen.append(_planned(seq, tokens))
+        if seq.in_flight_fences:                    # behind its in-flight step (overlap)
+            planned = PlannedSeq(seq.handle, seq.epoch, seq.scheduled_end, 1, sample=True,
+                                 follows=True)
+        else:
+            planned = _planned(seq, 0 if seq.resume_snapshot is not None else 1)
+        if obtain(seq, res.pages_for(planned.start + planned.num_tokens) - len(seq.page_ids)):
+            chosen.append(planned)
             chosen_seqs.add(id(seq))
-            budget -= tokens
+            budget -= planned.num_tokens
+    if config.cost_model and prefilling and budget > MIN_CHUNK:
+        budget = chunk_budget(state.costs, num_seqs=len(chosen),
+                              num_outputs=sum(1 for p in chosen if p.sample),
+                              num_tokens=sum(p.num_tokens for p in chosen), budget=budget,
+                              min_chunk=MIN_CHUNK,
+                              output_value=config.output_token_value)
     first_prefill = True
     for seq in prefilling:
         if seq.handle is None or seq.handle.slot not in state.running:
@@ -85,6 +100,24 @@ def select(state: SchedulerState) -> list[PlannedSeq]:
         budget -= tokens
         first_prefill = False
     return chosen
+
+
+def can_follow(state: SchedulerState, seq: Sequence) -> bool:
+    """Two-frame overlap: may a decode be planned behind this sequence's in-flight step?
+
+    Only behind one step that samples and captures nothing, and only when that step's token
+    cannot be the last by count (max_tokens, context): a token that ends the choice by stop
+    rule (EOS, stop ids) wastes the one decode behind it, which completion then drops."""
+    if not state.config.overlap or len(seq.in_flight_fences) != 1 or not seq.can_follow:
+        return False
+    if seq.phase is not Phase.RUNNING or seq.finish_reason is not None:
+        return False
+    outputs = len(seq.output_ids) + 1                   # with the in-flight step's token
+    if outputs >= (seq.request.stop.max_tokens or 0):
+        return False
+    if seq.prompt_len + outputs >= state.config.max_model_len:
+        return False
+    return seq.scheduled_end + 1 not in seq.target_snapshots
 
 
 def _chunk(seq: Sequence, chunk_size: int, allowance: int) -> int:

@@ -104,7 +104,7 @@ def drop_waiting_pins(state: SchedulerState) -> bool:
 def release(state: SchedulerState, seq: Sequence) -> None:
     """Give back a resident sequence's slot, pins, pages and rows behind its last use."""
     res = state.resources
-    fence = seq.in_flight or seq.last_fence
+    fence = seq.last_fence
     for pin in seq.pins:
         res.cache.mark_used(pin.checkpoint, fence)
         res.cache.unpin(pin)
@@ -130,7 +130,7 @@ def preempt(state: SchedulerState, seq: Sequence) -> None:
     seq.handle = None
     seq.phase = Phase.PREEMPTED
     seq.num_computed = 0
-    seq.in_flight = 0
+    seq.in_flight_fences.clear()
     seq.needs_init = True
     state.counters.preemptions += 1
     state.enqueue(seq)

@@ -24,10 +24,12 @@ from services.engine.prefix.history import PrefixHistory
 from services.engine.scheduler import completion as completing
 from services.engine.scheduler.admission import AdmissionLimits, validate_request
 from services.engine.scheduler.plan import (
+    PENDING_TOKEN,
     Capture,
     Completion,
     Plan,
     PlanInvalidated,
+    PlannedSeq,
     Restore,
     SamplingInit,
     SeqStep,
@@ -152,7 +154,8 @@ class Scheduler:
         seqs: list[Sequence] = []
         for planned in plan.seqs:
             seq = state.resident(planned.handle)
-            if seq is None or seq.epoch != planned.epoch or seq.in_flight:
+            if seq is None or seq.epoch != planned.epoch or (
+                    seq.in_flight_fences and not planned.follows):
                 raise PlanInvalidated(f"slot {planned.handle} changed after planning")
             seqs.append(seq)
         if fence != res.fences.next_fence:
@@ -163,16 +166,17 @@ class Scheduler:
         if not res.reclaim(pages=needed):
             raise PlanInvalidated(f"{needed} pages are no longer available")
         res.fences.issue()
-        steps = tuple(self._commit_seq(seq, planned.start, planned.num_tokens,
-                                       planned.sample, fence)
+        steps = tuple(self._commit_seq(seq, planned, fence)
                       for planned, seq in zip(plan.seqs, seqs, strict=True))
         step = Step(fence, _step_kind(steps), steps)
         state.in_flight[fence] = step
         state.counters.launches_by_kind[step.kind] += 1
         return step
 
-    def _commit_seq(self, seq: Sequence, start: int, num_tokens: int, sample: bool,
-                    fence: int) -> SeqStep:
+    def _commit_seq(self, seq: Sequence, planned: PlannedSeq, fence: int) -> SeqStep:
+        start, num_tokens, sample = planned.start, planned.num_tokens, planned.sample
+        # a decode behind the in-flight step: its token is that step's, one output later
+        outputs = len(seq.output_ids) + (1 if planned.follows else 0)
         res = self.state.resources
         size = res.page_size
         first_new = len(seq.page_ids)
@@ -188,7 +192,8 @@ class Scheduler:
         capture = None
         if end in seq.target_snapshots and (num_tokens or seq.phase is Phase.CAPTURING):
             capture = Capture(seq.target_snapshots[end],
-                              seq.page_ids[end // size] if end % size else -1, end % size)
+                              seq.page_ids[end // size] if end % size else -1, end % size,
+                              end)
         init = None
         if seq.needs_init:
             request = seq.request.request
@@ -198,18 +203,22 @@ class Scheduler:
             seq.needs_init = False
         rules = seq.request.stop
         suppress: tuple[int, ...] = ()
-        if sample and len(seq.output_ids) < rules.min_tokens:
+        if sample and outputs < rules.min_tokens:
             ids = set(rules.stop_token_ids)
             if not rules.ignore_eos:
                 ids |= self.state.config.eos_token_ids
             suppress = tuple(sorted(ids))
         for pin in seq.pins:
             res.cache.mark_used(pin.checkpoint, fence)
-        seq.in_flight = seq.last_fence = fence
+        seq.in_flight_fences.append(fence)
+        seq.last_fence = fence
+        seq.scheduled_end = end
+        seq.can_follow = sample and capture is None
         seq.bump()
+        token_ids = (PENDING_TOKEN,) if planned.follows else seq.tokens(start, end)
         return SeqStep(
-            handle=seq.handle, start=start, token_ids=seq.tokens(start, end),  # type: ignore[arg-type]
-            page_ids=tuple(seq.page_ids), sample=sample, output_index=len(seq.output_ids),
+            handle=seq.handle, start=start, token_ids=token_ids,  # type: ignore[arg-type]
+            page_ids=tuple(seq.page_ids), sample=sample, output_index=outputs,
             suppress_token_ids=suppress,
             resume_snapshot=seq.resume_snapshot if num_tokens == 0 else None,
             restore=restore, capture=capture, init=init)

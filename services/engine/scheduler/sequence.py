@@ -40,8 +40,10 @@ class Sequence:
     targets: list[int] = field(default_factory=list)        # checkpoint endpoints to capture
     target_snapshots: dict[int, int] = field(default_factory=dict)   # endpoint -> snapshot row
     needs_init: bool = True             # the runner must (re)initialise sampling state
-    in_flight: int = 0                  # fence of the submitted step using it (0: none)
+    in_flight_fences: list[int] = field(default_factory=list)  # submitted, not completed
     last_fence: int = 0                 # fence of the last submitted step using it
+    scheduled_end: int = 0              # KV length after the last submitted step
+    can_follow: bool = False            # the last submitted step samples and captures nothing
     finish_reason: FinishReason | None = None
     last_progress: float = field(default_factory=time.monotonic)
     last_output: float = -1.0
@@ -67,6 +69,11 @@ class Sequence:
             return tuple(prompt[start:end])
         head = tuple(prompt[start:]) if start < len(prompt) else ()
         return head + tuple(self.output_ids[max(0, start - len(prompt)):end - len(prompt)])
+
+    @property
+    def in_flight(self) -> int:
+        """Fence of the latest submitted step still running (0: none)."""
+        return self.in_flight_fences[-1] if self.in_flight_fences else 0
 
     @property
     def is_decoding(self) -> bool:

@@ -28,6 +28,9 @@ class SchedulerConfig:
     context_hint: str = ""
     capacity_hint: str = ""
     supports_images: bool = False
+    overlap: bool = False                 # plan a decode behind a sequence's in-flight step
+    cost_model: bool = False              # size prefill chunks by measured step durations
+    output_token_value: float = 64.0      # an output token's value in prompt tokens (costs)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_waiting < 0:

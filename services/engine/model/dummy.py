@@ -1,0 +1,47 @@
+"""Dummy weights: the model's real shapes filled with random values drawn on its device.
+
+`--load-format dummy` serves a model directory that holds only config.json and the tokenizer
+(benchmarks/model_shapes.py writes them for Qwen3-0.6B, Qwen3-8B and Llama-3.1-8B): the speed
+of a forward pass does not depend on the values, and nothing is read from disk. Values are a
+pure function of the seed (per device type: the CPU and CUDA generators differ), drawn with a
+small standard deviation so activations stay finite in bf16 through every layer: matrices and
+embeddings N(0, 0.02) (transformers' `initializer_range`), norm weights 1, biases 0.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from services.engine.model.causal_lm import CausalLM
+from services.engine.model.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+STD = 0.02
+
+
+@torch.inference_mode()
+def init_dummy_weights(model: CausalLM, seed: int = 0, std: float = STD) -> CausalLM:
+    """Fill every parameter of `model` in place (in parameter order, one generator)."""
+    generator = torch.Generator(device=model.device)
+    generator.manual_seed(seed)
+    for name, param in model.named_parameters():
+        if param.dim() >= 2:
+            param.normal_(0.0, std, generator=generator)
+        elif name.endswith("bias"):
+            param.zero_()
+        else:                        # norm weights (input, post-attention, q/k, final)
+            param.fill_(1.0)
+    return model
+
+
+def load_dummy_model(config: ModelConfig, device: torch.device | str, dtype: torch.dtype, *,
+                     max_positions: int | None = None, seed: int = 0) -> CausalLM:
+    """A model of `config`'s shapes on `device` with dummy weights (no checkpoint read)."""
+    model = CausalLM(config, device, dtype, max_positions or config.max_context)
+    init_dummy_weights(model, seed)
+    log.info("dummy weights for %s (%d layers) on %s as %s, seed %d", config.architecture,
+             config.num_hidden_layers, device, dtype, seed)
+    return model.eval()

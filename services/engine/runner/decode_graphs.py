@@ -1,0 +1,155 @@
+"""Decode CUDA graphs: one per (batch capacity, sampling mode, logprobs), captured into one
+memory pool, largest capacity first, and replayed for every pure-decode step that fits.
+
+A decode step of n sequences runs in the graph of the smallest capacity c >= n. Its input
+frame holds each field padded to c (`pack_decode`), so every step of capacity c lands at the
+offsets the graph read when it was captured; padding rows feed token 0 at position 0 into slot
+-1 (nothing written), belong to padding sequences of length 0 (attention writes zeros) and
+sample into the padding state row. Graphs are captured with `max_seq_len` set to the context
+limit, so one graph serves every context length (the attention kernel's split plan covers it).
+
+The greedy mode without logprobs is captured for every capacity at startup; other modes on
+first use (one synchronisation, logged). On the CPU there are no graphs: `replay` runs the same
+body eagerly on the same padded views, so the CPU tests exercise the padding and offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from services.engine.runner.frames import DeviceViews, FramePacker, InputFrames
+from services.engine.runner.page_tables import PageTableMirror
+from services.engine.runner.slot_state import SamplingMode
+from services.engine.runner.step_body import StepBody, StepShape
+from services.engine.scheduler.plan import SeqStep
+
+log = logging.getLogger(__name__)
+
+
+def capacities(max_batch: int) -> tuple[int, ...]:
+    """Power-of-two capacities 1, 2, 4 ... up to max_batch rounded up to a power of two."""
+    if max_batch < 1:
+        return ()
+    top = 1 << (max_batch - 1).bit_length()
+    return tuple(1 << i for i in range(top.bit_length()))
+
+
+def pack_decode(packer: FramePacker, seqs: Sequence[SeqStep], capacity: int, page_size: int,
+                mirror: PageTableMirror, padding_row: int) -> None:
+    """Pack a pure-decode step (one fed token per sequence, every one samples) at capacity."""
+    ids, pending, positions, slots, seq_slots, seq_lens = [], [], [], [], [], []
+    update_index: list[int] = []
+    update_value: list[int] = []
+    for seq in seqs:
+        slot = seq.handle.slot
+        position = seq.start
+        if seq.feeds_pending:
+            ids.append(0)
+            pending.append(slot)
+        else:
+            ids.append(seq.token_ids[0])
+            pending.append(-1)
+        positions.append(position)
+        slots.append(seq.page_ids[position // page_size] * page_size + position % page_size)
+        seq_slots.append(slot)
+        seq_lens.append(position + 1)
+        mirror.updates(seq.handle, seq.page_ids, update_index, update_value)
+    count = len(seqs)
+    packer.i64("input_ids", ids, capacity)
+    packer.i64("positions", positions, capacity)
+    packer.i64("slot_mapping", slots, capacity, pad=-1)
+    packer.i64("pending_slot", pending, capacity, pad=-1)
+    packer.i64("seq_slots", seq_slots, capacity, pad=padding_row)
+    packer.i64("update_index", update_index, capacity, pad=mirror.trash_cell)
+    packer.i32("query_start_loc", list(range(count + 1)), capacity + 1, pad=count)
+    packer.i32("seq_lens", seq_lens, capacity)
+    packer.i32("update_value", update_value, capacity)
+
+
+def padding_offsets(frames: InputFrames, capacity: int, mirror: PageTableMirror,
+                    padding_row: int, page_size: int) -> DeviceViews:
+    """Upload an all-padding step of `capacity` (warm-up and capture inputs)."""
+    packer = FramePacker(frames.scratch)
+    pack_decode(packer, (), capacity, page_size, mirror, padding_row)
+    return frames.upload(packer)
+
+
+@dataclass(slots=True)
+class DecodeGraphs:
+    body: StepBody
+    frames: InputFrames
+    mirror: PageTableMirror
+    capacities: tuple[int, ...]
+    max_seq_len: int
+    page_size: int
+    stream: torch.cuda.Stream | None
+    graphs: dict[tuple[int, SamplingMode, bool], torch.cuda.CUDAGraph] | None = None
+    pool: Any = None              # torch's graph pool handle (one pool for all)
+    capture_seconds: float = 0.0
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.stream is not None
+
+    @property
+    def max_capacity(self) -> int:
+        return self.capacities[-1] if self.capacities else 0
+
+    def capacity_for(self, num_seqs: int) -> int | None:
+        return next((c for c in self.capacities if c >= num_seqs), None)
+
+    def shape(self, capacity: int) -> StepShape:
+        return StepShape(num_tokens=capacity, num_seqs=capacity, max_query_len=1,
+                         max_seq_len=self.max_seq_len, is_decode_graph=True)
+
+    def capture_startup(self) -> None:
+        """Capture the greedy, no-logprobs graphs, largest capacity first."""
+        if not self.is_cuda:
+            return
+        for capacity in reversed(self.capacities):
+            self._capture(capacity, SamplingMode.GREEDY, False)
+
+    def replay(self, packer: FramePacker, views: DeviceViews, capacity: int,
+               mode: SamplingMode, logprobs: bool) -> None:
+        """Run the capacity's decode on the step just uploaded from `packer` (its offsets are
+        the capture's: `pack_decode` at this capacity). A graph missing for this mode is
+        captured first (synchronising once), then the step's inputs are uploaded again."""
+        if not self.is_cuda:
+            self.body.run(views, self.shape(capacity), mode, logprobs)
+            return
+        graph = (self.graphs or {}).get((capacity, mode, logprobs))
+        if graph is None:
+            graph = self._capture(capacity, mode, logprobs)
+            with torch.cuda.stream(self.stream):
+                self.frames.upload(packer)
+        graph.replay()
+
+    def _capture(self, capacity: int, mode: SamplingMode, logprobs: bool
+                 ) -> torch.cuda.CUDAGraph:
+        assert self.stream is not None
+        started = time.perf_counter()
+        if self.graphs is None:
+            self.graphs = {}
+            self.pool = torch.cuda.graph_pool_handle()
+        torch.cuda.synchronize()
+        with torch.cuda.stream(self.stream):
+            views = padding_offsets(self.frames, capacity, self.mirror,
+                                    self.body.state.padding_row, self.page_size)
+            self.body.run(views, self.shape(capacity), mode, logprobs)   # warm-up (JIT)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+            self.body.run(views, self.shape(capacity), mode, logprobs)
+        torch.cuda.synchronize()
+        self.graphs[(capacity, mode, logprobs)] = graph
+        elapsed = time.perf_counter() - started
+        self.capture_seconds += elapsed
+        log.info("captured the decode graph b%d %s%s in %.2f s", capacity, mode.name.lower(),
+                 " +logprobs" if logprobs else "", elapsed)
+        return graph

@@ -1,0 +1,263 @@
+"""GraphRunner: the CUDA runner (persistent device inputs, decode CUDA graphs, two frames).
+
+    fence = runner.submit(step)    # pack -> upload -> (graph replay | eager body) -> enqueue
+    completion = runner.poll()     # the oldest step whose outputs reached pinned host memory
+
+Per step the host packs everything the device needs into a pinned input frame (fed tokens,
+positions, KV slots, the new page-table entries only, sampling inits) and uploads it with one
+copy per dtype on the model stream. A pure-decode step that fits a captured capacity replays
+that capacity's graph; prefill, mixed, resume and snapshot steps run the same body eagerly.
+Sampling happens on the device from per-slot state (`SlotState`); the sampled ids travel back
+through a completion frame on the copy stream. Nothing in `submit` waits for the device: the
+engine loop plans and submits step N+1 while step N runs (window 2), and a decode planned
+behind step N takes its input token from N's device-side output.
+
+On the CPU the same code runs eagerly and synchronously (no graphs, no streams): the tests
+compare it with TorchRunner token for token.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from services.common.errors import PoisonedError, WorkerFailure
+from services.engine.model import CausalLM, KVCache
+from services.engine.runner.completions import CompletionFrames
+from services.engine.runner.decode_graphs import DecodeGraphs, capacities, pack_decode
+from services.engine.runner.eager_pack import pack_eager
+from services.engine.runner.frames import BulkStaging, FramePacker, InputFrames
+from services.engine.runner.page_tables import PageTableMirror
+from services.engine.runner.slot_sampler import SampleOutputs
+from services.engine.runner.slot_state import SlotInfo, SlotState
+from services.engine.runner.snapshots import SnapshotStore
+from services.engine.runner.step_body import StepBody
+from services.engine.scheduler.plan import Completion, SamplingInit, SeqResult, Step
+from services.engine.scheduler.requests import SampledLogprobs, TokenLogprob
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class GraphRunnerConfig:
+    num_slots: int
+    max_model_len: int               # the context limit (graphs serve every length up to it)
+    max_num_batched_tokens: int
+    graph_max_batch: int             # largest captured decode capacity (0: no graphs)
+    overlap: bool                    # window 2 (two frames) or 1
+    eos_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class _InFlight:
+    step: Step
+    frame: int
+    sampled: tuple[int, ...]         # index in step.seqs of each sampled row, in row order
+    logprobs: bool
+    graph: bool
+    started: float
+
+
+class GraphRunner:
+    def __init__(self, model: CausalLM, kv: KVCache, snapshots: SnapshotStore,
+                 config: GraphRunnerConfig) -> None:
+        self.model = model
+        self.kv = kv
+        self.snapshots = snapshots
+        self.config = config
+        self.device = device = model.device
+        self.page_size = kv.page_size
+        self.is_cuda = device.type == "cuda"
+        caps = capacities(min(config.graph_max_batch, config.num_slots))
+        max_rows = max(config.num_slots, caps[-1] if caps else 0)
+        width = -(-config.max_model_len // self.page_size) + 1
+        self.mirror = PageTableMirror(config.num_slots, width)
+        self.page_table = torch.zeros((config.num_slots + 1, width), dtype=torch.int32,
+                                      device=device)
+        hidden_size = model.config.hidden_size
+        self.state = SlotState(config.num_slots, model.config.vocab_size, hidden_size,
+                               snapshots.hidden.dtype, device, config.eos_token_ids)
+        self.outputs = SampleOutputs.allocate(max_rows, device)
+        # a step feeds at most the token budget, or one decode per slot plus the oldest
+        # prefill's minimum chunk; every field is bounded by tokens, rows or table cells
+        tokens = max(config.max_num_batched_tokens, max_rows) + 64
+        updates = (config.num_slots + 1) * width
+        self.frames = InputFrames({"i64": 4 * tokens + 16 * max_rows + updates + 8,
+                                   "i32": 2 * max_rows + updates + 8,
+                                   "f32": 6 * max_rows + 8}, device)
+        self.bulk = BulkStaging(device)
+        self.model_stream = torch.cuda.Stream(device) if self.is_cuda else None
+        self.copy_stream = torch.cuda.Stream(device) if self.is_cuda else None
+        self.body = StepBody(model, kv, snapshots, self.state, self.page_table, self.outputs)
+        self.graphs = DecodeGraphs(self.body, self.frames, self.mirror, caps,
+                                   config.max_model_len, self.page_size, self.model_stream)
+        self.completions = CompletionFrames(self.outputs, device, self.model_stream,
+                                            self.copy_stream)
+        self._in_flight: deque[_InFlight] = deque()
+        self._failure: BaseException | None = None
+        self.graph_steps = 0
+        self.eager_steps = 0
+
+    def capture(self) -> None:
+        """Capture the startup decode graphs (CUDA only)."""
+        with torch.inference_mode():
+            self.graphs.capture_startup()
+
+    # -- the interface ----------------------------------------------------------------------
+    @property
+    def outstanding(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def window(self) -> int:
+        return 2 if self.config.overlap else 1
+
+    def submit(self, step: Step) -> int:
+        self._check_healthy()
+        if len(self._in_flight) >= self.window:
+            raise WorkerFailure(f"step {step.fence} submitted with {len(self._in_flight)} "
+                                "steps outstanding (the window is full)")
+        try:
+            with torch.inference_mode():
+                self._in_flight.append(self._enqueue(step))
+        except Exception as exc:
+            self._fail(exc, f"engine step {step.fence} ({step.kind}) failed")
+        return step.fence
+
+    def poll(self) -> Completion | None:
+        self._check_healthy()
+        if not self._in_flight or not self.completions.ready(self._in_flight[0].frame):
+            return None
+        return self._complete()
+
+    def wait(self) -> Completion:
+        self._check_healthy()
+        if not self._in_flight:
+            raise WorkerFailure("wait() with no step outstanding")
+        try:
+            self.completions.wait(self._in_flight[0].frame)
+        except Exception as exc:
+            self._fail(exc, f"engine step {self._in_flight[0].step.fence} failed on the device")
+        return self._complete()
+
+    def drain(self) -> bool:
+        """Every submitted step finished on the device (both streams)."""
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+        return True
+
+    def _check_healthy(self) -> None:
+        if self._failure is not None:
+            raise PoisonedError("the runner failed earlier and cannot continue",
+                                cause=f"{type(self._failure).__name__}: {self._failure}")
+
+    def _fail(self, exc: BaseException, message: str) -> None:
+        self._failure = exc
+        self.mirror.forget()
+        log.exception(message)
+        raise WorkerFailure(f"{message}: {type(exc).__name__}: {exc}") from exc
+
+    # -- one step ---------------------------------------------------------------------------
+    def _enqueue(self, step: Step) -> _InFlight:
+        started = time.perf_counter()
+        state = self.state
+        inits: list[tuple[SlotInfo, SamplingInit]] = []
+        for seq in step.seqs:
+            if seq.init is not None:
+                inits.append((state.register(seq.handle, seq.init), seq.init))
+        sampled = tuple(i for i, seq in enumerate(step.seqs) if seq.sample)
+        for i in sampled:
+            seq = step.seqs[i]
+            state.check(seq.handle, seq.output_index).outputs += 1
+        mode, logprobs = state.mode([step.seqs[i].handle.slot for i in sampled])
+        capacity = self._graph_capacity(step)
+        packer = FramePacker(self.frames.next_frame())
+        if capacity is not None:
+            pack_decode(packer, step.seqs, capacity, self.page_size, self.mirror,
+                        state.padding_row)
+            shape = None
+        else:
+            shape = pack_eager(packer, step, self.page_size, self.mirror, state.padding_row)
+        state.pack_inits(packer, inits)
+        stream = torch.cuda.stream(self.model_stream) if self.model_stream else nullcontext()
+        with stream:
+            frame = self.completions.start()
+            views = self.frames.upload(packer)
+            state.install(views)
+            state.install_rows(self.bulk, inits)
+            for seq in step.seqs:
+                if seq.restore is not None:
+                    r = seq.restore
+                    self.snapshots.restore(r.snapshot_id, r.page_id, r.num_tokens)
+            if capacity is not None:
+                self.graphs.replay(packer, views, capacity, mode, logprobs)
+                self.graph_steps += 1
+                rows = capacity
+            else:
+                assert shape is not None
+                hidden = self.body.run(views, shape, mode, logprobs)
+                self._captures(step, hidden)
+                self.eager_steps += 1
+                rows = len(sampled)
+            self.completions.record(frame, rows, logprobs)
+        return _InFlight(step, frame, sampled, logprobs, capacity is not None, started)
+
+    def _graph_capacity(self, step: Step) -> int | None:
+        """The decode capacity that serves `step`, or None (run it eagerly)."""
+        if not self.graphs.capacities or len(step.seqs) > self.graphs.max_capacity:
+            return None
+        for seq in step.seqs:
+            if (len(seq.token_ids) != 1 or not seq.sample or seq.restore is not None or
+                    seq.capture is not None or seq.resume_snapshot is not None or
+                    self.mirror.pending(seq.handle, seq.page_ids) > 1):
+                return None
+        return self.graphs.capacity_for(len(step.seqs))
+
+    def _captures(self, step: Step, hidden: torch.Tensor | None) -> None:
+        row = -1
+        last_rows: dict[int, int] = {}
+        for index, seq in enumerate(step.seqs):
+            if seq.token_ids:
+                row += len(seq.token_ids)
+                last_rows[index] = row
+        for index, seq in enumerate(step.seqs):
+            capture = seq.capture
+            if capture is None:
+                continue
+            if index in last_rows:
+                assert hidden is not None
+                saved = hidden[last_rows[index]]
+            else:
+                cell = seq.handle.slot * 2 + (capture.endpoint - 1) % 2
+                saved = self.state.last_hidden[cell]
+            self.snapshots.capture(capture.snapshot_id, capture.page_id, capture.num_tokens,
+                                   saved)
+
+    def _complete(self) -> Completion:
+        flight = self._in_flight.popleft()
+        step = flight.step
+        ids, logprobs, top_ids, top_logprobs = self.completions.read(
+            flight.frame, len(flight.sampled), flight.logprobs)
+        if self.is_cuda:
+            duration = self.completions.duration_s(flight.frame)
+        else:
+            duration = time.perf_counter() - flight.started
+        tokens: dict[int, tuple[int, SampledLogprobs | None]] = {}
+        for row, index in enumerate(flight.sampled):
+            seq = step.seqs[index]
+            info = self.state.info.get(seq.handle.slot)
+            detail = None
+            if info is not None and info.logprobs and logprobs:
+                detail = SampledLogprobs(ids[row], logprobs[row], tuple(
+                    TokenLogprob(t, lp) for t, lp in
+                    zip(top_ids[row][:info.top_logprobs], top_logprobs[row][:info.top_logprobs],
+                        strict=True)))
+            tokens[index] = (ids[row], detail)
+        results = tuple(SeqResult(seq.handle, seq.end, *tokens.get(index, (None, None)))
+                        for index, seq in enumerate(step.seqs))
+        return Completion(step.fence, results, duration)

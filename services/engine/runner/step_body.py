@@ -1,0 +1,105 @@
+"""One step's device work over uploaded views: the code a decode graph captures and the eager
+path runs for prefill, mixed and resume steps.
+
+    hidden = body.run(views, shape, mode, logprobs)
+
+1. Fed tokens: a row whose `pending_slot` is >= 0 takes that slot's last sampled token from
+   device memory (a decode planned before the token reached the host); others the host's id.
+2. Page-table updates are scattered into the persistent table; the step's rows are gathered.
+3. The forward pass writes K/V and returns hidden states; each fed sequence's last row is kept
+   per slot by position parity (terminal checkpoints read it later).
+4. Sampling rows (forward rows, or snapshot states for full-prefix hits at index T + k) give
+   logits; the slot sampler writes ids/logprobs into the persistent outputs and advances the
+   slots' state.
+Only tensor ops on device views and host ints (the `StepShape`): nothing synchronises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.engine.model import AttentionMetadata, CausalLM, KVCache
+from services.engine.runner.frames import DeviceViews
+from services.engine.runner.slot_sampler import SampleOutputs, sample_rows
+from services.engine.runner.slot_state import SamplingMode, SlotState
+from services.engine.runner.snapshots import SnapshotStore
+
+# Field names of a step's input frame (int64 unless noted), in packing order.
+#   tokens [T]: input_ids, positions, slot_mapping, pending_slot
+#   sequences [B]: seq_slots; int32: query_start_loc [B + 1], seq_lens [B]
+#   page updates [U]: update_index; int32 update_value
+#   eager only: hidden_rows [F], hidden_cells [F], sample_rows [S], sample_slots [S],
+#   resume_ids [Z], resume_cells [Z]; inits: init_slots, init_ints, float32 init_floats
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """Host ints that fix a step's launch shapes (a graph's are its capacities)."""
+
+    num_tokens: int
+    num_seqs: int
+    max_query_len: int
+    max_seq_len: int
+    is_decode_graph: bool       # T == B, one token per sequence, every row samples
+
+
+class StepBody:
+    def __init__(self, model: CausalLM, kv: KVCache, snapshots: SnapshotStore,
+                 state: SlotState, page_table: torch.Tensor, outputs: SampleOutputs) -> None:
+        self.model = model
+        self.kv = kv
+        self.snapshots = snapshots
+        self.state = state
+        self.page_table = page_table          # int32 [slots + 1, width]
+        self.outputs = outputs
+
+    def run(self, views: DeviceViews, shape: StepShape, mode: SamplingMode,
+            logprobs: bool) -> torch.Tensor | None:
+        state = self.state
+        pending = views.get("pending_slot")
+        input_ids = torch.where(pending >= 0,
+                                state.last_token.index_select(0, pending.clamp(min=0)),
+                                views.get("input_ids"))                            # [T]
+        if views.get("update_index").shape[0]:
+            self.page_table.view(-1).index_copy_(0, views.get("update_index"),
+                                                 views.get("update_value"))
+        seq_slots = views.get("seq_slots")
+        positions = views.get("positions")
+        hidden = None
+        if shape.num_tokens:
+            meta = AttentionMetadata(
+                query_start_loc=views.get("query_start_loc"), seq_lens=views.get("seq_lens"),
+                page_table=self.page_table.index_select(0, seq_slots),            # [B, W]
+                slot_mapping=views.get("slot_mapping"), max_query_len=shape.max_query_len,
+                max_seq_len=shape.max_seq_len)
+            hidden = self.model(input_ids, positions, self.kv, meta)              # [T, H]
+        if shape.is_decode_graph:
+            assert hidden is not None
+            cells = seq_slots * 2 + positions % 2
+            state.last_hidden.index_copy_(0, cells, hidden)
+            sample_hidden = hidden
+            sample_slots = seq_slots
+        else:
+            if hidden is not None and views.get("hidden_rows").shape[0]:
+                state.last_hidden.index_copy_(0, views.get("hidden_cells"),
+                                              hidden.index_select(0, views.get("hidden_rows")))
+            sample_slots = views.get("sample_slots")
+            resume_ids = views.get("resume_ids")
+            if not sample_slots.shape[0]:
+                if resume_ids.shape[0]:
+                    state.last_hidden.index_copy_(
+                        0, views.get("resume_cells"),
+                        self.snapshots.hidden.index_select(0, resume_ids))
+                return hidden
+            source = hidden
+            if resume_ids.shape[0]:
+                saved = self.snapshots.hidden.index_select(0, resume_ids)
+                state.last_hidden.index_copy_(0, views.get("resume_cells"), saved)
+                source = saved if hidden is None else torch.cat((hidden, saved))
+            assert source is not None
+            sample_hidden = source.index_select(0, views.get("sample_rows"))
+        logits = self.model.compute_logits(sample_hidden)                         # [S, V]
+        sample_rows(logits, sample_slots, state, mode, logprobs, self.outputs)
+        return hidden

@@ -1,0 +1,199 @@
+"""GraphRunner on the CPU (its decode "graphs" run eagerly on the same padded views): the same
+tokens and logprobs as TorchRunner and transformers, with and without two-frame overlap.
+
+Covers pure decode at every power-of-two capacity (padding rows), chunked prefill mixed with
+decodes, full and partial prefix hits (resume from snapshots, restores), terminal checkpoints
+captured behind an overlapped decode, preemption, n > 1, seeded sampling with every filter,
+min_tokens with EOS, logit bias and logprobs, and the page-table uploads (only new entries).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from services.common.core import open_model
+from services.engine.runner.graph_runner import GraphRunner
+from tests.engine.fakes import run_like_the_loop
+from tests.engine.model.checkpoints import SPECS, VOCAB_SIZE, build_checkpoint
+from tests.engine.runner.conftest import greedy_request, hf_greedy, make_engine
+
+SAMPLING = dict(temperature=0.8, top_p=0.9, top_k=40, min_p=0.02, presence_penalty=0.4,
+                frequency_penalty=0.2, repetition_penalty=1.1)
+
+
+def _prompt(length: int, seed: int, vocab: int = VOCAB_SIZE) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(vocab) for _ in range(length)]
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    return open_model(build_checkpoint(SPECS["qwen3-qknorm-sharded"],
+                                       tmp_path_factory.mktemp("qwen3")))
+
+
+def _engine(source, runner: str, overlap: bool = False, **overrides):
+    values = dict(page_size=4, max_num_seqs=6, kv_cache_bytes=8 << 20, prefill_chunk_size=64,
+                  max_num_batched_tokens=80)
+    values.update(overrides)
+    return make_engine(source, runner=runner, overlap="on" if overlap else "off", **values)
+
+
+def _run(engine, requests):
+    for request in requests:
+        engine.scheduler.admit(request)
+    return run_like_the_loop(engine.scheduler, engine.runner)
+
+
+def _both(source, requests_factory, **overrides):
+    """Outputs of TorchRunner, GraphRunner and GraphRunner with overlap, same requests."""
+    results = []
+    for runner, overlap in (("torch", False), ("graph", False), ("graph", True)):
+        engine = _engine(source, runner, overlap, **overrides)
+        results.append((engine, _run(engine, requests_factory())))
+    return results
+
+
+def test_graph_runner_is_chosen_and_overlaps(source):
+    engine = _engine(source, "graph", overlap=True)
+    assert isinstance(engine.runner, GraphRunner)
+    assert engine.runner.window == 2 and engine.scheduler.state.config.overlap
+    assert engine.runner.graphs.capacities == (1, 2, 4, 8)
+    assert _engine(source, "graph").runner.window == 1
+
+
+def test_greedy_batches_match_torch_runner_and_use_every_capacity(source):
+    shapes = [(5, 1, 9), (40, 2, 14), (3, 3, 6), (70, 4, 11), (17, 5, 20), (1, 6, 3)]
+
+    def requests():
+        return [greedy_request(f"r{i}", _prompt(n, s), m, logprobs=True, top_logprobs=3)
+                for i, (n, s, m) in enumerate(shapes)]
+    (_torch_engine, want), *graph_runs = _both(source, requests)
+    for engine, got in graph_runs:
+        assert got == want
+        runner = engine.runner
+        assert runner.graph_steps > 10 and runner.eager_steps > 0
+        assert {c for c in runner.graphs.capacities if c <= 8} == {1, 2, 4, 8}
+
+
+def test_logprobs_match_torch_runner(source):
+    prompt = _prompt(23, 4)
+    logprobs = []
+    for runner, overlap in (("torch", False), ("graph", True)):
+        engine = _engine(source, runner, overlap)
+        engine.scheduler.admit(greedy_request("a", prompt, 10, logprobs=True, top_logprobs=5))
+        seen = []
+        while engine.scheduler.has_work:
+            if engine.runner.outstanding < engine.runner.window:
+                plan = engine.scheduler.plan()
+                if plan is not None:
+                    fence = engine.scheduler.state.resources.fences.next_fence
+                    engine.runner.submit(engine.scheduler.commit(plan, fence))
+                    continue
+            for update in engine.scheduler.complete(engine.runner.wait()):
+                for delta in update.deltas:
+                    seen.extend(delta.logprobs)
+        logprobs.append(seen)
+    assert len(logprobs[0]) == len(logprobs[1]) == 10
+    for a, b in zip(*logprobs, strict=True):
+        assert a.token_id == b.token_id
+        assert abs(a.logprob - b.logprob) < 1e-5
+        assert [t.token_id for t in a.top] == [t.token_id for t in b.top]
+        assert all(abs(x.logprob - y.logprob) < 1e-5 for x, y in zip(a.top, b.top, strict=True))
+
+
+def test_seeded_sampling_with_every_filter_matches_torch_runner(source):
+    def requests():
+        return [greedy_request("x", _prompt(30, 1), 16, seed=7, **SAMPLING),
+                greedy_request("y", _prompt(12, 2), 12, seed=8, temperature=1.1),
+                greedy_request("z", _prompt(50, 3), 14, seed=9),
+                greedy_request("b", _prompt(9, 5), 8, seed=3, temperature=0.7,
+                               logit_bias={5: 30.0, 6: -100.0}),
+                greedy_request("n", _prompt(20, 6), 9, seed=11, n=2, temperature=0.9,
+                               top_k=20)]
+    (_, want), *graph_runs = _both(source, requests)
+    for _, got in graph_runs:
+        assert got == want
+    assert any(t == 5 for t in want["b"][0])            # the bias is felt
+
+
+def test_min_tokens_suppresses_eos_like_torch_runner(source):
+    prompt = _prompt(15, 8)
+    free = _run(_engine(source, "torch"), [greedy_request("f", prompt, 12)])["f"][0]
+    eos = free[1]
+
+    def requests():
+        from services.engine.sampling import SamplingParams
+        from services.engine.scheduler.requests import EngineRequest, StopRules
+        params = SamplingParams.create(temperature=0.0, max_tokens=12, min_tokens=4,
+                                       stop_token_ids=[eos], seed=0)
+        return [EngineRequest(request_id="m", prompt_token_ids=tuple(prompt), sampling=params,
+                              stop=StopRules(max_tokens=12, min_tokens=4,
+                                             stop_token_ids=frozenset({eos})), seed=0)]
+    (_, want), *graph_runs = _both(source, requests)
+    assert eos not in want["m"][0][:4] and len(want["m"][0]) >= 4
+    for _, got in graph_runs:
+        assert got == want
+
+
+def test_prefix_hits_terminal_state_and_preemption_match(source, tmp_path):
+    prompt = _prompt(37, 9)
+
+    def run(engine):
+        outs = _run(engine, [greedy_request("first", prompt, 7, ends=(21,))])
+        outs |= _run(engine, [greedy_request("again", prompt, 7)])               # full hit
+        other = prompt[:21] + _prompt(9, 10)
+        outs |= _run(engine, [greedy_request("partial", other, 5, ends=(21,))])  # partial
+        turn2 = prompt + outs["first"][0][:-1] + _prompt(6, 11)
+        outs |= _run(engine, [greedy_request("turn2", turn2, 5)])                # terminal
+        # exactly the terminal state: sampling resumes from the hidden state saved there,
+        # which must give the same next token as when "first" sampled it
+        exact = prompt + outs["first"][0][:-1]
+        outs |= _run(engine, [greedy_request("exact", exact, 3)])
+        assert outs["exact"][0][0] == outs["first"][0][-1]
+        return outs, engine.scheduler.state.resources.cache.counters.reused_tokens
+
+    results = [run(_engine(source, runner, overlap))
+               for runner, overlap in (("torch", False), ("graph", False), ("graph", True))]
+    assert results[0][1] == 37 + 21 + 37 + 6 + 37 + 6
+    assert results[1] == results[0] and results[2] == results[0]
+
+
+def test_preemption_matches(source):
+    probe = _engine(source, "torch")
+    page = probe.runner.kv.num_bytes // probe.runner.kv.num_pages
+    row = page + probe.runner.model.config.hidden_size * 4
+    tight = dict(max_num_seqs=3, num_snapshots=3, kv_cache_bytes=3 * row + 44 * page)
+
+    def requests():
+        return [greedy_request(f"p{i}", _prompt(60, 20 + i), 20, seed=i, **SAMPLING)
+                for i in range(3)]
+    results = _both(source, requests, **tight)
+    assert all(engine.scheduler.state.counters.preemptions > 0 for engine, _ in results)
+    assert results[1][1] == results[0][1] and results[2][1] == results[0][1]
+
+
+def test_matches_transformers_on_the_demo_model(demo_source, hf_demo):
+    prompt = _prompt(33, 12, vocab=151_000)
+    engine = make_engine(demo_source, runner="graph", overlap="on")
+    out = _run(engine, [greedy_request("a", prompt, 10)])
+    assert out["a"][0] == hf_greedy(hf_demo, prompt, 10)[0]
+
+
+def test_decode_uploads_only_new_page_table_entries(source):
+    engine = _engine(source, "graph", page_size=4)
+    runner = engine.runner
+    uploads: list[int] = []
+    original = runner.mirror.updates
+
+    def counting(handle, page_ids, index, value):
+        uploads.append(original(handle, page_ids, index, value))
+        return uploads[-1]
+    runner.mirror.updates = counting
+    _run(engine, [greedy_request("a", _prompt(20, 13), 18)])
+    # the first step uploads the 5 prompt pages (20 tokens of 4), then one page every 4
+    # decodes, up to the 37 tokens whose KV exists at the end
+    assert uploads[0] == 5 and sum(uploads) == -(-(20 + 18 - 1) // 4)
+    assert max(uploads[1:]) == 1
