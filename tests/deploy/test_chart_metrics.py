@@ -150,3 +150,11 @@ def test_dashboard_fits_a_config_map():
 def test_schema_rejects_bad_metrics_values(bad, message):
     with pytest.raises(Exception, match=message):
         render_chart(bad)
+
+
+def test_notes_say_where_metrics_are(renders):
+    assert "port 9100" in renders["default"].notes
+    assert "ServiceMonitor" not in renders["default"].notes
+    notes = renders["observability"].notes
+    assert "ServiceMonitor helios " in notes
+    assert "ConfigMap helios-dashboard in namespace grafana" in notes

@@ -262,3 +262,6 @@ def test_compose_provisions_the_one_dashboard(compose_gpu, compose_cpu):
         assert source["jsonData"]["timeInterval"] == prometheus["global"]["scrape_interval"]
         assert grafana["environment"]["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
         assert grafana["read_only"] is True
+        # with a read-only root, plugin preinstall must be off or the datasource plugin may go
+        assert grafana["environment"]["GF_PLUGINS_PREINSTALL_DISABLED"] == "true"
+        assert grafana["environment"]["GF_LOG_MODE"] == "console"
