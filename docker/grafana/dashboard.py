@@ -120,9 +120,10 @@ KV = Row("Engine: KV cache, slots and pages", (
               Query(gauge("helios_engine_slots_live"), "live"),
               Query(gauge("helios_engine_slots_free"), "free"),
               Query(gauge("helios_engine_slots_retiring"), "retiring")), width=8, stacked=True),
-    Panel("KV pages", "Reusable: free (fences complete); cached: owned by prefix-cache "
-          "checkpoints; retiring: waiting for their final-use fence; total: the pool.", (
-              Query(gauge("helios_engine_pages_reusable"), "reusable"),
+    Panel("KV pages", "Free: reusable now (their fences completed); cached: owned by "
+          "prefix-cache checkpoints; retiring: waiting for their final-use fence; total: the "
+          "pool.", (
+              Query(gauge("helios_engine_pages_reusable"), "free"),
               Query(gauge("helios_engine_pages_cached"), "cached"),
               Query(gauge("helios_engine_pages_retiring"), "retiring"),
               Query(gauge("helios_engine_pages_total"), "total")),
