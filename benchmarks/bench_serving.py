@@ -54,6 +54,8 @@ class RunSummary:
     tpot_ms: dict[str, float]
     itl_ms: dict[str, float]
     peak_gpu_mem_mib: float | None = None
+    graphs: list[dict] = field(default_factory=list)   # engine per-shape GPU time, this level
+    gpu_busy: float | None = None      # sum of step GPU time / wall time (engine target)
 
 
 def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float]:
@@ -200,6 +202,13 @@ def print_table(summaries: list[RunSummary]) -> None:
               f"{s.total_tok_s:>11.1f}{s.ttft_ms['p50']:>10.1f}{s.ttft_ms['p99']:>9.1f}"
               f"{s.tpot_ms['p50']:>10.2f}{s.tpot_ms['p99']:>9.2f}{s.itl_ms['p50']:>9.2f}"
               f"{s.itl_ms['p99']:>9.2f}")
+    for s in summaries:
+        if not s.graphs:
+            continue
+        print(f"engine C={s.concurrency}: GPU busy {s.gpu_busy:.0%} of {s.duration_s:.1f} s; "
+              "top step shapes (calls, median ms, total s):")
+        print("  " + "; ".join(f"{g['kind']} {g['label']}: {g['calls']}, {g['median_ms']:.2f}, "
+                               f"{g['total_ms'] / 1e3:.1f}" for g in s.graphs[:6]))
 
 
 async def main_async(args: argparse.Namespace) -> list[RunSummary]:
@@ -220,18 +229,27 @@ async def main_async(args: argparse.Namespace) -> list[RunSummary]:
             max_connections=max(args.concurrency) + 8))
         targets.append(("http", lambda p: http_request(client, args.http, args.model, p,
                                                        args.output_len)))
+    wanted = set(getattr(args, "targets", "engine,http").split(","))
+    targets = [(name, send) for name, send in targets if name in wanted]
     for name, send in targets:
         warm, _ = await run_level(send, 2, [random_prompt(rng, args.input_len, args.vocab_limit)
                                             for _ in range(2)])
         if not all(r.ok for r in warm):
             raise SystemExit(f"{name}: warm-up failed: {[r.error for r in warm]}")
-        for concurrency in args.concurrency:
+        levels = args.concurrency
+        if name == "http" and getattr(args, "http_concurrency", None):
+            levels = args.http_concurrency
+        for concurrency in levels:
             count = max(args.min_prompts, args.prompts_per_concurrency * concurrency)
             prompts = [random_prompt(rng, args.input_len, args.vocab_limit) for _ in range(count)]
+            before = await engine_graphs(args.engine) if name == "engine" else []
             results, duration = await run_level(send, concurrency, prompts)
             summary = summarize(name, concurrency, args.input_len, args.output_len, results,
                                 duration)
             summaries.append(summary)
+            if name == "engine":
+                summary.graphs = graph_delta(before, await engine_graphs(args.engine))
+                summary.gpu_busy = sum(g["total_ms"] for g in summary.graphs) / 1e3 / duration
             errors = {r.error for r in results if not r.ok}
             print(f"{name} C={concurrency}: {summary.output_tok_s:.1f} output tok/s, "
                   f"{summary.failed} failed {sorted(errors)[:3]}", flush=True)
@@ -252,6 +270,57 @@ def _run_against_demo(args: argparse.Namespace) -> list[RunSummary]:
         return asyncio.run(main_async(args))
 
 
+def _run_against_stack(args: argparse.Namespace) -> list[RunSummary]:
+    """`helios run CORE --config YAML` (all four services), measured on both paths."""
+    import tempfile
+
+    from tests.support.processes import HeliosRun, free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        runtime = Path(tmp) / "run"
+        runtime.mkdir()
+        log_dir = args.out.parent if args.out else Path(tmp)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / "helios-run.log"
+        extra = ["--config", str(args.config)] if args.config else []
+        run = HeliosRun([str(args.serve), *extra], log_path, runtime, free_port())
+        try:
+            started = time.perf_counter()
+            run.wait_output("Helios is serving", timeout=args.startup_timeout)
+            print(f"stack ready in {time.perf_counter() - started:.1f} s", flush=True)
+            args.engine = args.engine or run.addresses["engine"]
+            args.http = args.http or run.url
+            return asyncio.run(main_async(args))
+        finally:
+            run.stop()
+
+
+def graph_delta(before: list[dict], after: list[dict]) -> list[dict]:
+    """Per-shape calls and GPU time of one level (GetLoad totals are cumulative); the
+    median is the estimator's at the end of the level."""
+    earlier = {(g["kind"], g["label"]): g for g in before}
+    rows = []
+    for g in after:
+        old = earlier.get((g["kind"], g["label"]), {"calls": 0, "total_ms": 0.0})
+        calls = g["calls"] - old["calls"]
+        if calls:
+            rows.append({**g, "calls": calls, "total_ms": g["total_ms"] - old["total_ms"]})
+    return sorted(rows, key=lambda g: -g["total_ms"])
+
+
+async def engine_graphs(address: str) -> list[dict]:
+    """The engine's per-shape GPU step durations (GetLoad graphs: CUDA events, median)."""
+    from services.common.grpc_client import open_channel
+    from services.common.pb import engine_pb2, engine_pb2_grpc
+
+    channel = open_channel(address)
+    load = await engine_pb2_grpc.EngineStub(channel).GetLoad(
+        engine_pb2.GetLoadRequest(include_graphs=True))
+    await channel.close()
+    return [{"kind": g.kind, "label": g.label, "calls": g.calls, "median_ms": g.mean_gpu_ms,
+             "max_ms": g.max_gpu_ms, "total_ms": g.total_gpu_ms} for g in load.graphs]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", help="engine gRPC address (tokens in, tokens out)")
@@ -267,8 +336,17 @@ def main() -> int:
                         help="prompt ids are drawn from [0, this) (below special tokens)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--serve", type=Path, help="start `helios run` on this core/model")
+    parser.add_argument("--config", type=Path, help="YAML config for --serve")
+    parser.add_argument("--targets", default="engine,http",
+                        help="which paths to measure: engine, http or both")
+    parser.add_argument("--http-concurrency", type=lambda s: [int(x) for x in s.split(",")],
+                        help="concurrency levels for the HTTP path (default: --concurrency)")
+    parser.add_argument("--startup-timeout", type=float, default=900.0)
     args = parser.parse_args()
-    if args.engine or args.http:
+    if args.serve:
+        summaries = _run_against_stack(args)
+    elif args.engine or args.http:
         summaries = asyncio.run(main_async(args))
     else:  # no target given: serve the demo model locally and measure both paths
         summaries = _run_against_demo(args)

@@ -1,10 +1,12 @@
 """Real model shapes for speed benchmarks, written out (random weights are fine for speed).
 
     python benchmarks/model_shapes.py qwen3-8b --out /tmp/qwen3-8b   # config + tokenizer, no weights
+    python benchmarks/model_shapes.py qwen3-8b --out /tmp/qwen3-8b --core /tmp/qwen3-8b-core
 
 The directory holds config.json, generation_config.json and the real tokenizer files; the
 engine serves it with `--load-format dummy` (weights drawn on the device), and the HF baseline
-builds the same architecture from the config.
+builds the same architecture from the config. `--core` also prepares a core without weights,
+which every service opens (`helios run CORE` with the engine's load_format set to dummy).
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.common import assets
 
@@ -59,6 +64,23 @@ def parameter_count(config: dict) -> int:
     return layers * per_layer + embed * (1 if config.get("tie_word_embeddings") else 2) + h
 
 
+def weight_bytes(config: dict, itemsize: int = 2) -> int:
+    return parameter_count(config) * itemsize
+
+
+def kv_bytes_per_token(config: dict, itemsize: int = 2) -> int:
+    return (2 * config["num_hidden_layers"] * config["num_key_value_heads"] *
+            config["head_dim"] * itemsize)
+
+
+def write_core(model_dir: Path, out: Path) -> Path:
+    """A prepared core of a weightless model directory (hard links, no weight files)."""
+    from services.common.core import prepare_core
+
+    prepare_core(model_dir, out, allow_missing_weights=True)
+    return out
+
+
 def write_shape(name: str, out: Path) -> Path:
     config = SHAPES[name]
     out.mkdir(parents=True, exist_ok=True)
@@ -76,7 +98,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("shape", choices=sorted(SHAPES))
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--core", type=Path, help="also prepare a core (no weights) here")
     args = parser.parse_args()
     path = write_shape(args.shape, args.out)
+    if args.core:
+        write_core(path, args.core)
     params = parameter_count(SHAPES[args.shape])
     print(f"{args.shape}: {params / 1e9:.2f} B parameters, {params * 2 / 1e9:.2f} GB bf16 -> {path}")

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# One GPU call for the engine: GPU tests (kernels + engine), batch-1 decode vs HF generate, and
+# the serving benchmark (engine gRPC and the full HTTP path) at the Qwen3-8B shape.
+#   bash benchmarks/gpu/run_engine.sh          # writes logs and JSON under $OUT
+# Carried paths (device tool): .whl (wheels the GPU image lacks), services/common/pb (stubs),
+# .device/cache (pinned tokenizer files: the machine reaches no registry).
+# Env: SKIP_TESTS=1, SKIP_DECODE=1, SKIP_SERVING=1, DECODE_SHAPES, DECODE_ARGS, SERVING_ARGS,
+#      TEST_TIMEOUT_S, DECODE_TIMEOUT_S, SERVING_TIMEOUT_S, TEST_WORKERS.
+# Prints the machine, the test summary and the benchmark tables last.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-benchmarks/out/gpu}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY="${PYTHON:-python3}"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl > /tmp/helios-pip.log 2>&1 || { tail /tmp/helios-pip.log; exit 1; }
+  export PYTHONPATH="/tmp/site:$PWD"
+else
+  export PYTHONPATH="$PWD"
+fi
+[ -d .device/cache ] && export HELIOS_CACHE_DIR="$PWD/.device/cache"
+
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
+  "$PY" -c "import sys, torch, triton, transformers, grpc, google.protobuf as pb; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'grpc', grpc.__version__, 'protobuf', pb.__version__)"
+  nproc
+} > /tmp/helios-machine.txt 2>&1
+cat /tmp/helios-machine.txt
+
+test_rc=skipped
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  start=$(date +%s)
+  timeout "${TEST_TIMEOUT_S:-300}" "$PY" -m pytest tests/engine/gpu tests/kernels -q \
+    -p no:cacheprovider -n "${TEST_WORKERS:-8}" -o addopts="" -rfE > "$OUT/tests.log" 2>&1
+  test_rc=$?
+  echo "== GPU tests: rc=$test_rc in $(( $(date +%s) - start )) s"
+  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -n 20
+  tail -n 2 "$OUT/tests.log"
+fi
+
+decode_rc=skipped
+if [ "${SKIP_DECODE:-0}" != 1 ]; then
+  start=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout "${DECODE_TIMEOUT_S:-480}" "$PY" benchmarks/bench_decode.py \
+    --shapes "${DECODE_SHAPES:-qwen3-0.6b,qwen3-8b}" --out "$OUT" ${DECODE_ARGS:-} \
+    > "$OUT/decode.log" 2>&1
+  decode_rc=$?
+  echo "== decode benchmark: rc=$decode_rc in $(( $(date +%s) - start )) s"
+fi
+
+serving_rc=skipped
+if [ "${SKIP_SERVING:-0}" != 1 ]; then
+  start=$(date +%s)
+  "$PY" benchmarks/model_shapes.py qwen3-8b --out /tmp/helios-shapes/qwen3-8b \
+    --core /tmp/helios-cores/qwen3-8b > /dev/null
+  cat > /tmp/helios-serving.yaml <<'YAML'
+engine:
+  load_format: dummy
+  max_model_len: 2304
+  max_num_seqs: 256
+  prefill_chunk_size: 1024
+  max_num_batched_tokens: 2048
+gateway:
+  max_active: 512
+  queue_capacity: 1024
+YAML
+  # shellcheck disable=SC2086
+  timeout "${SERVING_TIMEOUT_S:-420}" "$PY" benchmarks/bench_serving.py \
+    --serve /tmp/helios-cores/qwen3-8b --config /tmp/helios-serving.yaml --model qwen3-8b \
+    --input-len 1024 --output-len 1024 --concurrency 64,256 --http-concurrency 64 \
+    --prompts-per-concurrency 2 --min-prompts 8 --out "$OUT/serving.json" ${SERVING_ARGS:-} \
+    > "$OUT/serving.log" 2>&1
+  serving_rc=$?
+  echo "== serving benchmark: rc=$serving_rc in $(( $(date +%s) - start )) s"
+fi
+
+echo
+[ -f "$OUT/decode.log" ] && { grep -E "^(shape|qwen|llama|poll|  error)" "$OUT/decode.log" || tail -n 20 "$OUT/decode.log"; }
+[ -f "$OUT/serving.log" ] && { grep -A 12 -E "^target" "$OUT/serving.log" || tail -n 25 "$OUT/serving.log"; }
+echo "tests rc=$test_rc decode rc=$decode_rc serving rc=$serving_rc"
