@@ -18,7 +18,6 @@ import torch
 from services.common.core import open_model
 from services.engine.runner.cuda_driver import driver_available, event_done
 from services.engine.runner.graph_runner import GraphRunner
-from tests.engine.fakes import run_like_the_loop
 from tests.engine.model.checkpoints import SPECS, VOCAB_SIZE, build_checkpoint
 from tests.engine.runner.conftest import greedy_request, make_engine
 
