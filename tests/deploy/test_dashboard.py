@@ -1,7 +1,8 @@
 """The Grafana dashboard (helm/helios/dashboards/helios.json, written by
 docker/grafana/dashboard.py): valid dashboard JSON laid out on Grafana's grid, PromQL that parses
 and cannot silently match nothing, every metric it selects present in a real `helios run --demo`
-scrape, and compose's Grafana provisioning pointing at the one copy of it."""
+scrape, every query answered by a real Prometheus scraping that run, and compose's Grafana
+provisioning pointing at the one copy of it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.deploy import promql, scrapes
+from tests.deploy import prometheus_server, promql, scrapes
 from tests.deploy.tools import CHART, REPO
 from tests.support.processes import HeliosRun
 
@@ -177,19 +178,43 @@ def test_dashboard_covers_what_operators_need():
 
 # ---- against a real scrape ---------------------------------------------------------------------
 
+CHAT = {"model": "helios-demo", "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 4, "ignore_eos": True}
+
+
+def _traffic(run: HeliosRun) -> None:
+    """One chat completion and one request for a model that does not exist."""
+    assert httpx.post(run.url + "/v1/chat/completions", json=CHAT, timeout=120) \
+        .status_code == 200
+    missing = httpx.post(run.url + "/v1/chat/completions",
+                         json={**CHAT, "model": "no-such-model"}, timeout=60)
+    assert missing.status_code == 404
+
+
 @pytest.fixture(scope="module")
-def demo_scrape(tmp_path_factory, demo_core) -> dict[str, scrapes.Family]:
-    """The gateway's /metrics of `helios run --demo` (every service's metrics, one scrape) after
-    one chat completion and one request for a model that does not exist."""
+def prometheus(tmp_path_factory):
+    """A real Prometheus, started before the demo so its first scrapes come sooner (None when
+    Debian's prometheus package is missing)."""
+    if prometheus_server.binary() is None:
+        yield None
+        return
+    with prometheus_server.run_prometheus(tmp_path_factory.mktemp("prometheus")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory, demo_core, prometheus):
     with HeliosRun.start_demo(tmp_path_factory.mktemp("dashboard")) as run:
-        body = {"model": "helios-demo", "messages": [{"role": "user", "content": "Hello"}],
-                "max_tokens": 4, "ignore_eos": True}
-        assert httpx.post(run.url + "/v1/chat/completions", json=body, timeout=120) \
-            .status_code == 200
-        missing = httpx.post(run.url + "/v1/chat/completions",
-                             json={**body, "model": "no-such-model"}, timeout=60)
-        assert missing.status_code == 404
-        return scrapes.scrape(run.url + "/metrics")
+        if prometheus is not None:
+            prometheus.scrape(run.url.removeprefix("http://"))
+        _traffic(run)
+        yield run
+
+
+@pytest.fixture(scope="module")
+def demo_scrape(demo_run) -> dict[str, scrapes.Family]:
+    """The gateway's /metrics of `helios run --demo` (every service's metrics, one scrape)."""
+    return scrapes.scrape(demo_run.url + "/metrics")
 
 
 def test_every_query_selects_metrics_a_real_scrape_exposes(demo_scrape):
@@ -231,6 +256,52 @@ def test_scrape_check_is_real(demo_scrape):
     assert "vllm:time_to_first_token_seconds" not in series
     assert series["helios_engine_slots_live"].type == "gauge"
     assert {"route", "status"} <= series["helios_gateway_requests_total"].labels
+
+
+@pytest.mark.skipif(prometheus_server.binary() is None,
+                    reason="needs Debian's prometheus package (.ci/run installs it)")
+def test_every_query_runs_in_a_real_prometheus(demo_run, demo_scrape, prometheus):
+    """Prometheus scrapes the demo's gateway every second, with traffic between scrapes; then
+    every query runs as Grafana sends it. Prometheus accepts each one, and each query over
+    series the scrape has returns data (an empty panel here is a broken panel)."""
+    dashboard = _dashboard()
+    prometheus.wait_for_samples("helios_gateway_uptime_seconds", 2)
+    _traffic(demo_run)
+    prometheus.wait_for_samples("helios_gateway_uptime_seconds", 4)
+    variables = {**_variables(dashboard), "__rate_interval": "20s"}
+    series = scrapes.series_names(demo_scrape)
+    empty = []
+    for where, expr, legend in _queries(dashboard):
+        result = prometheus.query(promql.substitute(expr, variables))["result"]  # raises if refused
+        selectors = promql.analyse(expr, variables, legend).selectors
+        # empty is fine only for a filter on a label value the traffic never produced
+        # (status="429") or a family with no sample yet (no admission refusal happened)
+        unfiltered = all(value == ".*" for s in selectors for _, value in s.matchers)
+        sampled = all(series.get(s.name) and series[s.name].samples for s in selectors)
+        if not result and unfiltered and sampled:
+            empty.append(where)
+    assert empty == []
+    assert prometheus.query("sum(rate(helios_engine_no_such_metric_total[20s]))")["result"] == []
+    with pytest.raises(AssertionError, match="parse error"):
+        prometheus.query("sum(rate(helios_engine_generation_tokens_total[20s])")
+
+
+@pytest.mark.skipif(prometheus_server.binary("promtool") is None,
+                    reason="needs Debian's prometheus package (.ci/run installs it)")
+def test_compose_prometheus_config_is_valid(tmp_path):
+    """promtool accepts docker/prometheus.yml, and rejects it with a misspelt key."""
+    import subprocess
+
+    def check(path: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([prometheus_server.binary("promtool") or "", "check", "config",
+                               str(path)], capture_output=True, text=True, timeout=60)
+
+    result = check(scrapes.PROMETHEUS_CONFIG)
+    assert result.returncode == 0, result.stdout + result.stderr
+    broken = tmp_path / "prometheus.yml"
+    broken.write_text(scrapes.PROMETHEUS_CONFIG.read_text().replace("metrics_path:",
+                                                                    "metric_path:", 1))
+    assert check(broken).returncode != 0
 
 
 # ---- compose provisions it ---------------------------------------------------------------------
