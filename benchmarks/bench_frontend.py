@@ -38,14 +38,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from services.common import assets  # noqa: E402
-from services.frontend.assets import load_tokenizer_dir  # noqa: E402
-from services.frontend.chat.renderer import ChatRenderer  # noqa: E402
-from services.frontend.chat.types import (  # noqa: E402
+from services.common.api.chat import (  # noqa: E402
     ChatInput,
     ChatMessage,
     ToolCall,
     ToolDefinition,
 )
+from services.frontend.assets import load_tokenizer_dir  # noqa: E402
+from services.frontend.chat.renderer import ChatRenderer  # noqa: E402
 
 TEXT = ("the model streams tokens quickly while the scheduler plans the next step; "
         "prefix caching reuses pages — Grüße, 日本語, emoji 😀🚀, naïve café, ελληνικά ")
@@ -80,9 +80,8 @@ def workloads() -> dict[str, ChatInput]:
         large += " " + _text(200, len(large))
     tool_history = [system, ChatMessage("user", "Find papers about caching from 2024.")]
     for i in range(4):
-        call = ToolCall(f"call_{i}", "function", f"tool_{i}",
-                        {"query": _text(6, i), "filters": {"year": 2024, "tags": ["a", "b"]},
-                         "limit": 5})
+        call = ToolCall(f"call_{i}", f"tool_{i}", json.dumps(
+            {"query": _text(6, i), "filters": {"year": 2024, "tags": ["a", "b"]}, "limit": 5}))
         tool_history.append(ChatMessage("assistant", "", tool_calls=(call,)))
         tool_history.append(ChatMessage("tool", json.dumps({"results": [_text(30, i + k)
                                                             for k in range(3)]}),
@@ -102,7 +101,7 @@ def hf_messages(chat: ChatInput) -> tuple[list[dict[str, Any]], list[dict[str, A
         data: dict[str, Any] = {"role": m.role, "content": m.content}
         if m.tool_calls:
             data["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                "name": c.name, "arguments": c.arguments}} for c in m.tool_calls]
+                "name": c.name, "arguments": json.loads(c.arguments_json)}} for c in m.tool_calls]
         if m.tool_call_id:
             data["tool_call_id"] = m.tool_call_id
         messages.append(data)

@@ -43,13 +43,14 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gateway.domain import ChatInput, ChatMessage, GenerationRequest, Sampling  # noqa: E402
-from gateway.events import ReasoningDelta, TextDelta, ToolCallDelta  # noqa: E402
 from gateway.frontend_client import FrontendClient  # noqa: E402
+from services.common.api.chat import ChatInput, ChatMessage  # noqa: E402
+from services.common.api.events import ReasoningDelta, TextDelta, ToolCallDelta  # noqa: E402
+from services.common.api.generate import GenerateRequest, Sampling  # noqa: E402
 from services.common.grpc_client import open_channel  # noqa: E402
 
 WORDS = ["the", "model", "streams", "tokens", "while", "the", "scheduler", "plans", "the", "next", "step", "and", "the", "cache", "keeps", "pages", "of", "earlier", "prompts", "for", "later", "requests"]
-NO_THINK = '{"enable_thinking":false}'
+NO_THINK = {"enable_thinking": False}
 
 
 @dataclass
@@ -147,10 +148,10 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float, log: Path) -
 
 async def grpc_request(client: FrontendClient, model: str, text: str, output_len: int,
                        seed: int) -> Sample:
-    request = GenerationRequest(
+    request = GenerateRequest(
         request_id=f"bench-{time.monotonic_ns()}", model=model,
         input=ChatInput(messages=(ChatMessage(role="user", content=text),),
-                        chat_template_kwargs_json=NO_THINK),
+                        template_kwargs=NO_THINK),
         sampling=Sampling(temperature=1.0, seed=seed, max_tokens=output_len, ignore_eos=True))
     start = time.perf_counter()
     sample, last = None, 0.0

@@ -21,9 +21,10 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator, Sequence
 
-from gateway.domain import GenerationRequest
-from gateway.events import Collector, GenerationEvent, Usage, UsageReport
+from gateway.collector import Collector
 from gateway.frontend_client import FrontendClient, GenerateCall
+from services.common.api.events import GenerationEvent, Usage, UsageReport
+from services.common.api.generate import GenerateRequest
 from services.common.errors import HeliosError, InternalError
 
 
@@ -48,7 +49,7 @@ _Item = GenerationEvent | _Done | _Failed
 
 
 class EventStream:
-    def __init__(self, client: FrontendClient, requests: Sequence[GenerationRequest], *,
+    def __init__(self, client: FrontendClient, requests: Sequence[GenerateRequest], *,
                  trace_id: str = "") -> None:
         if not requests:
             raise ValueError("EventStream needs at least one request")

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.domain import ChatMessage, ContentPart, ImageInput, ToolCall
+from services.common.api.chat import ChatMessage, Content, ImagePart, TextPart, ToolCall
 
 
 def message_to_dict(message: ChatMessage) -> dict[str, Any]:
     data: dict[str, Any] = {"role": message.role}
     if isinstance(message.content, tuple):
-        data["parts"] = [{"text": p.text} if p.image is None else
-                         {"image_url": p.image.url, "detail": p.image.detail}
+        data["parts"] = [{"text": p.text} if isinstance(p, TextPart) else
+                         {"image_url": p.url, "detail": p.detail}
                          for p in message.content]
     else:
         data["content"] = message.content
@@ -28,11 +28,10 @@ def message_to_dict(message: ChatMessage) -> dict[str, Any]:
 
 
 def message_from_dict(data: dict[str, Any]) -> ChatMessage:
-    content: str | tuple[ContentPart, ...] | None
+    content: Content
     if "parts" in data:
-        content = tuple(ContentPart(text=p["text"]) if "text" in p else
-                        ContentPart(image=ImageInput(url=p["image_url"],
-                                                     detail=p.get("detail", "")))
+        content = tuple(TextPart(p["text"]) if "text" in p else
+                        ImagePart(url=p["image_url"], detail=p.get("detail", ""))
                         for p in data["parts"])
     else:
         content = data.get("content")

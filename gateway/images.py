@@ -1,4 +1,4 @@
-"""Images from each protocol's shape into `ImageInput` (a base64 data URL for the frontend).
+"""Images from each protocol's shape into `ImagePart` (a base64 data URL for the frontend).
 
 The gateway never fetches remote URLs and never decodes pixels: imageprep decodes with its
 limits. Here we only check the shape (a `data:image/...;base64,` URL) so a wrong one fails
@@ -11,7 +11,7 @@ import base64
 import binascii
 import re
 
-from gateway.domain import ImageInput
+from services.common.api.chat import ImagePart
 from services.common.errors import UnsupportedError, ValidationError
 
 _DATA_URL = re.compile(r"^data:(image/[A-Za-z0-9.+-]+);base64,", re.IGNORECASE)
@@ -19,10 +19,10 @@ _MAGIC = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"),
           (b"GIF87a", "image/gif"), (b"GIF89a", "image/gif"))
 
 
-def image_from_url(url: str, *, detail: str = "", param: str) -> ImageInput:
+def image_from_url(url: str, *, detail: str = "", param: str) -> ImagePart:
     """OpenAI `image_url.url` / Responses `image_url`: only base64 data URLs are accepted."""
     if _DATA_URL.match(url):
-        return ImageInput(url=url, detail=detail or "")
+        return ImagePart(url=url, detail=detail or "")
     if url.startswith(("http://", "https://")):
         raise UnsupportedError("remote image URLs are not fetched; send the image as a "
                                "base64 data URL (data:image/png;base64,...)", param=param)
@@ -30,14 +30,14 @@ def image_from_url(url: str, *, detail: str = "", param: str) -> ImageInput:
                           "(data:image/png;base64,...)", param=param)
 
 
-def image_from_base64(data: str, media_type: str, *, param: str) -> ImageInput:
+def image_from_base64(data: str, media_type: str, *, param: str) -> ImagePart:
     """Anthropic `{"type": "base64", "media_type", "data"}` sources."""
     if not media_type.startswith("image/"):
         raise ValidationError(f"media_type must be an image type, not {media_type!r}",
                               param=param + ".media_type")
     if not data:
         raise ValidationError("image data is empty", param=param + ".data")
-    return ImageInput(url=f"data:{media_type};base64,{data}")
+    return ImagePart(url=f"data:{media_type};base64,{data}")
 
 
 def sniff_media_type(data: str, *, param: str) -> str:
@@ -56,7 +56,7 @@ def sniff_media_type(data: str, *, param: str) -> str:
     raise ValidationError("image must be PNG, JPEG or WebP bytes in base64", param=param)
 
 
-def image_from_bare_base64(data: str, *, param: str) -> ImageInput:
+def image_from_bare_base64(data: str, *, param: str) -> ImagePart:
     if _DATA_URL.match(data):
-        return ImageInput(url=data)
-    return ImageInput(url=f"data:{sniff_media_type(data, param=param)};base64,{data}")
+        return ImagePart(url=data)
+    return ImagePart(url=f"data:{sniff_media_type(data, param=param)};base64,{data}")

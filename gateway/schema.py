@@ -8,9 +8,11 @@ body fails validation with a 400 naming the field instead of failing later as a 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from services.common.errors import ValidationError
 
 UINT32_MAX = 2**32 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -28,15 +30,8 @@ class ApiModel(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
 
 
-def json_text(value: Any) -> str:
-    """Compact JSON text keeping the caller's key order (tool arguments, schemas, kwargs)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
 def json_object_text(text: str, *, param: str) -> str:
     """Check that `text` is a JSON object (tool-call arguments) and return it unchanged."""
-    from services.common.errors import ValidationError
-
     try:
         value = json.loads(text) if text.strip() else {}
     except ValueError as exc:

@@ -18,10 +18,10 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from gateway.domain import GenerationRequest
 from gateway.errors import HttpError, http_error
 from gateway.generation import EventStream
 from gateway.state import GatewayState, gateway_state, request_id
+from services.common.api.generate import GenerateRequest
 from services.common.errors import HeliosError
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def event_stream(body: AsyncIterator[bytes], media_type: str = "text/event-strea
     return StreamingResponse(body, media_type=media_type, headers=STREAM_HEADERS)
 
 
-async def start_generation(request: Request, requests: Sequence[GenerationRequest], *,
+async def start_generation(request: Request, requests: Sequence[GenerateRequest], *,
                            wait_first: bool) -> EventStream:
     """Start the frontend call(s) for this HTTP request.
 

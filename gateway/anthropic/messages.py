@@ -17,10 +17,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from gateway.anthropic.schema import CountTokensRequest, MessagesRequest
-from gateway.domain import GenerationRequest, Sampling, ToolChoiceMode
+from gateway.collector import Collector
 from gateway.errors import anthropic_error_object
-from gateway.events import (
-    Collector,
+from gateway.generation import KEEPALIVE, EventStream
+from gateway.openai.format import new_id
+from gateway.request_parts import tool_call_parsing
+from gateway.sse import event_stream, sse_event, start_generation, stream_failure
+from gateway.state import GatewayState, gateway_state, request_id
+from services.common.api.events import (
     Finish,
     FinishReason,
     GenerationEvent,
@@ -31,10 +35,7 @@ from gateway.events import (
     Usage,
     UsageReport,
 )
-from gateway.generation import KEEPALIVE, EventStream
-from gateway.openai.format import new_id
-from gateway.sse import event_stream, sse_event, start_generation, stream_failure
-from gateway.state import GatewayState, gateway_state, request_id
+from services.common.api.generate import GenerateRequest, Sampling
 from services.common.errors import HeliosError
 
 router = APIRouter()
@@ -58,17 +59,17 @@ def usage_object(usage: Usage) -> dict[str, Any]:
             "cache_read_input_tokens": usage.cached_tokens}
 
 
-def to_generation(body: MessagesRequest, message_id: str) -> GenerationRequest:
+def to_generation(body: MessagesRequest, message_id: str) -> GenerateRequest:
     body.check_thinking()
     chat = body.generation_chat()
-    return GenerationRequest(
+    return GenerateRequest(
         request_id=message_id, model=body.model, input=chat,
         response_format=body.response_format(),
         sampling=Sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                           max_tokens=body.max_tokens),
         stop=tuple(s for s in body.stop_sequences or () if s),
         parse_reasoning=None if body.thinking is None else body.thinking.type != "disabled",
-        parse_tool_calls=False if chat.tool_choice.mode is ToolChoiceMode.NONE else None)
+        parse_tool_calls=tool_call_parsing(chat))
 
 
 @router.post("/v1/messages", tags=["anthropic"])

@@ -10,24 +10,32 @@ kept); `thinking` goes back as reasoning_content; `cache_control` is ignored.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from gateway.domain import (
+from gateway.images import image_from_base64, image_from_url
+from gateway.request_parts import (
+    checked_tool_choice,
+    collapse_text,
+    convert_parts,
+    json_schema_format,
+)
+from gateway.schema import ApiModel, Int32, PositiveUInt32
+from services.common.api.chat import (
     ChatInput,
     ChatMessage,
+    Content,
     ContentPart,
-    ResponseFormat,
-    ResponseFormatType,
+    ImagePart,
+    TextPart,
     ToolCall,
     ToolChoice,
     ToolChoiceMode,
     ToolDefinition,
 )
-from gateway.images import image_from_base64, image_from_url
-from gateway.schema import ApiModel, Int32, PositiveUInt32, json_text
+from services.common.api.generate import ResponseFormat
+from services.common.api.json_values import json_text
 from services.common.errors import UnsupportedError, ValidationError
 
 
@@ -35,6 +43,9 @@ class TextBlock(ApiModel):
     type: Literal["text"]
     text: str
     cache_control: Any = None
+
+    def to_part(self, param: str) -> ContentPart:
+        return TextPart(self.text)
 
 
 class Base64Source(ApiModel):
@@ -52,6 +63,12 @@ class ImageBlock(ApiModel):
     type: Literal["image"]
     source: Annotated[Base64Source | UrlSource, Field(discriminator="type")]
     cache_control: Any = None
+
+    def to_part(self, param: str) -> ImagePart:
+        if isinstance(self.source, Base64Source):
+            return image_from_base64(self.source.data, self.source.media_type,
+                                     param=param + ".source")
+        return image_from_url(self.source.url, param=param + ".source.url")
 
 
 class ToolUseBlock(ApiModel):
@@ -89,6 +106,15 @@ class DocumentBlock(ApiModel):
     context: str | None = None
     cache_control: Any = None
 
+    def to_part(self, param: str) -> ContentPart:
+        """Plain-text documents join the user's text (title, context, data)."""
+        source = self.source
+        if source.get("type") == "text" and isinstance(source.get("data"), str):
+            return TextPart("\n\n".join(t for t in (self.title, self.context, source["data"])
+                                         if t))
+        raise UnsupportedError("only plain-text document sources are supported",
+                               param=param + ".source")
+
 
 Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
                   | RedactedThinkingBlock | DocumentBlock, Field(discriminator="type")]
@@ -105,6 +131,13 @@ class Tool(ApiModel):
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     type: str | None = None
     cache_control: Any = None
+
+    def definition(self, param: str) -> ToolDefinition:
+        if self.type not in (None, "custom"):
+            raise UnsupportedError(f"server tool {self.type!r} is not supported; only "
+                                   "custom tools are", param=f"{param}.type")
+        return ToolDefinition(name=self.name, description=self.description or "",
+                              parameters=self.input_schema)
 
 
 class ToolChoiceIn(ApiModel):
@@ -129,23 +162,12 @@ class ChatFields(ApiModel):
     thinking: ThinkingConfig | None = None
 
     def chat_input(self) -> ChatInput:
-        tools = self._tools()
+        tools = tuple(tool.definition(f"tools[{i}]") for i, tool in enumerate(self.tools or ()))
         kwargs: dict[str, Any] = {}
         if self.thinking is not None and self.thinking.type != "adaptive":
             kwargs["enable_thinking"] = self.thinking.type == "enabled"
         return ChatInput(messages=tuple(self._messages()), tools=tools,
-                         tool_choice=self._tool_choice(tools),
-                         chat_template_kwargs_json=json_text(kwargs) if kwargs else "")
-
-    def _tools(self) -> tuple[ToolDefinition, ...]:
-        tools = []
-        for i, tool in enumerate(self.tools or ()):
-            if tool.type not in (None, "custom"):
-                raise UnsupportedError(f"server tool {tool.type!r} is not supported; only "
-                                       "custom tools are", param=f"tools[{i}].type")
-            tools.append(ToolDefinition(name=tool.name, description=tool.description or "",
-                                        parameters_json=json_text(tool.input_schema)))
-        return tuple(tools)
+                         tool_choice=self._tool_choice(tools), template_kwargs=kwargs)
 
     def _tool_choice(self, tools: tuple[ToolDefinition, ...]) -> ToolChoice:
         choice = self.tool_choice
@@ -153,16 +175,14 @@ class ChatFields(ApiModel):
             return ToolChoice()
         parallel = None if choice.disable_parallel_tool_use is None \
             else not choice.disable_parallel_tool_use
-        if choice.type == "tool":
-            if not choice.name or choice.name not in {t.name for t in tools}:
-                raise ValidationError("tool_choice type 'tool' must name one of the tools",
-                                      param="tool_choice.name")
-            return ToolChoice(ToolChoiceMode.FUNCTION, choice.name, parallel)
-        mode = {"auto": ToolChoiceMode.AUTO, "any": ToolChoiceMode.REQUIRED,
-                "none": ToolChoiceMode.NONE}[choice.type]
-        if mode is ToolChoiceMode.REQUIRED and not tools:
-            raise ValidationError("tool_choice 'any' needs tools", param="tool_choice")
-        return ToolChoice(mode, parallel_tool_calls=parallel)
+        if choice.type == "tool" and (not choice.name
+                                      or choice.name not in {t.name for t in tools}):
+            raise ValidationError("tool_choice type 'tool' must name one of the tools",
+                                  param="tool_choice.name")
+        mode = {"tool": ToolChoiceMode.FUNCTION, "auto": ToolChoiceMode.AUTO,
+                "any": ToolChoiceMode.REQUIRED, "none": ToolChoiceMode.NONE}[choice.type]
+        return checked_tool_choice(mode, tools, function_name=choice.name or "",
+                                   parallel=parallel, required_word="any")
 
     def _system_text(self) -> list[str]:
         if isinstance(self.system, str):
@@ -186,21 +206,6 @@ class ChatFields(ApiModel):
         return head + turns
 
 
-def _image(block: ImageBlock, param: str):
-    if isinstance(block.source, Base64Source):
-        return image_from_base64(block.source.data, block.source.media_type,
-                                 param=param + ".source")
-    return image_from_url(block.source.url, param=param + ".source.url")
-
-
-def _document_text(block: DocumentBlock, param: str) -> str:
-    source = block.source
-    if source.get("type") == "text" and isinstance(source.get("data"), str):
-        return "\n\n".join(t for t in (block.title, block.context, source["data"]) if t)
-    raise UnsupportedError("only plain-text document sources are supported",
-                           param=param + ".source")
-
-
 def _user(content: str | list[Block], param: str) -> list[ChatMessage]:
     """A user turn: its tool results become tool messages (first), the rest one user message."""
     if isinstance(content, str):
@@ -209,36 +214,23 @@ def _user(content: str | list[Block], param: str) -> list[ChatMessage]:
     parts: list[ContentPart] = []
     for j, block in enumerate(content):
         where = f"{param}[{j}]"
-        if isinstance(block, TextBlock):
-            parts.append(ContentPart(text=block.text))
-        elif isinstance(block, ImageBlock):
-            parts.append(ContentPart(image=_image(block, where)))
-        elif isinstance(block, DocumentBlock):
-            parts.append(ContentPart(text=_document_text(block, where)))
+        if isinstance(block, TextBlock | ImageBlock | DocumentBlock):
+            parts.append(block.to_part(where))
         elif isinstance(block, ToolResultBlock):
             tool_messages.append(_tool_result(block, where))
         elif isinstance(block, ToolUseBlock | ThinkingBlock):
             raise ValidationError(f"{block.type} blocks belong in assistant messages",
                                   param=where)
-    user = []
-    if parts:
-        # Text-only turns collapse to one string: chat templates render strings best.
-        text_only = all(p.image is None for p in parts)
-        user = [ChatMessage(role="user", content="\n".join(p.text or "" for p in parts)
-                            if text_only else tuple(parts))]
+    user = [ChatMessage(role="user", content=collapse_text(parts, "\n"))] if parts else []
     return tool_messages + user
 
 
 def _tool_result(block: ToolResultBlock, param: str) -> ChatMessage:
-    content: str | tuple[ContentPart, ...]
+    content: Content
     if block.content is None or isinstance(block.content, str):
         content = block.content or ""
     else:
-        parts = [ContentPart(text=b.text) if isinstance(b, TextBlock)
-                 else ContentPart(image=_image(b, f"{param}.content[{k}]"))
-                 for k, b in enumerate(block.content)]
-        content = "".join(p.text or "" for p in parts) \
-            if all(p.image is None for p in parts) else tuple(parts)
+        content = collapse_text(convert_parts(block.content, f"{param}.content"))
     if block.is_error and isinstance(content, str):
         content = f"Error: {content}"
     return ChatMessage(role="tool", content=content, tool_call_id=block.tool_use_id)
@@ -291,7 +283,7 @@ class MessagesRequest(ChatFields):
         fmt = self.output_config.format if self.output_config else None
         if fmt is None:
             return ResponseFormat()
-        return ResponseFormat(ResponseFormatType.JSON_SCHEMA, schema_json=json_text(fmt.schema_))
+        return json_schema_format(fmt.schema_)
 
     def generation_chat(self) -> ChatInput:
         """The chat input, with `output_config.effort` passed to the template."""
@@ -299,9 +291,9 @@ class MessagesRequest(ChatFields):
         effort = self.output_config.effort if self.output_config else None
         if effort is None:
             return chat
-        kwargs = json.loads(chat.chat_template_kwargs_json or "{}")
+        kwargs = dict(chat.template_kwargs)
         kwargs.setdefault("reasoning_effort", effort)
-        return dataclasses.replace(chat, chat_template_kwargs_json=json_text(kwargs))
+        return dataclasses.replace(chat, template_kwargs=kwargs)
 
     def check_thinking(self) -> None:
         thinking = self.thinking

@@ -19,9 +19,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from gateway.domain import ChatInput, CompletionInput
-from gateway.events import (
-    Collector,
+from gateway.collector import Collector
+from gateway.generation import KEEPALIVE, EventStream
+from gateway.ollama.schema import ChatRequest, GenerateFields, GenerateRequest, model_name
+from gateway.openai.format import logprob_value, new_id
+from gateway.sse import event_stream, ndjson_line, start_generation, stream_failure
+from gateway.state import GatewayState, gateway_state, request_id
+from services.common.api.chat import ChatInput, CompletionInput
+from services.common.api.events import (
     Finish,
     FinishReason,
     ReasoningDelta,
@@ -31,11 +36,6 @@ from gateway.events import (
     ToolCallDelta,
     UsageReport,
 )
-from gateway.generation import KEEPALIVE, EventStream
-from gateway.ollama.schema import ChatRequest, GenerateFields, GenerateRequest, model_name
-from gateway.openai.format import logprob_value, new_id
-from gateway.sse import event_stream, ndjson_line, start_generation, stream_failure
-from gateway.state import GatewayState, gateway_state, request_id
 from services.common.errors import HeliosError
 
 router = APIRouter()

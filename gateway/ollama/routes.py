@@ -12,10 +12,10 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import PlainTextResponse
 
-from gateway.domain import ModelCard
 from gateway.ollama.chat import router as chat_router
 from gateway.ollama.schema import ShowRequest
 from gateway.state import gateway_state, request_id
+from services.common.api.model_card import ModelCard
 from services.common.errors import NotFoundError
 
 router = APIRouter()

@@ -6,20 +6,20 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from gateway.domain import (
+from gateway.images import image_from_bare_base64
+from gateway.request_parts import JSON_OBJECT_FORMAT, json_schema_format
+from gateway.schema import ApiModel, Int32, Seed
+from services.common.api import generate as domain
+from services.common.api.chat import (
     ChatInput,
     ChatMessage,
     CompletionInput,
-    ContentPart,
-    GenerationRequest,
-    ResponseFormat,
-    ResponseFormatType,
-    Sampling,
+    Content,
+    TextPart,
     ToolCall,
     ToolDefinition,
 )
-from gateway.images import image_from_bare_base64
-from gateway.schema import ApiModel, Int32, Seed, json_text
+from services.common.api.json_values import json_text
 from services.common.errors import UnsupportedError, ValidationError
 
 
@@ -76,6 +76,11 @@ class Tool(ApiModel):
     type: Literal["function"] = "function"
     function: FunctionDef
 
+    def definition(self) -> ToolDefinition:
+        f = self.function
+        return ToolDefinition(name=f.name, description=f.description or "",
+                              parameters=f.parameters)
+
 
 class GenerateFields(ApiModel):
     model: str = Field(min_length=1)
@@ -91,24 +96,24 @@ class GenerateFields(ApiModel):
     def streaming(self) -> bool:
         return self.stream is not False
 
-    def response_format(self) -> ResponseFormat:
+    def response_format(self) -> domain.ResponseFormat:
         if self.format == "json":
-            return ResponseFormat(ResponseFormatType.JSON_OBJECT)
+            return JSON_OBJECT_FORMAT
         if isinstance(self.format, dict):
-            return ResponseFormat(ResponseFormatType.JSON_SCHEMA, schema_json=json_text(self.format))
-        return ResponseFormat()
+            return json_schema_format(self.format)
+        return domain.ResponseFormat()
 
-    def template_kwargs(self) -> str:
+    def template_kwargs(self) -> dict[str, Any]:
         if self.think is None:
-            return ""
+            return {}
         kwargs: dict[str, Any] = {"enable_thinking": self.think is not False}
         if isinstance(self.think, str):
             kwargs["reasoning_effort"] = self.think
-        return json_text(kwargs)
+        return kwargs
 
-    def sampling(self) -> Sampling:
+    def sampling(self) -> domain.Sampling:
         o = self.options or Options()
-        return Sampling(temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, min_p=o.min_p,
+        return domain.Sampling(temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, min_p=o.min_p,
                         presence_penalty=o.presence_penalty,
                         frequency_penalty=o.frequency_penalty,
                         repetition_penalty=o.repeat_penalty, seed=o.seed,
@@ -117,8 +122,8 @@ class GenerateFields(ApiModel):
                         logprobs=bool(self.logprobs), top_logprobs=self.top_logprobs or 0)
 
     def generation(self, request_id: str, input: ChatInput | CompletionInput
-                   ) -> GenerationRequest:
-        return GenerationRequest(
+                   ) -> domain.GenerateRequest:
+        return domain.GenerateRequest(
             request_id=request_id, model=model_name(self.model), input=input,
             sampling=self.sampling(), stop=(self.options or Options()).stops(),
             response_format=self.response_format(),
@@ -126,11 +131,11 @@ class GenerateFields(ApiModel):
 
 
 def _message(message: Message, i: int) -> ChatMessage:
-    content: str | tuple[ContentPart, ...] = message.content
+    content: Content = message.content
     if message.images:
-        images = [ContentPart(image=image_from_bare_base64(data, param=f"messages[{i}].images[{k}]"))
+        images = [image_from_bare_base64(data, param=f"messages[{i}].images[{k}]")
                   for k, data in enumerate(message.images)]
-        content = (*images, ContentPart(text=message.content))
+        content = (*images, TextPart(message.content))
     calls = tuple(ToolCall(id=call.id or f"call_{i}_{k}", name=call.function.name,
                            arguments_json=json_text(call.function.arguments))
                   for k, call in enumerate(message.tool_calls or ()))
@@ -144,13 +149,9 @@ class ChatRequest(GenerateFields):
     tools: list[Tool] | None = None
 
     def chat_input(self) -> ChatInput:
-        tools = tuple(ToolDefinition(name=t.function.name,
-                                     description=t.function.description or "",
-                                     parameters_json=json_text(t.function.parameters)
-                                     if t.function.parameters is not None else "")
-                      for t in self.tools or ())
+        tools = tuple(tool.definition() for tool in self.tools or ())
         return ChatInput(messages=tuple(_message(m, i) for i, m in enumerate(self.messages)),
-                         tools=tools, chat_template_kwargs_json=self.template_kwargs())
+                         tools=tools, template_kwargs=self.template_kwargs())
 
 
 class GenerateRequest(GenerateFields):
@@ -176,14 +177,13 @@ class GenerateRequest(GenerateFields):
             if self.images:
                 raise ValidationError("raw prompts cannot carry images", param="images")
             return CompletionInput(text=self.prompt)
-        content: str | tuple[ContentPart, ...] = self.prompt
+        content: Content = self.prompt
         if self.images:
-            content = (*(ContentPart(image=image_from_bare_base64(d, param=f"images[{k}]"))
-                         for k, d in enumerate(self.images)), ContentPart(text=self.prompt))
+            content = (*(image_from_bare_base64(d, param=f"images[{k}]")
+                         for k, d in enumerate(self.images)), TextPart(self.prompt))
         messages = ([ChatMessage(role="system", content=self.system)] if self.system else []) \
             + [ChatMessage(role="user", content=content)]
-        return ChatInput(messages=tuple(messages),
-                         chat_template_kwargs_json=self.template_kwargs())
+        return ChatInput(messages=tuple(messages), template_kwargs=self.template_kwargs())
 
 
 class ShowRequest(ApiModel):

@@ -10,23 +10,12 @@ stream started is sent as `data: {"error": {...}}` (the OpenAI SDK raises APIErr
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import functools
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
-from gateway.errors import openai_error_object
-from gateway.events import (
-    Collector,
-    Finish,
-    ReasoningDelta,
-    Started,
-    TextDelta,
-    ToolCallDelta,
-    UsageReport,
-)
-from gateway.generation import KEEPALIVE, EventStream
+from gateway.collector import Collector
 from gateway.openai.chat_schema import ChatCompletionRequest
 from gateway.openai.format import (
     chat_logprobs,
@@ -36,16 +25,17 @@ from gateway.openai.format import (
     stop_reason,
     usage_object,
 )
-from gateway.sse import (
-    SSE_DONE,
-    SSE_KEEPALIVE,
-    event_stream,
-    sse_data,
-    start_generation,
-    stream_failure,
-)
+from gateway.openai.stream import ChunkStream, respond
 from gateway.state import GatewayState, gateway_state
-from services.common.errors import HeliosError
+from services.common.api.events import (
+    Finish,
+    GenerationEvent,
+    ReasoningDelta,
+    Started,
+    TextDelta,
+    ToolCallDelta,
+    UsageReport,
+)
 
 router = APIRouter()
 
@@ -54,12 +44,9 @@ router = APIRouter()
 async def chat_completions(request: Request, body: ChatCompletionRequest):
     completion_id = new_id("chatcmpl-")
     generation = body.to_generation(completion_id)
-    stream = await start_generation(request, [generation], wait_first=body.streaming)
-    if body.streaming:
-        renderer = ChatStream(gateway_state(request), body, completion_id)
-        return event_stream(renderer.render(stream))
-    collector = await stream.collect()
-    return JSONResponse(chat_completion(collector, body, completion_id))
+    return await respond(request, [generation], streaming=body.streaming,
+                         renderer=functools.partial(ChatStream, gateway_state(request), body,
+                                                    completion_id))
 
 
 def chat_completion(collector: Collector, body: ChatCompletionRequest,
@@ -91,26 +78,20 @@ def chat_completion(collector: Collector, body: ChatCompletionRequest,
             "usage": usage_object(collector.final_usage())}
 
 
-class ChatStream:
+class ChatStream(ChunkStream):
     """Renders one request's events as chat.completion.chunk SSE frames."""
 
+    object_type = "chat.completion.chunk"
+    body: ChatCompletionRequest
+
     def __init__(self, state: GatewayState, body: ChatCompletionRequest, completion_id: str):
-        self.state = state
-        self.body = body
-        self.id = completion_id
-        self.created = now()
-        self.model = body.model
+        super().__init__(state, body, completion_id)
         self.announced: set[int] = set()
         self.has_tool_calls: set[int] = set()
         self.held_reasoning: dict[int, str] = {}   # stream_reasoning=false buffers here
 
-    def chunk(self, choices: list[dict[str, Any]], usage: Any = None) -> bytes:
-        frame: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk",
-                                 "created": self.created, "model": self.model,
-                                 "choices": choices}
-        if self.body.include_usage or self.body.continuous_usage:
-            frame["usage"] = usage
-        return sse_data(frame)
+    def whole(self, collector: Collector) -> dict[str, Any]:
+        return chat_completion(collector, self.body, self.id)
 
     def choice(self, index: int, delta: dict[str, Any], *, logprobs: Any = None,
                finish: Finish | None = None) -> dict[str, Any]:
@@ -142,8 +123,7 @@ class ChatStream:
         return [self.chunk([self.choice(index, {"reasoning": text,
                                                 "reasoning_content": text})])]
 
-    def frames(self, event: Any) -> list[bytes]:
-        """The SSE frames for one upstream event."""
+    def frames(self, event: GenerationEvent) -> list[bytes]:
         if isinstance(event, Started):
             self.model = event.model or self.model
             return [self.chunk([self.choice(i, {"content": ""})])
@@ -182,19 +162,3 @@ class ChatStream:
         elif isinstance(event, Finish):
             frames.append(self.chunk([self.choice(event.index, {}, finish=event)], usage))
         return frames
-
-    async def render(self, stream: EventStream) -> AsyncIterator[bytes]:
-        try:
-            async for event in stream.events(self.state.config.sse_keepalive_s):
-                if event is KEEPALIVE:
-                    yield SSE_KEEPALIVE
-                    continue
-                for frame in self.frames(event):
-                    yield frame
-        except HeliosError as exc:
-            error = stream_failure(self.state, exc)
-            yield sse_data({"error": openai_error_object(error)})
-            return
-        finally:
-            await stream.close()
-        yield SSE_DONE

@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions request body (OpenAI + vLLM/SGLang extensions) -> GenerationRequest."""
+"""POST /v1/chat/completions request body (OpenAI + vLLM/SGLang extensions) -> GenerateRequest."""
 
 from __future__ import annotations
 
@@ -6,21 +6,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from gateway.domain import (
-    ChatInput,
-    ChatMessage,
-    ContentPart,
-    GenerationRequest,
-    ResponseFormat,
-    ResponseFormatType,
-    ToolCall,
-    ToolChoice,
-    ToolChoiceMode,
-    ToolDefinition,
-)
 from gateway.images import image_from_url
+from gateway.openai.parts import ImageDetail, RefusalPart
 from gateway.openai.sampling import SamplingFields
-from gateway.schema import ApiModel, PositiveUInt32, json_object_text, json_text
+from gateway.request_parts import (
+    JSON_OBJECT_FORMAT,
+    checked_tool_choice,
+    convert_parts,
+    json_schema_format,
+    tool_call_parsing,
+)
+from gateway.schema import ApiModel, PositiveUInt32, json_object_text
+from services.common.api import chat as domain
+from services.common.api.generate import GenerateRequest, ResponseFormat
+from services.common.api.json_values import json_text
 from services.common.errors import UnsupportedError, ValidationError
 
 
@@ -28,20 +27,22 @@ class TextPart(ApiModel):
     type: Literal["text"]
     text: str
 
-
-class RefusalPart(ApiModel):
-    type: Literal["refusal"]
-    refusal: str
+    def to_part(self, param: str) -> domain.ContentPart:
+        return domain.TextPart(self.text)
 
 
 class ImageUrl(ApiModel):
     url: str
-    detail: Literal["auto", "low", "high"] | None = None
+    detail: ImageDetail = None
 
 
 class ImagePart(ApiModel):
     type: Literal["image_url"]
     image_url: ImageUrl
+
+    def to_part(self, param: str) -> domain.ContentPart:
+        return image_from_url(self.image_url.url, detail=self.image_url.detail or "",
+                              param=f"{param}.image_url.url")
 
 
 Part = Annotated[TextPart | ImagePart | RefusalPart, Field(discriminator="type")]
@@ -89,6 +90,11 @@ class Tool(ApiModel):
     type: Literal["function"] = "function"
     function: FunctionDef
 
+    def definition(self) -> domain.ToolDefinition:
+        f = self.function
+        return domain.ToolDefinition(name=f.name, description=f.description or "",
+                                     parameters=f.parameters, strict=f.strict)
+
 
 class NamedFunction(ApiModel):
     name: str = Field(min_length=1)
@@ -120,23 +126,9 @@ class StructuredOutputs(ApiModel):
     structural_tag: Any = None
 
 
-def convert_parts(parts: list[Part], param: str) -> tuple[ContentPart, ...]:
-    converted = []
-    for j, part in enumerate(parts):
-        if isinstance(part, TextPart):
-            converted.append(ContentPart(text=part.text))
-        elif isinstance(part, RefusalPart):
-            converted.append(ContentPart(text=part.refusal))
-        else:
-            converted.append(ContentPart(image=image_from_url(
-                part.image_url.url, detail=part.image_url.detail or "",
-                param=f"{param}[{j}].image_url.url")))
-    return tuple(converted)
-
-
-def convert_message(message: Message, i: int) -> ChatMessage:
+def convert_message(message: Message, i: int) -> domain.ChatMessage:
     param = f"messages[{i}]"
-    content: str | tuple[ContentPart, ...] | None
+    content: domain.Content
     if isinstance(message.content, list):
         content = convert_parts(message.content, f"{param}.content")
     else:
@@ -146,47 +138,24 @@ def convert_message(message: Message, i: int) -> ChatMessage:
         args = call.function.arguments
         text = json_text(args) if isinstance(args, dict) else json_object_text(
             args, param=f"{param}.tool_calls[{k}].function.arguments")
-        calls.append(ToolCall(id=call.id, name=call.function.name, arguments_json=text))
+        calls.append(domain.ToolCall(id=call.id, name=call.function.name, arguments_json=text))
     reasoning = message.reasoning_content if message.reasoning_content is not None \
         else message.reasoning
-    return ChatMessage(role=message.role, content=content, name=message.name or "",
-                       tool_calls=tuple(calls), tool_call_id=message.tool_call_id or "",
-                       reasoning_content=reasoning)
+    return domain.ChatMessage(role=message.role, content=content, name=message.name or "",
+                            tool_calls=tuple(calls), tool_call_id=message.tool_call_id or "",
+                            reasoning_content=reasoning)
 
 
-def convert_tools(tools: list[Tool] | None) -> tuple[ToolDefinition, ...]:
-    return tuple(ToolDefinition(name=t.function.name, description=t.function.description or "",
-                                parameters_json=json_text(t.function.parameters)
-                                if t.function.parameters is not None else "",
-                                strict=t.function.strict)
-                 for t in tools or ())
-
-
-def convert_tool_choice(choice: str | NamedToolChoice | None, tools: tuple[ToolDefinition, ...],
-                        parallel: bool | None) -> ToolChoice:
-    if choice is None:
-        return ToolChoice(ToolChoiceMode.AUTO, parallel_tool_calls=parallel)
-    if isinstance(choice, NamedToolChoice):
-        name = choice.function.name
-        if name not in {t.name for t in tools}:
-            raise ValidationError(f"tool_choice names {name!r}, which is not in tools",
-                                  param="tool_choice")
-        return ToolChoice(ToolChoiceMode.FUNCTION, name, parallel)
-    mode = ToolChoiceMode(choice)
-    if mode is ToolChoiceMode.REQUIRED and not tools:
-        raise ValidationError("tool_choice 'required' needs tools", param="tool_choice")
-    return ToolChoice(mode, parallel_tool_calls=parallel)
-
-
-def template_kwargs(explicit: dict[str, Any] | None, reasoning_effort: str | None) -> str:
-    """chat_template_kwargs JSON; `reasoning_effort` is passed to the template too (and
-    "none" turns thinking off) unless the caller set those keys explicitly."""
+def template_kwargs(explicit: dict[str, Any] | None, reasoning_effort: str | None
+                    ) -> dict[str, Any]:
+    """chat_template_kwargs; `reasoning_effort` is passed to the template too (and "none"
+    turns thinking off) unless the caller set those keys explicitly."""
     kwargs = dict(explicit or {})
     if reasoning_effort is not None:
         kwargs.setdefault("reasoning_effort", reasoning_effort)
         if reasoning_effort == "none":
             kwargs.setdefault("enable_thinking", False)
-    return json_text(kwargs) if kwargs else ""
+    return kwargs
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -221,24 +190,30 @@ class ChatCompletionRequest(SamplingFields):
                     raise UnsupportedError(f"structured_outputs.{name} is not supported; use "
                                            "json", param=f"structured_outputs.{name}")
         if schema is not None:
-            text = schema if isinstance(schema, str) else json_text(schema)
-            return ResponseFormat(ResponseFormatType.JSON_SCHEMA, schema_json=text)
+            return json_schema_format(schema)
         if so is not None and so.json_object:
-            return ResponseFormat(ResponseFormatType.JSON_OBJECT)
+            return JSON_OBJECT_FORMAT
         rf = self.response_format
         if rf is None or rf.type == "text":
             return ResponseFormat()
         if rf.type == "json_object":
-            return ResponseFormat(ResponseFormatType.JSON_OBJECT)
+            return JSON_OBJECT_FORMAT
         if rf.json_schema is None:
             raise ValidationError("response_format json_schema needs a json_schema object",
                                   param="response_format.json_schema")
         spec = rf.json_schema
-        return ResponseFormat(ResponseFormatType.JSON_SCHEMA,
-                              schema_json=json_text(spec.schema_ or {}), name=spec.name,
-                              strict=bool(spec.strict))
+        return json_schema_format(spec.schema_ or {}, name=spec.name, strict=bool(spec.strict))
 
-    def to_generation(self, request_id: str) -> GenerationRequest:
+    def tool_choice_domain(self, tools: tuple[domain.ToolDefinition, ...]) -> domain.ToolChoice:
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            return checked_tool_choice(domain.ToolChoiceMode.FUNCTION, tools,
+                                       function_name=choice.function.name,
+                                       parallel=self.parallel_tool_calls)
+        return checked_tool_choice(domain.ToolChoiceMode(choice or "auto"), tools,
+                                   parallel=self.parallel_tool_calls)
+
+    def to_generation(self, request_id: str) -> GenerateRequest:
         if self.chat_template:
             raise UnsupportedError("a per-request chat_template is not supported; the model's "
                                    "template is fixed by its core", param="chat_template")
@@ -247,19 +222,18 @@ class ChatCompletionRequest(SamplingFields):
         if self.continue_final_message and self.add_generation_prompt:
             raise ValidationError("continue_final_message and add_generation_prompt cannot "
                                   "both be true", param="continue_final_message")
-        tools = convert_tools(self.tools)
-        chat = ChatInput(
+        tools = tuple(tool.definition() for tool in self.tools or ())
+        chat = domain.ChatInput(
             messages=tuple(convert_message(m, i) for i, m in enumerate(self.messages)),
             tools=tools,
-            tool_choice=convert_tool_choice(self.tool_choice, tools, self.parallel_tool_calls),
+            tool_choice=self.tool_choice_domain(tools),
             add_generation_prompt=False if self.continue_final_message
             else self.add_generation_prompt,
             continue_final_message=self.continue_final_message,
-            chat_template_kwargs_json=template_kwargs(self.chat_template_kwargs,
-                                                      self.reasoning_effort),
-            documents_json=json_text(self.documents) if self.documents else "")
+            template_kwargs=template_kwargs(self.chat_template_kwargs, self.reasoning_effort),
+            documents=list(self.documents) if self.documents else None)
         max_tokens = self.max_completion_tokens or self.max_tokens
-        return GenerationRequest(
+        return GenerateRequest(
             request_id=request_id, model=self.model, input=chat,
             sampling=self.sampling(max_tokens=max_tokens, logprobs=bool(self.logprobs),
                                    top_logprobs=self.top_logprobs or 0),
@@ -269,4 +243,4 @@ class ChatCompletionRequest(SamplingFields):
             response_format=self.response_format_domain(),
             parse_reasoning=self.separate_reasoning,
             continuous_usage=self.continuous_usage, priority=self.priority,
-            parse_tool_calls=False if chat.tool_choice.mode is ToolChoiceMode.NONE else None)
+            parse_tool_calls=tool_call_parsing(chat))

@@ -7,37 +7,35 @@ parsing. `echo` prepends the prompt text the frontend reports in `started`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import functools
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from gateway.domain import CompletionInput, GenerationRequest
-from gateway.errors import openai_error_object
-from gateway.events import Collector, Finish, ReasoningDelta, Started, TextDelta, UsageReport
-from gateway.generation import KEEPALIVE, EventStream
+from gateway.collector import Collector
 from gateway.openai.format import (
     completion_logprobs,
     finish_reason,
     new_id,
-    now,
     stop_reason,
     usage_object,
 )
 from gateway.openai.sampling import SamplingFields
+from gateway.openai.stream import ChunkStream, respond
 from gateway.schema import PositiveUInt32, TokenId
-from gateway.sse import (
-    SSE_DONE,
-    SSE_KEEPALIVE,
-    event_stream,
-    sse_data,
-    start_generation,
-    stream_failure,
-)
 from gateway.state import GatewayState, gateway_state
-from services.common.errors import HeliosError, UnsupportedError, ValidationError
+from services.common.api.chat import CompletionInput
+from services.common.api.events import (
+    Finish,
+    GenerationEvent,
+    ReasoningDelta,
+    Started,
+    TextDelta,
+    UsageReport,
+)
+from services.common.api.generate import GenerateRequest
+from services.common.errors import UnsupportedError, ValidationError
 
 router = APIRouter()
 
@@ -72,7 +70,7 @@ class CompletionRequest(SamplingFields):
                 inputs.append(CompletionInput(token_ids=tuple(p), echo=self.echo))
         return inputs
 
-    def to_generations(self, completion_id: str) -> list[GenerationRequest]:
+    def to_generations(self, completion_id: str) -> list[GenerateRequest]:
         if self.suffix:
             raise UnsupportedError("suffix is not supported", param="suffix")
         n = self.n or 1
@@ -84,7 +82,7 @@ class CompletionRequest(SamplingFields):
                                   "(prompts x n)", param="prompt")
         sampling = self.sampling(max_tokens=self.max_tokens, logprobs=self.logprobs is not None,
                                  top_logprobs=self.logprobs or 0)
-        return [GenerationRequest(
+        return [GenerateRequest(
             request_id=completion_id if len(prompts) == 1 else f"{completion_id}-{p}",
             model=self.model, input=prompt, sampling=sampling, stop=self.stop_strings(),
             include_stop_str_in_output=self.include_stop_str_in_output,
@@ -99,20 +97,19 @@ class CompletionRequest(SamplingFields):
 async def completions(request: Request, body: CompletionRequest):
     completion_id = new_id("cmpl-")
     generations = body.to_generations(completion_id)
-    stream = await start_generation(request, generations, wait_first=body.streaming)
-    renderer = CompletionRender(gateway_state(request), body, completion_id)
-    if body.streaming:
-        return event_stream(renderer.render(stream))
-    return JSONResponse(renderer.whole(await stream.collect()))
+    return await respond(request, generations, streaming=body.streaming,
+                         renderer=functools.partial(CompletionRender, gateway_state(request),
+                                                    body, completion_id))
 
 
-class CompletionRender:
+class CompletionRender(ChunkStream):
+    """text_completion objects and chunks; echo prepends each prompt's text."""
+
+    object_type = "text_completion"
+    body: CompletionRequest
+
     def __init__(self, state: GatewayState, body: CompletionRequest, completion_id: str):
-        self.state = state
-        self.body = body
-        self.id = completion_id
-        self.created = now()
-        self.model = body.model
+        super().__init__(state, body, completion_id)
         self.n = body.n or 1
         self.prompt_text: dict[int, str] = {}   # first choice index of a prompt -> its text
         self.offsets: dict[int, int] = {}       # choice -> characters sent (logprob offsets)
@@ -140,14 +137,6 @@ class CompletionRender:
         self.prompt_text[event.index] = event.prompt_text
         self.model = event.model or self.model
 
-    def chunk(self, choices: list[dict[str, Any]], usage: Any = None) -> bytes:
-        frame: dict[str, Any] = {"id": self.id, "object": "text_completion",
-                                 "created": self.created, "model": self.model,
-                                 "choices": choices}
-        if self.body.include_usage or self.body.continuous_usage:
-            frame["usage"] = usage
-        return sse_data(frame)
-
     def text_choice(self, index: int, text: str, logprobs: Any = (),
                     finish: Finish | None = None) -> dict[str, Any]:
         offset = self.offsets.get(index, 0)
@@ -158,7 +147,7 @@ class CompletionRender:
                 "finish_reason": finish_reason(finish.reason, False) if finish else None,
                 "stop_reason": (finish.stop_sequence or finish.stop_token_id) if finish else None}
 
-    def frames(self, event: Any) -> list[bytes]:
+    def frames(self, event: GenerationEvent) -> list[bytes]:
         if isinstance(event, Started):
             self.observe_started(event)
             if self.body.echo:
@@ -176,18 +165,3 @@ class CompletionRender:
         if isinstance(event, Finish):
             return [self.chunk([self.text_choice(event.index, "", finish=event)], usage)]
         return []
-
-    async def render(self, stream: EventStream) -> AsyncIterator[bytes]:
-        try:
-            async for event in stream.events(self.state.config.sse_keepalive_s):
-                if event is KEEPALIVE:
-                    yield SSE_KEEPALIVE
-                    continue
-                for frame in self.frames(event):
-                    yield frame
-        except HeliosError as exc:
-            yield sse_data({"error": openai_error_object(stream_failure(self.state, exc))})
-            return
-        finally:
-            await stream.close()
-        yield SSE_DONE

@@ -6,7 +6,8 @@ import time
 import uuid
 from typing import Any
 
-from gateway.events import ChoiceResult, FinishReason, TokenLogprob, Usage
+from gateway.collector import ChoiceResult
+from services.common.api.events import FinishReason, TokenLogprob, Usage
 
 # JSON has no -Infinity: clamp like other OpenAI-compatible servers do.
 MIN_LOGPROB = -9999.0

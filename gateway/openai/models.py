@@ -10,8 +10,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from gateway.domain import ModelCard
 from gateway.state import gateway_state, request_id
+from services.common.api.model_card import ModelCard
 from services.common.errors import NotFoundError
 
 router = APIRouter()

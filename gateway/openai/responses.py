@@ -14,15 +14,13 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 
-from gateway.domain import ChatInput, ChatMessage, GenerationRequest, Sampling, ToolCall
-from gateway.domain import ToolChoiceMode as Mode
-from gateway.events import UsageReport
 from gateway.generation import KEEPALIVE, EventStream
 from gateway.history import message_from_dict, message_to_dict
 from gateway.openai.chat_schema import template_kwargs
 from gateway.openai.format import new_id
 from gateway.openai.responses_output import ResponseBuilder
 from gateway.openai.responses_schema import ResponsesRequest, input_messages
+from gateway.request_parts import tool_call_parsing
 from gateway.responses_store import StoredResponse
 from gateway.sse import (
     SSE_KEEPALIVE,
@@ -32,6 +30,9 @@ from gateway.sse import (
     stream_failure,
 )
 from gateway.state import GatewayState, gateway_state
+from services.common.api.chat import ChatInput, ChatMessage, ToolCall
+from services.common.api.events import UsageReport
+from services.common.api.generate import GenerateRequest, Sampling
 from services.common.errors import HeliosError, NotFoundError, ValidationError
 
 log = logging.getLogger(__name__)
@@ -51,21 +52,21 @@ async def _history(state: GatewayState, previous_id: str | None) -> list[ChatMes
 
 
 def _generation(body: ResponsesRequest, response_id: str,
-                conversation: list[ChatMessage]) -> GenerationRequest:
+                conversation: list[ChatMessage]) -> GenerateRequest:
     messages = ([ChatMessage(role="system", content=body.instructions)]
                 if body.instructions else []) + conversation
     tools = body.tool_definitions()
     choice = body.tool_choice_domain(tools)
     effort = body.reasoning.effort if body.reasoning else None
     chat = ChatInput(messages=tuple(messages), tools=tools, tool_choice=choice,
-                     chat_template_kwargs_json=template_kwargs(None, effort))
+                     template_kwargs=template_kwargs(None, effort))
     sampling = Sampling(temperature=body.temperature, top_p=body.top_p,
                         max_tokens=body.max_output_tokens,
                         logprobs=body.logprobs_top is not None,
                         top_logprobs=body.logprobs_top or 0)
-    return GenerationRequest(request_id=response_id, model=body.model, input=chat,
+    return GenerateRequest(request_id=response_id, model=body.model, input=chat,
                              sampling=sampling, response_format=body.response_format(),
-                             parse_tool_calls=False if choice.mode is Mode.NONE else None)
+                             parse_tool_calls=tool_call_parsing(chat))
 
 
 def _output_message(builder: ResponseBuilder) -> ChatMessage:

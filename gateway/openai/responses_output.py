@@ -15,7 +15,9 @@ import time
 from typing import Any
 
 from gateway.errors import HttpError
-from gateway.events import (
+from gateway.openai.format import logprob_value, new_id
+from gateway.openai.responses_schema import ResponsesRequest
+from services.common.api.events import (
     Finish,
     FinishReason,
     GenerationEvent,
@@ -27,8 +29,6 @@ from gateway.events import (
     Usage,
     UsageReport,
 )
-from gateway.openai.format import logprob_value, new_id
-from gateway.openai.responses_schema import ResponsesRequest
 
 Event = dict[str, Any]
 

@@ -12,18 +12,27 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag
 
-from gateway.domain import (
+from gateway.images import image_from_url
+from gateway.openai.parts import ImageDetail, RefusalPart
+from gateway.request_parts import (
+    JSON_OBJECT_FORMAT,
+    checked_tool_choice,
+    collapse_text,
+    convert_parts,
+    json_schema_format,
+)
+from gateway.schema import ApiModel, PositiveUInt32, json_object_text
+from services.common.api.chat import (
     ChatMessage,
+    Content,
     ContentPart,
-    ResponseFormat,
-    ResponseFormatType,
+    TextPart,
     ToolCall,
     ToolChoice,
     ToolChoiceMode,
     ToolDefinition,
 )
-from gateway.images import image_from_url
-from gateway.schema import ApiModel, PositiveUInt32, json_object_text, json_text
+from services.common.api.generate import ResponseFormat
 from services.common.errors import UnsupportedError, ValidationError
 
 
@@ -31,20 +40,25 @@ class InputText(ApiModel):
     type: Literal["input_text", "output_text", "text", "summary_text", "reasoning_text"]
     text: str
 
+    def to_part(self, param: str) -> ContentPart:
+        return TextPart(self.text)
+
 
 class InputImage(ApiModel):
     type: Literal["input_image"]
     image_url: str | None = None
     file_id: str | None = None
-    detail: Literal["auto", "low", "high"] | None = None
+    detail: ImageDetail = None
+
+    def to_part(self, param: str) -> ContentPart:
+        if self.image_url is None:
+            raise UnsupportedError("input_image needs image_url (file ids are not supported)",
+                                   param=f"{param}.image_url")
+        return image_from_url(self.image_url, detail=self.detail or "",
+                              param=f"{param}.image_url")
 
 
-class Refusal(ApiModel):
-    type: Literal["refusal"]
-    refusal: str
-
-
-Part = Annotated[InputText | InputImage | Refusal, Field(discriminator="type")]
+Part = Annotated[InputText | InputImage | RefusalPart, Field(discriminator="type")]
 
 
 class MessageItem(ApiModel):
@@ -97,6 +111,10 @@ class FunctionTool(ApiModel):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+    def definition(self) -> ToolDefinition:
+        return ToolDefinition(name=self.name, description=self.description or "",
+                              parameters=self.parameters, strict=self.strict)
 
 
 class NamedFunctionChoice(ApiModel):
@@ -167,30 +185,23 @@ class ResponsesRequest(ApiModel):
         if fmt is None or fmt.type == "text":
             return ResponseFormat()
         if fmt.type == "json_object":
-            return ResponseFormat(ResponseFormatType.JSON_OBJECT)
+            return JSON_OBJECT_FORMAT
         if fmt.schema_ is None:
             raise ValidationError("text.format json_schema needs a schema",
                                   param="text.format.schema")
-        return ResponseFormat(ResponseFormatType.JSON_SCHEMA, schema_json=json_text(fmt.schema_),
-                              name=fmt.name or "response", strict=bool(fmt.strict))
+        return json_schema_format(fmt.schema_, name=fmt.name or "response",
+                                  strict=bool(fmt.strict))
 
     def tool_definitions(self) -> tuple[ToolDefinition, ...]:
-        return tuple(ToolDefinition(name=t.name, description=t.description or "",
-                                    parameters_json=json_text(t.parameters)
-                                    if t.parameters is not None else "", strict=t.strict)
-                     for t in self.tools or ())
+        return tuple(tool.definition() for tool in self.tools or ())
 
     def tool_choice_domain(self, tools: tuple[ToolDefinition, ...]) -> ToolChoice:
         choice = self.tool_choice
         if isinstance(choice, NamedFunctionChoice):
-            if choice.name not in {t.name for t in tools}:
-                raise ValidationError(f"tool_choice names {choice.name!r}, which is not in "
-                                      "tools", param="tool_choice")
-            return ToolChoice(ToolChoiceMode.FUNCTION, choice.name, self.parallel_tool_calls)
-        mode = ToolChoiceMode(choice) if choice else ToolChoiceMode.AUTO
-        if mode is ToolChoiceMode.REQUIRED and not tools:
-            raise ValidationError("tool_choice 'required' needs tools", param="tool_choice")
-        return ToolChoice(mode, parallel_tool_calls=self.parallel_tool_calls)
+            return checked_tool_choice(ToolChoiceMode.FUNCTION, tools, function_name=choice.name,
+                                       parallel=self.parallel_tool_calls)
+        return checked_tool_choice(ToolChoiceMode(choice or "auto"), tools,
+                                   parallel=self.parallel_tool_calls)
 
     def input_items(self) -> list[dict[str, Any]]:
         """The input as JSON items (stored for GET .../input_items)."""
@@ -201,27 +212,10 @@ class ResponsesRequest(ApiModel):
                 for item in self.input]
 
 
-def _parts(parts: list[Part], param: str) -> tuple[ContentPart, ...]:
-    out = []
-    for j, part in enumerate(parts):
-        if isinstance(part, InputText):
-            out.append(ContentPart(text=part.text))
-        elif isinstance(part, Refusal):
-            out.append(ContentPart(text=part.refusal))
-        else:
-            if part.image_url is None:
-                raise UnsupportedError("input_image needs image_url (file ids are not "
-                                       "supported)", param=f"{param}[{j}].image_url")
-            out.append(ContentPart(image=image_from_url(part.image_url, detail=part.detail or "",
-                                                        param=f"{param}[{j}].image_url")))
-    return tuple(out)
-
-
-def _simple(parts: tuple[ContentPart, ...]) -> str | tuple[ContentPart, ...]:
-    """Text-only parts collapse to one string (what templates handle best)."""
-    if all(p.image is None for p in parts):
-        return "".join(p.text or "" for p in parts)
-    return parts
+def _content(content: str | list[Part], param: str) -> Content:
+    if isinstance(content, str):
+        return content
+    return collapse_text(convert_parts(content, param))
 
 
 def input_messages(request: ResponsesRequest) -> list[ChatMessage]:
@@ -236,8 +230,7 @@ def input_messages(request: ResponsesRequest) -> list[ChatMessage]:
             texts = [c.text for c in item.content or ()] or [s.text for s in item.summary]
             reasoning = (reasoning or "") + "".join(texts)
         elif isinstance(item, MessageItem):
-            content = item.content if isinstance(item.content, str) else \
-                _simple(_parts(item.content, f"{param}.content"))
+            content = _content(item.content, f"{param}.content")
             if item.role == "assistant":
                 messages.append(ChatMessage(role="assistant", content=content,
                                             reasoning_content=reasoning))
@@ -257,8 +250,7 @@ def input_messages(request: ResponsesRequest) -> list[ChatMessage]:
                                             reasoning_content=reasoning))
                 reasoning = None
         elif isinstance(item, FunctionCallOutputItem):
-            output = item.output if isinstance(item.output, str) else \
-                _simple(_parts(item.output, f"{param}.output"))
+            output = _content(item.output, f"{param}.output")
             messages.append(ChatMessage(role="tool", content=output,
                                         tool_call_id=item.call_id))
     return messages

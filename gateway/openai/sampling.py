@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from gateway.domain import Sampling
 from gateway.schema import ApiModel, Int32, Seed, TokenId, UInt32
+from services.common.api.generate import Sampling
 from services.common.errors import ValidationError
 
 MAX_CHOICES = 128

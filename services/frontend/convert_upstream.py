@@ -1,29 +1,23 @@
-"""Engine and imageprep messages <-> frontend domain objects."""
+"""Engine and imageprep messages <-> frontend domain objects.
+
+Requests from the gateway and the events sent back are converted by the shared
+`services.common.api.convert` (the servicer calls it); this module is the frontend's own
+protobuf edge towards its upstreams, reusing the shared sampling, usage and finish-reason
+conversions.
+"""
 
 from __future__ import annotations
 
-from services.common.pb import common_pb2, engine_pb2, imageprep_pb2
-from services.frontend.chat.types import ImagePart
-from services.frontend.convert import sampling_to_pb
+from services.common.api.chat import ImagePart
+from services.common.api.convert import finish_reason_from_pb, sampling_to_pb, usage_from_pb
+from services.common.pb import engine_pb2, imageprep_pb2
 from services.frontend.generate.types import (
     ChoiceStep,
     EngineRequest,
     EngineStep,
     ExpandedPrompt,
-    FinishReason,
     SampledLogprob,
-    UsageCounts,
 )
-
-_FINISH = {
-    common_pb2.FINISH_REASON_STOP: FinishReason.STOP,
-    common_pb2.FINISH_REASON_LENGTH: FinishReason.LENGTH,
-    common_pb2.FINISH_REASON_STOP_STRING: FinishReason.STOP_STRING,
-    common_pb2.FINISH_REASON_TOOL_CALLS: FinishReason.TOOL_CALLS,
-    common_pb2.FINISH_REASON_CANCELLED: FinishReason.CANCELLED,
-    common_pb2.FINISH_REASON_ERROR: FinishReason.ERROR,
-}
-FINISH_TO_PB = {reason: value for value, reason in _FINISH.items()}
 
 
 def engine_request_to_pb(request: EngineRequest) -> engine_pb2.EngineGenerateRequest:
@@ -40,11 +34,6 @@ def engine_request_to_pb(request: EngineRequest) -> engine_pb2.EngineGenerateReq
     return message
 
 
-def usage_from_pb(usage: common_pb2.Usage) -> UsageCounts:
-    return UsageCounts(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
-                       usage.reasoning_tokens)
-
-
 def engine_step_from_pb(response: engine_pb2.EngineGenerateResponse) -> EngineStep:
     outputs = []
     for output in response.outputs:
@@ -56,7 +45,7 @@ def engine_step_from_pb(response: engine_pb2.EngineGenerateResponse) -> EngineSt
             index=output.index,
             token_ids=tuple(output.token_ids),
             logprobs=logprobs,
-            finish_reason=_FINISH.get(output.finish_reason),
+            finish_reason=finish_reason_from_pb(output.finish_reason),
             stop_token_id=output.stop_token_id if output.HasField("stop_token_id") else None,
         ))
     return EngineStep(tuple(outputs), usage_from_pb(response.usage))

@@ -12,12 +12,12 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from services.frontend.generate.events import (
-    GenerateEvent,
+from services.common.api.events import (
+    GenerationEvent,
     ReasoningDelta,
     TextDelta,
-    ToolCallEvent,
-    UsageEvent,
+    ToolCallDelta,
+    UsageReport,
 )
 from services.frontend.generate.workers import PreparationPool
 
@@ -68,14 +68,13 @@ class RequestTimer:
         self._started = time.monotonic()
         self._first_seen = False
 
-    def event(self, event: GenerateEvent) -> None:
-        body = event.body
-        if not self._first_seen and isinstance(body, TextDelta | ReasoningDelta | ToolCallEvent):
+    def event(self, event: GenerationEvent) -> None:
+        if not self._first_seen and isinstance(event, TextDelta | ReasoningDelta | ToolCallDelta):
             self._first_seen = True
             self._metrics.first_event.observe(time.monotonic() - self._started)
-        elif isinstance(body, UsageEvent):
-            self._metrics.prompt_tokens.inc(body.usage.prompt_tokens)
-            self._metrics.output_tokens.inc(body.usage.completion_tokens)
+        elif isinstance(event, UsageReport):
+            self._metrics.prompt_tokens.inc(event.usage.prompt_tokens)
+            self._metrics.output_tokens.inc(event.usage.completion_tokens)
 
     def completed(self) -> None:
         self._metrics.requests.labels("completed").inc()

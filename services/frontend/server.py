@@ -1,7 +1,8 @@
 """Frontend service entrypoint: `run_frontend(config)`, its lifecycle and the gRPC servicer.
 
-The servicer is the protobuf edge: it converts requests (convert.py), runs the domain code on
-the preparation pool or the Generate pipeline, and converts results back (convert_out.py).
+The servicer is the protobuf edge: it converts requests and events with the shared
+`services.common.api.convert` (the same conversions the gateway's client uses), runs the domain
+code on the preparation pool or the Generate pipeline, and converts results back.
 Typed errors raised anywhere below become gRPC statuses in the shared ErrorInterceptor.
 """
 
@@ -16,6 +17,13 @@ from collections.abc import Sequence
 import grpc
 from prometheus_client import CollectorRegistry
 
+from services.common.api.convert import (
+    chat_input_from_pb,
+    event_to_pb,
+    generate_request_from_pb,
+    model_card_to_pb,
+)
+from services.common.api.model_card import ModelCard
 from services.common.config import load_config
 from services.common.core import TOKENIZER_ROLES, open_model
 from services.common.errors import ErrorKind, HeliosError, ValidationError
@@ -23,10 +31,8 @@ from services.common.grpc_client import UpstreamHealth, open_channel
 from services.common.grpc_server import HealthReporter, ServiceBinding, serve
 from services.common.logging import setup_logging
 from services.common.metrics import service_registry
-from services.common.pb import common_pb2, frontend_pb2, frontend_pb2_grpc
+from services.common.pb import frontend_pb2, frontend_pb2_grpc
 from services.frontend.config import FrontendConfig
-from services.frontend.convert import chat_from_pb, generate_request_from_pb
-from services.frontend.convert_out import event_to_pb
 from services.frontend.generate.pipeline import GeneratePipeline
 from services.frontend.generate.upstream import EngineClient, ImagePrepClient
 from services.frontend.generate.workers import PreparationPool
@@ -171,7 +177,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
 
     async def RenderChat(self, request, context):
         self.model.check_name(request.model)
-        chat = chat_from_pb(request.chat)
+        chat = chat_input_from_pb(request.chat)
         rendered = await self.lifecycle.pool.run(self.model.renderer.render, chat)
         return frontend_pb2.RenderChatResponse(
             prompt=rendered.prompt, token_ids=rendered.token_ids,
@@ -182,7 +188,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         self.model.check_name(request.model)
         which = request.WhichOneof("input")
         if which == "chat":
-            chat = chat_from_pb(request.chat)
+            chat = chat_input_from_pb(request.chat)
             rendered = await self.lifecycle.pool.run(self.model.renderer.render, chat)
             return rendered.token_ids
         if which == "text":
@@ -220,13 +226,14 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         model = self.model
         manifest = model.manifest
         caps = manifest.capabilities
-        card = frontend_pb2.ModelCard(
+        card = ModelCard(
             id=manifest.card_id,
-            aliases=list(manifest.names()),
+            aliases=tuple(manifest.names()),
             root=manifest.model_id,
             max_model_len=model.max_model_len,
-            capabilities=common_pb2.Capabilities(tools=caps.tools, vision=caps.vision,
-                                                 reasoning=caps.reasoning),
+            tools=caps.tools,
+            vision=caps.vision,
+            reasoning=caps.reasoning,
             created=manifest.created_at,
             owned_by="helios",
             architecture=manifest.architecture,
@@ -237,7 +244,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
             digest=manifest.identity,
             chat_template=model.chat_template,
         )
-        return frontend_pb2.ListModelsResponse(models=[card])
+        return frontend_pb2.ListModelsResponse(models=[model_card_to_pb(card)])
 
 
 async def _serve(config: FrontendConfig) -> int:

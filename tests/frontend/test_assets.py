@@ -8,11 +8,11 @@ import shutil
 
 import pytest
 
+from services.common.api.chat import ChatInput, ChatMessage, ToolDefinition
 from services.common.core import TOKENIZER_ROLES, open_model
 from services.common.errors import ManifestError, ValidationError
 from services.frontend.assets import load_assets
 from services.frontend.chat import template_data
-from services.frontend.chat.types import ChatInput, ChatMessage, ToolDefinition
 from services.frontend.config import FrontendConfig
 from services.frontend.model import FrontendModel
 from services.frontend.parsers.select import choose_reasoning_parser, choose_tool_parser

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
+from services.common.api.convert import chat_input_from_pb as chat_from_pb
 from services.common.pb import frontend_pb2
 from services.frontend.chat.renderer import ChatRenderer, ChatTemplateError
-from services.frontend.convert import chat_from_pb
 from tests.frontend.conftest import ASSET_NAMES, frontend_assets
 from tests.frontend.fixtures.chat_cases import CASES
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from google.protobuf import json_format
 
+from services.common.api.chat import ChatInput, ChatMessage
+from services.common.api.convert import chat_input_from_pb as chat_from_pb
 from services.common.pb import frontend_pb2
 from services.frontend.chat import template_data
 from services.frontend.chat.endpoints import OffsetSpans, token_ends
 from services.frontend.chat.renderer import ChatRenderer, ChatTemplateError
 from services.frontend.chat.template import ChatTemplate
-from services.frontend.chat.types import ChatInput, ChatMessage
-from services.frontend.convert import chat_from_pb
 from tests.frontend.conftest import ASSET_NAMES, frontend_assets
 from tests.frontend.fixtures.chat_cases import CASES
 

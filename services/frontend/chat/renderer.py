@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.api.chat import ChatInput
 from services.common.errors import UnsupportedError, ValidationError
 from services.frontend.chat import template_data
 from services.frontend.chat.endpoints import token_ends
 from services.frontend.chat.template import ChatTemplate, select_template
-from services.frontend.chat.types import ChatInput
 from services.frontend.tokenizer import Tokenizer
 
 

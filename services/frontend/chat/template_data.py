@@ -6,7 +6,8 @@ The shapes follow transformers' `apply_chat_template` (and vLLM's request conver
   is None are left out, exactly as transformers drops them before rendering;
 - content is a string or a list of parts, `{"type": "text", "text": ...}` and `{"type": "image"}`;
 - a tool call is `{"id", "type": "function", "function": {"name", "arguments": <object>}}` with
-  the arguments already parsed (key order kept), so `tojson` reproduces the caller's order;
+  the arguments parsed (key order kept; the servicer checked them), so `tojson` reproduces the
+  caller's order;
 - reasoning is given as `reasoning_content` and aliased as `thinking` (transformers does this
   for templates that read the other name);
 - tools are `{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}`.
@@ -14,10 +15,11 @@ The shapes follow transformers' `apply_chat_template` (and vLLM's request conver
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from services.common.api.chat import ChatInput, ChatMessage, ImagePart, ToolCall, ToolDefinition
 from services.common.errors import ValidationError
-from services.frontend.chat.types import ChatInput, ChatMessage, ImagePart, ToolDefinition
 
 # Names the renderer passes itself; chat_template_kwargs may not override them.
 RESERVED_KWARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt",
@@ -29,6 +31,11 @@ def content_value(content: Any) -> Any:
         return [{"type": "image"} if isinstance(part, ImagePart)
                 else {"type": "text", "text": part.text} for part in content]
     return content
+
+
+def arguments_value(call: ToolCall) -> dict[str, Any]:
+    """A tool call's arguments object ({} for blank text), checked by the conversion."""
+    return json.loads(call.arguments_json) if call.arguments_json.strip() else {}
 
 
 def message_dict(message: ChatMessage) -> dict[str, Any]:
@@ -44,7 +51,7 @@ def message_dict(message: ChatMessage) -> dict[str, Any]:
             if call.id:
                 entry["id"] = call.id
             entry["type"] = call.type or "function"
-            entry["function"] = {"name": call.name, "arguments": call.arguments}
+            entry["function"] = {"name": call.name, "arguments": arguments_value(call)}
             calls.append(entry)
         data["tool_calls"] = calls
     if message.tool_call_id:

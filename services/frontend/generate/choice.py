@@ -15,22 +15,27 @@ choice is counted but not decoded unless `include_stop_str_in_output` asks for i
 
 from __future__ import annotations
 
-from services.frontend.generate.events import (
-    EventBody,
+import dataclasses
+
+from services.common.api.events import (
     Finish,
-    GenerateEvent,
+    FinishReason,
+    OutputDelta,
     ReasoningDelta,
     TextDelta,
     TokenLogprob,
-    ToolCallEvent,
+    ToolCallDelta,
     TopLogprob,
 )
-from services.frontend.generate.types import ChoiceStep, FinishReason, OutputOptions, SampledLogprob
+from services.frontend.generate.types import ChoiceStep, OutputOptions, SampledLogprob
 from services.frontend.parsers.reasoning import ReasoningParser, Segment
 from services.frontend.parsers.select import TOOL_PARSERS
-from services.frontend.parsers.tool_calls import ContentText, ToolCallDelta
+from services.frontend.parsers.tool_calls import ContentText, ToolItem
 from services.frontend.stop import StopMatcher
 from services.frontend.tokenizer import Tokenizer
+
+# What one choice emits: output deltas, then one finish.
+ChoiceEvent = TextDelta | ReasoningDelta | ToolCallDelta | Finish
 
 
 class ChoiceProcessor:
@@ -52,9 +57,9 @@ class ChoiceProcessor:
 
     # -- public -------------------------------------------------------------------------------
 
-    def process(self, step: ChoiceStep) -> list[GenerateEvent]:
+    def process(self, step: ChoiceStep) -> list[ChoiceEvent]:
         """Events for the tokens of one engine message (and its finish, if it carries one)."""
-        events: list[GenerateEvent] = []
+        events: list[ChoiceEvent] = []
         token_ids = step.token_ids
         ends_on_stop_token = (step.finish_reason is FinishReason.STOP
                               and step.stop_token_id is not None and token_ids
@@ -79,86 +84,93 @@ class ChoiceProcessor:
 
     # -- stages -------------------------------------------------------------------------------
 
-    def _push_token(self, events: list[GenerateEvent], token_id: int) -> None:
+    def _push_token(self, events: list[ChoiceEvent], token_id: int) -> None:
         was_reasoning = self._reasoning is not None and self._reasoning.in_reasoning
         text = self._detok.push(token_id)
         result = self._stop.push(text) if text else None
-        bodies = self._route(result.text) if result is not None else []
+        deltas = self._route(result.text) if result is not None else []
         if was_reasoning or (self._reasoning is not None and self._reasoning.in_reasoning):
             self.num_reasoning_tokens += 1
-        self._collect(events, bodies)
+        self._collect(events, deltas)
         if result is not None and result.stop is not None:
             self._collect(events, self._flush_parsers())
-            self._end(events, Finish(FinishReason.STOP_STRING, stop_sequence=result.stop))
+            self._end(events, FinishReason.STOP_STRING, stop_sequence=result.stop)
         elif (self._tools is not None and not self.options.parallel_tool_calls
               and self._tools.completed_calls >= 1):
             self._collect(events, self._flush_parsers())
-            self._end(events, Finish(FinishReason.TOOL_CALLS))
+            self._end(events, FinishReason.TOOL_CALLS)
 
-    def _route(self, text: str) -> list[EventBody]:
+    def _route(self, text: str) -> list[OutputDelta]:
         if not text:
             return []
         segments = (self._reasoning.push(text) if self._reasoning is not None
                     else [Segment("content", text)])
         return self._route_segments(segments)
 
-    def _route_segments(self, segments: list[Segment]) -> list[EventBody]:
-        bodies: list[EventBody] = []
+    def _route_segments(self, segments: list[Segment]) -> list[OutputDelta]:
+        deltas: list[OutputDelta] = []
         for segment in segments:
             if segment.kind == "reasoning":
-                bodies.append(ReasoningDelta(segment.text))
+                deltas.append(ReasoningDelta(self.index, segment.text))
             elif self._tools is None:
-                bodies.append(TextDelta(segment.text))
+                deltas.append(TextDelta(self.index, segment.text))
             else:
-                bodies.extend(_tool_bodies(self._tools.push(segment.text)))
-        return bodies
+                deltas.extend(self._tool_deltas(self._tools.push(segment.text)))
+        return deltas
 
-    def _flush_parsers(self) -> list[EventBody]:
-        bodies: list[EventBody] = []
+    def _tool_deltas(self, items: list[ToolItem]) -> list[OutputDelta]:
+        return [TextDelta(self.index, item.text) if isinstance(item, ContentText)
+                else ToolCallDelta(self.index, item.tool_index, item.id, item.type, item.name,
+                                   item.arguments)
+                for item in items]
+
+    def _flush_parsers(self) -> list[OutputDelta]:
+        deltas: list[OutputDelta] = []
         if self._reasoning is not None:
-            bodies.extend(self._route_segments(self._reasoning.flush()))
+            deltas.extend(self._route_segments(self._reasoning.flush()))
         if self._tools is not None:
-            bodies.extend(_tool_bodies(self._tools.flush()))
-        return bodies
+            deltas.extend(self._tool_deltas(self._tools.flush()))
+        return deltas
 
-    def _finalize(self, events: list[GenerateEvent], reason: FinishReason,
+    def _finalize(self, events: list[ChoiceEvent], reason: FinishReason,
                   stop_token_id: int | None) -> None:
         result = self._stop.push(self._detok.flush())
         self._collect(events, self._route(result.text))
         if result.stop is not None:
             self._collect(events, self._flush_parsers())
-            self._end(events, Finish(FinishReason.STOP_STRING, stop_sequence=result.stop))
+            self._end(events, FinishReason.STOP_STRING, stop_sequence=result.stop)
             return
         self._collect(events, self._route(self._stop.flush()))
         self._collect(events, self._flush_parsers())
         if reason is FinishReason.STOP and self.num_tool_calls:
             reason = FinishReason.TOOL_CALLS
-        self._end(events, Finish(reason, stop_token_id=stop_token_id))
+        self._end(events, reason, stop_token_id=stop_token_id)
 
-    def _end(self, events: list[GenerateEvent], finish: Finish) -> None:
+    def _end(self, events: list[ChoiceEvent], reason: FinishReason, *, stop_sequence: str = "",
+             stop_token_id: int | None = None) -> None:
+        """The finish event; it carries the logprobs of tokens that produced no text."""
         self.finished = True
-        self.finish = finish
         logprobs, self._pending_logprobs = tuple(self._pending_logprobs), []
-        events.append(GenerateEvent(self.index, finish, logprobs))
+        self.finish = Finish(self.index, reason, stop_sequence, stop_token_id, logprobs)
+        events.append(self.finish)
 
     # -- events -------------------------------------------------------------------------------
 
-    def _collect(self, events: list[GenerateEvent], bodies: list[EventBody]) -> None:
-        """Append bodies as events, merging with the previous event of the same kind; the
+    def _collect(self, events: list[ChoiceEvent], deltas: list[OutputDelta]) -> None:
+        """Append deltas as events, merging with the previous event of the same kind; the
         pending logprobs go to the last event."""
-        if not bodies:
+        if not deltas:
             return
-        for body in bodies:
-            last = events[-1] if events else None
-            merged = _merge(last.body, body) if last is not None else None
-            if merged is not None and last is not None:
-                events[-1] = GenerateEvent(self.index, merged, last.logprobs)
+        for delta in deltas:
+            merged = _merge(events[-1], delta) if events else None
+            if merged is not None:
+                events[-1] = merged
             else:
-                events.append(GenerateEvent(self.index, body))
+                events.append(delta)
         if self._pending_logprobs:
             last = events[-1]
-            events[-1] = GenerateEvent(self.index, last.body,
-                                       last.logprobs + tuple(self._pending_logprobs))
+            events[-1] = dataclasses.replace(
+                last, logprobs=last.logprobs + tuple(self._pending_logprobs))
             self._pending_logprobs = []
 
     def _logprob(self, sampled: SampledLogprob) -> TokenLogprob:
@@ -170,24 +182,14 @@ class ChoiceProcessor:
         return TokenLogprob(sampled.token_id, text, raw, sampled.logprob, tuple(top))
 
 
-def _tool_bodies(items: list[ContentText | ToolCallDelta]) -> list[EventBody]:
-    bodies: list[EventBody] = []
-    for item in items:
-        if isinstance(item, ContentText):
-            bodies.append(TextDelta(item.text))
-        else:
-            bodies.append(ToolCallEvent(item.tool_index, item.id, item.type, item.name,
-                                        item.arguments))
-    return bodies
-
-
-def _merge(previous: EventBody, body: EventBody) -> EventBody | None:
-    if isinstance(previous, TextDelta) and isinstance(body, TextDelta):
-        return TextDelta(previous.text + body.text)
-    if isinstance(previous, ReasoningDelta) and isinstance(body, ReasoningDelta):
-        return ReasoningDelta(previous.text + body.text)
-    if (isinstance(previous, ToolCallEvent) and isinstance(body, ToolCallEvent)
-            and previous.tool_index == body.tool_index and not previous.name and not body.name):
-        return ToolCallEvent(previous.tool_index, previous.id, previous.type, previous.name,
-                             previous.arguments + body.arguments)
+def _merge(previous: ChoiceEvent, delta: OutputDelta) -> ChoiceEvent | None:
+    """One delta for two consecutive deltas of the same kind (the first one's logprobs kept)."""
+    if isinstance(previous, TextDelta) and isinstance(delta, TextDelta):
+        return dataclasses.replace(previous, text=previous.text + delta.text)
+    if isinstance(previous, ReasoningDelta) and isinstance(delta, ReasoningDelta):
+        return dataclasses.replace(previous, text=previous.text + delta.text)
+    if (isinstance(previous, ToolCallDelta) and isinstance(delta, ToolCallDelta)
+            and previous.tool_index == delta.tool_index and not previous.name
+            and not delta.name):
+        return dataclasses.replace(previous, arguments=previous.arguments + delta.arguments)
     return None

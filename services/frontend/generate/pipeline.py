@@ -20,17 +20,12 @@ import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 
+from services.common.api.events import GenerationEvent, Started, Usage, UsageReport
+from services.common.api.generate import GenerateRequest
 from services.common.errors import InternalError, UnavailableError
 from services.frontend.generate.choice import ChoiceProcessor
-from services.frontend.generate.events import GenerateEvent, Started, UsageEvent
 from services.frontend.generate.prepare import RequestPreparer, resolve_max_tokens
-from services.frontend.generate.types import (
-    EngineRequest,
-    EngineStep,
-    GenerateRequest,
-    PreparedRequest,
-    UsageCounts,
-)
+from services.frontend.generate.types import EngineRequest, EngineStep, PreparedRequest
 from services.frontend.generate.upstream import EngineClient, ImagePrepClient
 from services.frontend.generate.workers import PreparationPool
 from services.frontend.model import FrontendModel
@@ -70,20 +65,20 @@ class GeneratePipeline:
             prompt_token_ids=ids,
             sampling=dataclasses.replace(request.sampling, max_tokens=max_tokens),
             checkpoint_token_ends=ends,
-            n=request.n,
+            n=request.num_choices,
             priority=request.priority,
             multimodal=multimodal)
         return prepared, engine_request
 
-    async def run(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+    async def run(self, request: GenerateRequest) -> AsyncIterator[GenerationEvent]:
         prepared, engine_request = await self.engine_request(request)
         choices = [ChoiceProcessor(i, self.model.tokenizer, prepared.output)
-                   for i in range(request.n)]
+                   for i in range(request.num_choices)]
         prompt_tokens = len(engine_request.prompt_token_ids)
         cached_tokens = 0
 
-        def usage() -> UsageCounts:
-            return UsageCounts(prompt_tokens, sum(c.num_tokens for c in choices), cached_tokens,
+        def usage() -> Usage:
+            return Usage(prompt_tokens, sum(c.num_tokens for c in choices), cached_tokens,
                                sum(c.num_reasoning_tokens for c in choices))
 
         async with self.engine.generate(engine_request) as stream:
@@ -93,8 +88,8 @@ class GeneratePipeline:
                                     service="engine")
             prompt_tokens = first.usage.prompt_tokens or prompt_tokens
             cached_tokens = first.usage.cached_tokens
-            yield GenerateEvent(0, Started(engine_request.request_id, self.model.name,
-                                           prompt_tokens, cached_tokens, prepared.echo_text))
+            yield Started(0, engine_request.request_id, self.model.name, prompt_tokens,
+                          cached_tokens, prepared.echo_text)
             step: EngineStep | None = first
             while step is not None:
                 cached_tokens = max(cached_tokens, step.usage.cached_tokens)
@@ -115,4 +110,4 @@ class GeneratePipeline:
         if not all(choice.finished for choice in choices):
             raise InternalError("the engine stream ended before every choice finished",
                                 service="engine")
-        yield GenerateEvent(0, UsageEvent(usage()))
+        yield UsageReport(usage())

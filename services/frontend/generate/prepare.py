@@ -7,14 +7,10 @@ check, done after image expansion (which lengthens the prompt).
 
 from __future__ import annotations
 
+from services.common.api.chat import ToolChoiceMode
+from services.common.api.generate import GenerateRequest, ResponseFormatType
 from services.common.errors import ContextOverflowError, UnsupportedError, ValidationError
-from services.frontend.chat.types import ToolChoiceMode
-from services.frontend.generate.types import (
-    GenerateRequest,
-    OutputOptions,
-    PreparedRequest,
-    ResponseFormatType,
-)
+from services.frontend.generate.types import OutputOptions, PreparedRequest
 from services.frontend.model import FrontendModel
 from services.frontend.parsers.reasoning import starts_in_reasoning
 
@@ -25,10 +21,10 @@ MAX_TOP_LOGPROBS = 20
 
 
 def validate(request: GenerateRequest) -> None:
-    if request.chat is None and request.completion is None:
+    if request.input is None:
         raise ValidationError("the request has neither chat messages nor a prompt",
                               param="input")
-    if not 1 <= request.n <= MAX_N:
+    if not 1 <= request.num_choices <= MAX_N:
         raise ValidationError(f"n must be between 1 and {MAX_N}", param="n")
     if len(request.stop) > MAX_STOP_STRINGS:
         raise ValidationError(f"at most {MAX_STOP_STRINGS} stop strings", param="stop")
@@ -42,9 +38,9 @@ def validate(request: GenerateRequest) -> None:
     if not 0 <= sampling.top_logprobs <= MAX_TOP_LOGPROBS:
         raise ValidationError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}",
                               param="top_logprobs")
-    if request.response_format is not ResponseFormatType.TEXT:
+    if request.response_format.type is not ResponseFormatType.TEXT:
         raise UnsupportedError(
-            f"response_format {request.response_format.value} needs grammar-constrained "
+            f"response_format {request.response_format.type.value} needs grammar-constrained "
             "decoding, which this engine does not offer", param="response_format")
     chat = request.chat
     if chat is not None and chat.tools and chat.tool_choice.mode in (
@@ -87,12 +83,12 @@ class RequestPreparer:
         output = OutputOptions(
             stop=request.stop,
             include_stop_str_in_output=request.include_stop_str_in_output,
-            skip_special_tokens=request.skip_special_tokens,
+            skip_special_tokens=request.skips_special_tokens,
             reasoning=reasoning,
             starts_in_reasoning=reasoning and starts_in_reasoning(rendered.prompt),
             tool_parser=tool_parser,
             tool_names=frozenset(tool.name for tool in chat.tools) if tool_parser else None,
-            parallel_tool_calls=chat.tool_choice.parallel_tool_calls,
+            parallel_tool_calls=chat.tool_choice.allows_parallel_calls,
             logprobs=request.sampling.logprobs,
         )
         return PreparedRequest(request, rendered.prompt, rendered.token_ids,
@@ -117,7 +113,7 @@ class RequestPreparer:
         output = OutputOptions(
             stop=request.stop,
             include_stop_str_in_output=request.include_stop_str_in_output,
-            skip_special_tokens=request.skip_special_tokens,
+            skip_special_tokens=request.skips_special_tokens,
             reasoning=bool(request.parse_reasoning) and bool(self.model.reasoning_parser),
             starts_in_reasoning=bool(request.parse_reasoning) and starts_in_reasoning(text),
             logprobs=request.sampling.logprobs,

@@ -1,76 +1,19 @@
-"""The Generate request and its stages as typed objects (no protobuf).
+"""The stages of one Generate request inside the frontend, as typed objects (no protobuf).
 
     GenerateRequest --prepare (worker)--> PreparedRequest --images, context--> EngineRequest
                                                                    engine --> EngineStep*
+
+`GenerateRequest` itself (with its chat input and sampling) is the shared API-neutral type
+from `services.common.api`.
 """
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from services.frontend.chat.types import ChatInput, ImagePart
-
-
-class FinishReason(enum.Enum):
-    STOP = "stop"                # EOS / stop token id (engine)
-    LENGTH = "length"            # max_tokens or the context (engine)
-    STOP_STRING = "stop_string"  # a stop string matched (frontend)
-    TOOL_CALLS = "tool_calls"    # the output ended in tool calls (frontend)
-    CANCELLED = "cancelled"
-    ERROR = "error"
-
-
-class ResponseFormatType(enum.Enum):
-    TEXT = "text"
-    JSON_OBJECT = "json_object"
-    JSON_SCHEMA = "json_schema"
-
-
-@dataclass(frozen=True, slots=True)
-class Sampling:
-    """Sampling settings, passed to the engine unchanged (None: the engine's default)."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    seed: int | None = None
-    max_tokens: int | None = None
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    stop_token_ids: tuple[int, ...] = ()
-    logprobs: bool = False
-    top_logprobs: int = 0
-    logit_bias: dict[int, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class CompletionInput:
-    text: str | None = None                 # a text prompt, or
-    token_ids: tuple[int, ...] | None = None  # a prompt already tokenized
-    echo: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class GenerateRequest:
-    request_id: str
-    model: str = ""
-    chat: ChatInput | None = None
-    completion: CompletionInput | None = None
-    sampling: Sampling = field(default_factory=Sampling)
-    stop: tuple[str, ...] = ()
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
-    n: int = 1
-    response_format: ResponseFormatType = ResponseFormatType.TEXT
-    parse_reasoning: bool | None = None      # None: when the model reasons (chat only)
-    parse_tool_calls: bool | None = None     # None: when tools were offered
-    continuous_usage: bool = False
-    priority: int = 0
+from services.common.api.chat import ImagePart
+from services.common.api.events import FinishReason, Usage
+from services.common.api.generate import GenerateRequest, Sampling
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,17 +74,9 @@ class ChoiceStep:
 
 
 @dataclass(frozen=True, slots=True)
-class UsageCounts:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    reasoning_tokens: int = 0
-
-
-@dataclass(frozen=True, slots=True)
 class EngineStep:
     outputs: tuple[ChoiceStep, ...]
-    usage: UsageCounts
+    usage: Usage                             # cumulative, as the engine counts it
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,9 @@ from types import TracebackType
 
 import grpc
 
+from services.common.api.chat import ImagePart
 from services.common.grpc_errors import error_from_rpc
 from services.common.pb import engine_pb2, engine_pb2_grpc, imageprep_pb2_grpc
-from services.frontend.chat.types import ImagePart
 from services.frontend.convert_upstream import (
     engine_request_to_pb,
     engine_step_from_pb,

@@ -1,116 +1,27 @@
-"""API-neutral generation events (proto GenerateEvent) and the collector for whole responses.
+"""`Collector`: a request's generation events folded into whole per-choice results.
 
-The frontend streams, per choice `index`: one `Started` (index 0, after engine admission), then
-text / reasoning / tool-call deltas, then a `Finish`; last comes one `UsageReport` with the
-cumulative usage of the whole request. Protocol modules render these into their own shapes;
-`Collector` folds them into `ChoiceResult`s for non-streaming responses.
+Non-streaming responses (and Ollama's final line) are built from `ChoiceResult`s: the text,
+reasoning, tool calls, logprobs and finish of each choice, plus the request's usage. The
+events themselves are the shared API-neutral ones (`services.common.api.events`).
 """
 
 from __future__ import annotations
 
-import enum
 import json
 from dataclasses import dataclass, field
 
-
-class FinishReason(enum.Enum):
-    STOP = "stop"                # EOS or a stop token id
-    LENGTH = "length"            # max_tokens reached or the context is full
-    STOP_STRING = "stop_string"  # a stop string matched
-    TOOL_CALLS = "tool_calls"    # the output ended in tool calls
-    CANCELLED = "cancelled"
-    ERROR = "error"
-
-
-@dataclass(frozen=True, slots=True)
-class TopLogprob:
-    token_id: int
-    token: str
-    token_bytes: bytes
-    logprob: float
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprob:
-    """The sampled token's logprob and its best alternatives (highest first)."""
-
-    token_id: int
-    token: str
-    token_bytes: bytes
-    logprob: float
-    top: tuple[TopLogprob, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    reasoning_tokens: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class Started:
-    index: int
-    request_id: str
-    model: str
-    prompt_tokens: int
-    cached_tokens: int = 0
-    prompt_text: str = ""         # only for completion echo
-
-
-@dataclass(frozen=True, slots=True)
-class TextDelta:
-    index: int
-    text: str
-    logprobs: tuple[TokenLogprob, ...] = ()
-    usage_so_far: Usage | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ReasoningDelta:
-    index: int
-    text: str
-    logprobs: tuple[TokenLogprob, ...] = ()
-    usage_so_far: Usage | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCallDelta:
-    """The first delta of a call carries id, type and name; later ones argument fragments."""
-
-    index: int
-    tool_index: int
-    id: str = ""
-    type: str = ""
-    name: str = ""
-    arguments: str = ""
-    logprobs: tuple[TokenLogprob, ...] = ()
-    usage_so_far: Usage | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Finish:
-    index: int
-    reason: FinishReason
-    stop_sequence: str = ""
-    stop_token_id: int | None = None
-    usage_so_far: Usage | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class UsageReport:
-    """Final cumulative usage of the whole request (all choices)."""
-
-    usage: Usage
-    index: int = 0
-
-
-GenerationEvent = Started | TextDelta | ReasoningDelta | ToolCallDelta | Finish | UsageReport
+from services.common.api.events import (
+    Finish,
+    FinishReason,
+    GenerationEvent,
+    ReasoningDelta,
+    Started,
+    TextDelta,
+    TokenLogprob,
+    ToolCallDelta,
+    Usage,
+    UsageReport,
+)
 
 
 @dataclass(slots=True)

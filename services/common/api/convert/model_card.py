@@ -1,0 +1,27 @@
+"""Model cards <-> `helios.v1.ModelCard` (ListModels)."""
+
+from __future__ import annotations
+
+from services.common.api.model_card import ModelCard
+from services.common.pb import common_pb2, frontend_pb2
+
+
+def model_card_to_pb(card: ModelCard) -> frontend_pb2.ModelCard:
+    return frontend_pb2.ModelCard(
+        id=card.id, aliases=list(card.aliases), root=card.root,
+        max_model_len=card.max_model_len,
+        capabilities=common_pb2.Capabilities(tools=card.tools, vision=card.vision,
+                                             reasoning=card.reasoning),
+        created=card.created, owned_by=card.owned_by, architecture=card.architecture,
+        family=card.family, num_parameters=card.num_parameters, dtype=card.dtype,
+        size_bytes=card.size_bytes, digest=card.digest, chat_template=card.chat_template)
+
+
+def model_card_from_pb(pb: frontend_pb2.ModelCard) -> ModelCard:
+    caps = pb.capabilities
+    return ModelCard(
+        id=pb.id, aliases=tuple(pb.aliases), root=pb.root, max_model_len=pb.max_model_len,
+        tools=caps.tools, vision=caps.vision, reasoning=caps.reasoning, created=pb.created,
+        owned_by=pb.owned_by or "helios", architecture=pb.architecture, family=pb.family,
+        num_parameters=pb.num_parameters, dtype=pb.dtype, size_bytes=pb.size_bytes,
+        digest=pb.digest, chat_template=pb.chat_template)
