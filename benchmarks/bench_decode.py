@@ -147,7 +147,7 @@ def event_poll_costs() -> dict[str, float]:
     """Microseconds per poll of a finished event: torch's query vs cuEventQuery."""
     import torch
 
-    from services.engine.runner.cuda_driver import driver_available, event_done
+    from services.engine.runner.cuda_driver import driver_available, driver_event_done
 
     if not torch.cuda.is_available():
         return {}
@@ -156,7 +156,7 @@ def event_poll_costs() -> dict[str, float]:
     torch.cuda.synchronize()
     costs = {}
     for label, poll in (("torch Event.query", event.query),
-                        ("cuEventQuery", lambda: event_done(event))):
+                        ("cuEventQuery", lambda: driver_event_done(event))):
         if label == "cuEventQuery" and not driver_available():
             continue
         start = time.perf_counter()

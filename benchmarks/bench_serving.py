@@ -274,7 +274,7 @@ def _run_against_stack(args: argparse.Namespace) -> list[RunSummary]:
     """`helios run CORE --config YAML` (all four services), measured on both paths."""
     import tempfile
 
-    from tests.support.processes import HeliosRun, free_port
+    from tests.support.processes import HeliosRun, ServiceProcess, free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         runtime = Path(tmp) / "run"
@@ -283,6 +283,18 @@ def _run_against_stack(args: argparse.Namespace) -> list[RunSummary]:
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / "helios-run.log"
         extra = ["--config", str(args.config)] if args.config else []
+        if args.targets == "engine":              # the engine alone (no HTTP services)
+            address = f"unix://{runtime / 'engine.sock'}"
+            engine = ServiceProcess(["serve", "engine", "--model", str(args.serve), "--listen",
+                                     address, *extra], log_path)
+            try:
+                started = time.perf_counter()
+                engine.wait_grpc_serving(address, timeout=args.startup_timeout)
+                print(f"engine ready in {time.perf_counter() - started:.1f} s", flush=True)
+                args.engine = address
+                return asyncio.run(main_async(args))
+            finally:
+                engine.stop()
         run = HeliosRun([str(args.serve), *extra], log_path, runtime, free_port())
         try:
             started = time.perf_counter()

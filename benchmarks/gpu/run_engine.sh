@@ -67,8 +67,15 @@ gateway:
   max_active: 512
   queue_capacity: 1024
 YAML
+  targets=engine,http
+  if ! "$PY" -c "import gateway.app, services.frontend.server, services.imageprep.server" \
+      > /tmp/helios-imports.log 2>&1; then
+    echo "the HTTP services do not import here; measuring the engine alone:"
+    tail -n 3 /tmp/helios-imports.log
+    targets=engine
+  fi
   # shellcheck disable=SC2086
-  timeout "${SERVING_TIMEOUT_S:-420}" "$PY" benchmarks/bench_serving.py \
+  timeout "${SERVING_TIMEOUT_S:-420}" "$PY" benchmarks/bench_serving.py --targets "$targets" \
     --serve /tmp/helios-cores/qwen3-8b --config /tmp/helios-serving.yaml --model qwen3-8b \
     --input-len 1024 --output-len 1024 --concurrency 64,256 --http-concurrency 64 \
     --prompts-per-concurrency 2 --min-prompts 8 --out "$OUT/serving.json" ${SERVING_ARGS:-} \

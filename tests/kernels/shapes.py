@@ -18,6 +18,7 @@ def qwen3_8b_calls() -> list[str]:
     from services.engine.kernels.attention import paged_attention
     from services.engine.kernels.kv_write import write_kv
     from services.engine.kernels.norm import fused_add_rms_norm, rms_norm
+    from services.engine.kernels.prologue import qkv_prologue
     from services.engine.kernels.rotary import apply_rotary
 
     bf16 = torch.bfloat16
@@ -46,6 +47,10 @@ def qwen3_8b_calls() -> list[str]:
     decode = make_batch([300] * 4, [1] * 4, **shape, poison_unused=False)
     write_kv(k[:4], v[:4], decode.k_cache, decode.v_cache, decode.meta.slot_mapping)
     names.append("write_kv")
+    qkv_prologue(qkv[:4], torch.randn(HEAD_DIM, dtype=bf16), torch.randn(HEAD_DIM, dtype=bf16),
+                 1e-6, torch.arange(4), cache, True, decode.k_cache, decode.v_cache,
+                 decode.meta.slot_mapping, NUM_Q_HEADS, NUM_KV_HEADS)
+    names.append("qkv_prologue qk-norm")
     paged_attention(decode.q, decode.k_cache, decode.v_cache, decode.meta, 0.088, num_splits=1)
     names.append("attention decode")
     paged_attention(decode.q, decode.k_cache, decode.v_cache, decode.meta, 0.088, num_splits=4)

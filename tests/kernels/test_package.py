@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-OPS = ("rms_norm", "fused_add_rms_norm", "apply_rotary", "silu_and_mul", "write_kv", "paged_attention")
+OPS = ("rms_norm", "fused_add_rms_norm", "apply_rotary", "silu_and_mul", "write_kv", "paged_attention",
+       "qkv_prologue")
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -45,7 +46,7 @@ def test_names_follow_availability() -> None:
 def test_signatures_match_the_model_ops_spec() -> None:
     import inspect
 
-    from services.engine.kernels import activation, attention, kv_write, norm, rotary
+    from services.engine.kernels import activation, attention, kv_write, norm, prologue, rotary
 
     expected = {
         norm.rms_norm: ["x", "weight", "eps"],
@@ -54,6 +55,9 @@ def test_signatures_match_the_model_ops_spec() -> None:
         activation.silu_and_mul: ["x"],
         kv_write.write_kv: ["k", "v", "k_cache", "v_cache", "slot_mapping"],
         attention.paged_attention: ["q", "k_cache", "v_cache", "meta", "scale"],
+        prologue.qkv_prologue: ["qkv", "q_norm", "k_norm", "eps", "positions", "cos_sin_cache",
+                                    "is_neox", "k_cache", "v_cache", "slot_mapping", "num_q_heads",
+                                    "num_kv_heads"],
     }
     for fn, names in expected.items():
         positional = [
@@ -83,7 +87,7 @@ def test_every_kernel_compiles_for_sm90_without_spills() -> None:
         pytest.skip("triton is not installed")
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(rows) == 10
+    assert len(rows) == 11
     for name, registers, stack, local_loads, mma in rows:
         assert local_loads == 0 and registers <= 255, f"{name}: spills ({registers} regs, stack {stack})"
         if name.startswith("attention") and "reduce" not in name:

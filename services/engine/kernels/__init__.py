@@ -10,6 +10,8 @@ plain-torch reference. The exported names and signatures match `model/ops.py` ex
     silu_and_mul(x) -> out
     write_kv(k, v, k_cache, v_cache, slot_mapping) -> None     (in place)
     paged_attention(q, k_cache, v_cache, meta, scale) -> out
+    qkv_prologue(qkv, q_norm, k_norm, eps, positions, cos_sin_cache, is_neox, k_cache,
+                 v_cache, slot_mapping, num_q_heads, num_kv_heads) -> q   (writes K/V)
 
 Each also takes keyword-only `out=` buffers (and `scratch=` for attention) so a CUDA graph can
 capture it without allocating. Triton is imported lazily: importing this package on a machine
@@ -33,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "silu_and_mul": "activation",
     "write_kv": "kv_write",
     "paged_attention": "attention",
+    "qkv_prologue": "prologue",
     "AttentionScratch": "attention",
 }
 

@@ -43,15 +43,10 @@ class Attention(nn.Module):
                 ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)                # [T, q + 2kv]
-        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        if self.q_norm is not None and self.k_norm is not None:
-            q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm, self.eps)
-            k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm, self.eps)
-        q = q.reshape(num_tokens, self.num_heads, self.head_dim)         # [T, Hq, D]
-        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)      # [T, Hk, D]
-        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)      # [T, Hk, D]
-        q, k = ops.apply_rotary(q, k, positions, cos_sin_cache, True)
-        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        # QK-norm, rotary and the K/V write (one kernel on CUDA)
+        q = ops.qkv_prologue(qkv, self.q_norm, self.k_norm, self.eps, positions,
+                             cos_sin_cache, True, k_cache, v_cache, meta.slot_mapping,
+                             self.num_heads, self.num_kv_heads)           # [T, Hq, D]
         out = ops.paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
         return F.linear(out.reshape(num_tokens, self.q_size), self.o_weight, self.o_bias)
 

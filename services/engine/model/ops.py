@@ -28,7 +28,7 @@ from services.engine.model.attention import AttentionMetadata
 log = logging.getLogger(__name__)
 
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "apply_rotary", "silu_and_mul", "write_kv",
-            "paged_attention")
+            "paged_attention", "qkv_prologue")
 
 
 @functools.cache
@@ -100,6 +100,43 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         kernel(k, v, k_cache, v_cache, slot_mapping)
     else:
         reference_write_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def qkv_prologue(qkv: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                 eps: float, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                 is_neox: bool, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor, num_q_heads: int, num_kv_heads: int
+                 ) -> torch.Tensor:
+    """The attention prologue: qkv [T, (Hq + 2 Hk) D] -> q [T, Hq, D] normed (QK-norm when
+    the weights are given) and rotated; k (normed, rotated) and v written to the cache.
+    One fused kernel on CUDA; elsewhere the composition of the ops above (the same order)."""
+    kernel = _kernel("qkv_prologue", qkv)
+    if kernel:
+        return kernel(qkv, q_norm, k_norm, eps, positions, cos_sin_cache, is_neox, k_cache,
+                      v_cache, slot_mapping, num_q_heads, num_kv_heads)
+    return composed_qkv_prologue(qkv, q_norm, k_norm, eps, positions, cos_sin_cache, is_neox,
+                                 k_cache, v_cache, slot_mapping, num_q_heads, num_kv_heads)
+
+
+def composed_qkv_prologue(qkv: torch.Tensor, q_norm: torch.Tensor | None,
+                          k_norm: torch.Tensor | None, eps: float, positions: torch.Tensor,
+                          cos_sin_cache: torch.Tensor, is_neox: bool, k_cache: torch.Tensor,
+                          v_cache: torch.Tensor, slot_mapping: torch.Tensor, num_q_heads: int,
+                          num_kv_heads: int) -> torch.Tensor:
+    """qkv_prologue as separate (dispatching) ops: norm, rotary, KV write."""
+    num_tokens = qkv.shape[0]
+    head_dim = k_cache.shape[3]
+    q_size, kv_size = num_q_heads * head_dim, num_kv_heads * head_dim
+    q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+    if q_norm is not None and k_norm is not None:
+        q = rms_norm(q.reshape(-1, head_dim), q_norm, eps)
+        k = rms_norm(k.reshape(-1, head_dim), k_norm, eps)
+    q = q.reshape(num_tokens, num_q_heads, head_dim)                 # [T, Hq, D]
+    k = k.reshape(num_tokens, num_kv_heads, head_dim)                # [T, Hk, D]
+    v = v.reshape(num_tokens, num_kv_heads, head_dim)                # [T, Hk, D]
+    q, k = apply_rotary(q, k, positions, cos_sin_cache, is_neox)
+    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

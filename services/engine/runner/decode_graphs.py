@@ -9,7 +9,8 @@ sample into the padding state row. Graphs are captured with `max_seq_len` set to
 limit, so one graph serves every context length (the attention kernel's split plan covers it).
 
 The greedy mode without logprobs is captured for every capacity at startup; other modes on
-first use (one synchronisation, logged). On the CPU there are no graphs: `replay` runs the same
+first use (one synchronisation, logged). Replays go straight to `cuGraphLaunch`
+(cuda_driver.GraphLauncher: torch's replay prologue is RNG bookkeeping these graphs never use). On the CPU there are no graphs: `replay` runs the same
 body eagerly on the same padded views, so the CPU tests exercise the padding and offsets.
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from services.engine.runner.cuda_driver import GraphLauncher
 from services.engine.runner.frames import DeviceViews, FramePacker, InputFrames
 from services.engine.runner.page_tables import PageTableMirror
 from services.engine.runner.slot_state import SamplingMode
@@ -89,7 +91,7 @@ class DecodeGraphs:
     max_seq_len: int
     page_size: int
     stream: torch.cuda.Stream | None
-    graphs: dict[tuple[int, SamplingMode, bool], torch.cuda.CUDAGraph] | None = None
+    graphs: dict[tuple[int, SamplingMode, bool], GraphLauncher] | None = None
     pool: Any = None              # torch's graph pool handle (one pool for all)
     capture_seconds: float = 0.0
 
@@ -128,10 +130,9 @@ class DecodeGraphs:
             graph = self._capture(capacity, mode, logprobs)
             with torch.cuda.stream(self.stream):
                 self.frames.upload(packer)
-        graph.replay()
+        graph.launch()
 
-    def _capture(self, capacity: int, mode: SamplingMode, logprobs: bool
-                 ) -> torch.cuda.CUDAGraph:
+    def _capture(self, capacity: int, mode: SamplingMode, logprobs: bool) -> GraphLauncher:
         assert self.stream is not None
         started = time.perf_counter()
         if self.graphs is None:
@@ -147,9 +148,10 @@ class DecodeGraphs:
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
             self.body.run(views, self.shape(capacity), mode, logprobs)
         torch.cuda.synchronize()
-        self.graphs[(capacity, mode, logprobs)] = graph
+        launcher = self.graphs[(capacity, mode, logprobs)] = GraphLauncher(graph, self.stream)
         elapsed = time.perf_counter() - started
         self.capture_seconds += elapsed
-        log.info("captured the decode graph b%d %s%s in %.2f s", capacity, mode.name.lower(),
-                 " +logprobs" if logprobs else "", elapsed)
-        return graph
+        log.info("captured the decode graph b%d %s%s in %.2f s (%s replay)", capacity,
+                 mode.name.lower(), " +logprobs" if logprobs else "", elapsed,
+                 "raw" if launcher.is_raw else "torch")
+        return launcher
