@@ -178,8 +178,8 @@ class GraphRunner:
         capacity = self._graph_capacity(step)
         packer = FramePacker(self.frames.next_frame())
         if capacity is not None:
-            pack_decode(packer, step.seqs, capacity, self.page_size, self.mirror,
-                        state.padding_row)
+            pack_decode(packer, [seq for seq in step.seqs if seq.token_ids], capacity,
+                        self.page_size, self.mirror, state.padding_row)
             shape = None
         else:
             shape = pack_eager(packer, step, self.page_size, self.mirror, state.padding_row)
@@ -196,6 +196,7 @@ class GraphRunner:
                     self.snapshots.restore(r.snapshot_id, r.page_id, r.num_tokens)
             if capacity is not None:
                 self.graphs.replay(packer, views, capacity, mode, logprobs)
+                self._captures(step, None)         # zero-token terminal captures ride along
                 self.graph_steps += 1
                 rows = capacity
             else:
@@ -208,15 +209,26 @@ class GraphRunner:
         return _InFlight(step, frame, sampled, logprobs, capacity is not None, started)
 
     def _graph_capacity(self, step: Step) -> int | None:
-        """The decode capacity that serves `step`, or None (run it eagerly)."""
-        if not self.graphs.capacities or len(step.seqs) > self.graphs.max_capacity:
+        """The decode capacity that serves `step`, or None (run it eagerly). Every sequence
+        feeds one token and samples, or only saves a terminal checkpoint (no tokens: its
+        capture copies state after the graph)."""
+        if not self.graphs.capacities:
             return None
+        fed = 0
         for seq in step.seqs:
+            if not seq.token_ids:
+                if (seq.sample or seq.capture is None or seq.restore is not None or
+                        seq.resume_snapshot is not None):
+                    return None
+                continue
             if (len(seq.token_ids) != 1 or not seq.sample or seq.restore is not None or
-                    seq.capture is not None or seq.resume_snapshot is not None or
+                    seq.capture is not None or
                     self.mirror.pending(seq.handle, seq.page_ids) > 1):
                 return None
-        return self.graphs.capacity_for(len(step.seqs))
+            fed += 1
+        if not fed or fed > self.graphs.max_capacity:
+            return None
+        return self.graphs.capacity_for(fed)
 
     def _captures(self, step: Step, hidden: torch.Tensor | None) -> None:
         row = -1

@@ -142,7 +142,10 @@ def test_prefix_hits_terminal_state_and_preemption_match(source, tmp_path):
     prompt = _prompt(37, 9)
 
     def run(engine):
-        outs = _run(engine, [greedy_request("first", prompt, 7, ends=(21,))])
+        # a longer neighbour keeps decoding while "first" saves its terminal state, so that
+        # capture rides along a decode step (a graph step on the graph runner)
+        outs = _run(engine, [greedy_request("first", prompt, 7, ends=(21,)),
+                             greedy_request("long", _prompt(15, 30), 20)])
         outs |= _run(engine, [greedy_request("again", prompt, 7)])               # full hit
         other = prompt[:21] + _prompt(9, 10)
         outs |= _run(engine, [greedy_request("partial", other, 5, ends=(21,))])  # partial
