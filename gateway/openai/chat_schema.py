@@ -7,11 +7,15 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from gateway.images import image_from_url
-from gateway.openai.parts import ImageDetail, RefusalPart
 from gateway.openai.sampling import SamplingFields
+from gateway.openai.shared_schema import (
+    ImageDetail,
+    RefusalPart,
+    ToolChoiceName,
+    openai_tool_choice,
+)
 from gateway.request_parts import (
     JSON_OBJECT_FORMAT,
-    checked_tool_choice,
     convert_parts,
     json_schema_format,
     tool_call_parsing,
@@ -104,6 +108,10 @@ class NamedToolChoice(ApiModel):
     type: Literal["function"] = "function"
     function: NamedFunction
 
+    @property
+    def function_name(self) -> str:
+        return self.function.name
+
 
 class JsonSchemaSpec(ApiModel):
     name: str = "response"
@@ -162,7 +170,7 @@ class ChatCompletionRequest(SamplingFields):
     model: str = ""
     messages: list[Message] = Field(min_length=1)
     tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: ToolChoiceName | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormatIn | None = None
     structured_outputs: StructuredOutputs | None = None
@@ -204,15 +212,6 @@ class ChatCompletionRequest(SamplingFields):
         spec = rf.json_schema
         return json_schema_format(spec.schema_ or {}, name=spec.name, strict=bool(spec.strict))
 
-    def tool_choice_domain(self, tools: tuple[domain.ToolDefinition, ...]) -> domain.ToolChoice:
-        choice = self.tool_choice
-        if isinstance(choice, NamedToolChoice):
-            return checked_tool_choice(domain.ToolChoiceMode.FUNCTION, tools,
-                                       function_name=choice.function.name,
-                                       parallel=self.parallel_tool_calls)
-        return checked_tool_choice(domain.ToolChoiceMode(choice or "auto"), tools,
-                                   parallel=self.parallel_tool_calls)
-
     def to_generation(self, request_id: str) -> GenerateRequest:
         if self.chat_template:
             raise UnsupportedError("a per-request chat_template is not supported; the model's "
@@ -226,7 +225,7 @@ class ChatCompletionRequest(SamplingFields):
         chat = domain.ChatInput(
             messages=tuple(convert_message(m, i) for i, m in enumerate(self.messages)),
             tools=tools,
-            tool_choice=self.tool_choice_domain(tools),
+            tool_choice=openai_tool_choice(self.tool_choice, tools, self.parallel_tool_calls),
             add_generation_prompt=False if self.continue_final_message
             else self.add_generation_prompt,
             continue_final_message=self.continue_final_message,

@@ -13,10 +13,14 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag
 
 from gateway.images import image_from_url
-from gateway.openai.parts import ImageDetail, RefusalPart
+from gateway.openai.shared_schema import (
+    ImageDetail,
+    RefusalPart,
+    ToolChoiceName,
+    openai_tool_choice,
+)
 from gateway.request_parts import (
     JSON_OBJECT_FORMAT,
-    checked_tool_choice,
     collapse_text,
     convert_parts,
     json_schema_format,
@@ -29,7 +33,6 @@ from services.common.api.chat import (
     TextPart,
     ToolCall,
     ToolChoice,
-    ToolChoiceMode,
     ToolDefinition,
 )
 from services.common.api.generate import ResponseFormat
@@ -121,6 +124,10 @@ class NamedFunctionChoice(ApiModel):
     type: Literal["function"]
     name: str = Field(min_length=1)
 
+    @property
+    def function_name(self) -> str:
+        return self.name
+
 
 class TextFormat(ApiModel):
     type: Literal["text", "json_object", "json_schema"] = "text"
@@ -145,7 +152,7 @@ class ResponsesRequest(ApiModel):
     input: str | list[InputItem]
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
+    tool_choice: ToolChoiceName | NamedFunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: PositiveUInt32 | None = None
     temperature: float | None = Field(default=None, ge=0, le=100)
@@ -196,12 +203,7 @@ class ResponsesRequest(ApiModel):
         return tuple(tool.definition() for tool in self.tools or ())
 
     def tool_choice_domain(self, tools: tuple[ToolDefinition, ...]) -> ToolChoice:
-        choice = self.tool_choice
-        if isinstance(choice, NamedFunctionChoice):
-            return checked_tool_choice(ToolChoiceMode.FUNCTION, tools, function_name=choice.name,
-                                       parallel=self.parallel_tool_calls)
-        return checked_tool_choice(ToolChoiceMode(choice or "auto"), tools,
-                                   parallel=self.parallel_tool_calls)
+        return openai_tool_choice(self.tool_choice, tools, self.parallel_tool_calls)
 
     def input_items(self) -> list[dict[str, Any]]:
         """The input as JSON items (stored for GET .../input_items)."""

@@ -11,10 +11,10 @@ too. The name is sent when its line ends, then the arguments object streams as i
 
 from __future__ import annotations
 
-from services.frontend.parsers.content import ContentGate
 from services.frontend.parsers.json_scan import JsonScanner, JsonSyntaxError
 from services.frontend.parsers.tags import find_first, partial_tag_suffix
-from services.frontend.parsers.tool_calls import ToolCallDelta, ToolItem, new_call_id
+from services.frontend.parsers.tool_calls import ToolCallDelta, ToolItem
+from services.frontend.parsers.tool_parser import ToolCallParser
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"
@@ -26,31 +26,19 @@ FENCE_CLOSE = "```"
 MAX_HEADER = 512
 
 
-class DeepSeekV3ToolParser:
+class DeepSeekV3ToolParser(ToolCallParser):
     _CONTENT, _CALLS, _HEADER, _FENCE, _ARGS, _CLOSE = range(6)
 
     def __init__(self, allowed_names: frozenset[str] | None = None) -> None:
-        self.allowed_names = allowed_names
-        self.num_calls = 0
-        self.completed_calls = 0
-        self._state = self._CONTENT
-        self._pending = ""
+        super().__init__(allowed_names)
         self._raw = ""               # text of the call section not yet committed (fallback)
         self._header = ""
         self._scanner: JsonScanner | None = None
-        self._gate = ContentGate()
 
-    def push(self, text: str) -> list[ToolItem]:
-        out: list[ToolItem] = []
-        buffer, self._pending = self._pending + text, ""
-        while buffer:
-            step = (self._content, self._calls, self._header_step, self._fence, self._args,
-                    self._close)[self._state]
-            result = step(out, buffer)
-            if result is None:
-                return out
-            buffer = result
-        return out
+    def _step(self, out: list[ToolItem], buffer: str) -> str | None:
+        step = (self._content, self._calls, self._header_step, self._fence, self._args,
+                self._close)[self._state]
+        return step(out, buffer)
 
     # Each step consumes from the buffer and returns the rest (None: wait for more text).
 
@@ -105,9 +93,7 @@ class DeepSeekV3ToolParser:
         if not name or (self.allowed_names is not None and name not in self.allowed_names):
             header, self._header = self._header, ""
             return self._give_back(out, header) or ""
-        self._gate.call_started()
-        out.append(ToolCallDelta(self.num_calls, new_call_id(), "function", name))
-        self.num_calls += 1
+        self._send_name(out, name)
         self._raw, self._header = "", ""
         self._scanner = JsonScanner()
         self._state = self._FENCE if fence else self._ARGS
@@ -163,12 +149,8 @@ class DeepSeekV3ToolParser:
         self._raw, self._state = "", self._CONTENT
         return None
 
-    def flush(self) -> list[ToolItem]:
-        out: list[ToolItem] = []
-        pending, self._pending = self._pending, ""
+    def _flush(self, out: list[ToolItem], pending: str) -> None:
         if self._state == self._CONTENT:
             self._gate.emit(out, pending)
         elif self._state in (self._CALLS, self._HEADER) and (self._raw or self._header):
             self._gate.emit(out, self._raw + self._header + pending)
-        self._gate.flush(out)
-        return out

@@ -14,17 +14,15 @@ The reasoning parser `think` is chosen when the template or vocabulary knows `<t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Collection
 
 from services.common.errors import ValidationError
 from services.frontend.parsers.deepseek_v3 import DeepSeekV3ToolParser
 from services.frontend.parsers.hermes import HermesToolParser
 from services.frontend.parsers.llama3_json import Llama3JsonToolParser
-from services.frontend.parsers.tool_calls import ToolParser
+from services.frontend.parsers.tool_parser import ToolCallParser
 
-ToolParserFactory = Callable[[frozenset[str] | None], ToolParser]
-
-TOOL_PARSERS: dict[str, ToolParserFactory] = {
+TOOL_PARSERS: dict[str, type[ToolCallParser]] = {
     "hermes": HermesToolParser,
     "llama3_json": Llama3JsonToolParser,
     "deepseek_v3": DeepSeekV3ToolParser,
@@ -32,16 +30,21 @@ TOOL_PARSERS: dict[str, ToolParserFactory] = {
 REASONING_PARSERS = ("think",)
 
 
+def _configured(setting: str, known: Collection[str], option: str, choices_lead: str) -> str:
+    """An explicit setting (not "auto"): "none" is "", else it must name a known parser."""
+    if setting == "none":
+        return ""
+    if setting not in known:
+        raise ValidationError(f"unknown {option} {setting!r}; choose auto, none or "
+                              f"{choices_lead}{', '.join(known)}", param=option)
+    return setting
+
+
 def choose_tool_parser(setting: str, *, model_type: str, architecture: str,
                        template: str) -> str:
     """The tool parser name ("" for none)."""
-    if setting == "none":
-        return ""
     if setting != "auto":
-        if setting not in TOOL_PARSERS:
-            raise ValidationError(f"unknown tool_parser {setting!r}; choose auto, none or "
-                                  f"one of {', '.join(TOOL_PARSERS)}", param="tool_parser")
-        return setting
+        return _configured(setting, TOOL_PARSERS, "tool_parser", "one of ")
     kind = model_type.lower()
     if "<tool_call>" in template:
         return "hermes"
@@ -54,11 +57,6 @@ def choose_tool_parser(setting: str, *, model_type: str, architecture: str,
 
 
 def choose_reasoning_parser(setting: str, *, template: str, vocabulary: set[str]) -> str:
-    if setting == "none":
-        return ""
     if setting != "auto":
-        if setting not in REASONING_PARSERS:
-            raise ValidationError(f"unknown reasoning_parser {setting!r}; choose auto, none or "
-                                  f"{', '.join(REASONING_PARSERS)}", param="reasoning_parser")
-        return setting
+        return _configured(setting, REASONING_PARSERS, "reasoning_parser", "")
     return "think" if "<think>" in template or "<think>" in vocabulary else ""

@@ -1,6 +1,7 @@
 """Tool-call parsing shared by every format: output items and the call-object streamer.
 
-A tool parser turns streamed content text into `ContentText` and `ToolCallDelta` items. Every
+A tool parser (`tool_parser.py`) turns streamed content text into `ContentText` and
+`ToolCallDelta` items, which the choice processor turns into events of its choice. Every
 call streams its name first (a delta with id, type and name and no arguments), then argument
 fragments whose concatenation is the arguments JSON object. `CallObjectStream` does this for
 calls written as one JSON object, `{"name": ..., "arguments": {...}}` (Hermes/Qwen, Llama 3),
@@ -16,7 +17,6 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass
-from typing import Protocol
 
 from services.frontend.parsers.json_scan import JsonScanner, JsonSyntaxError, Member
 
@@ -36,14 +36,6 @@ class ToolCallDelta:
 
 
 ToolItem = ContentText | ToolCallDelta
-
-
-class ToolParser(Protocol):
-    num_calls: int          # calls whose name was sent
-    completed_calls: int    # calls whose arguments object closed
-
-    def push(self, text: str) -> list[ToolItem]: ...
-    def flush(self) -> list[ToolItem]: ...
 
 
 def new_call_id() -> str:

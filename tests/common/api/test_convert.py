@@ -249,3 +249,18 @@ def test_strict_json_parsing():
         assert info.value.param == "documents"
     with pytest.raises(ValidationError, match="the thing must be a JSON object, got list"):
         parse_json_object("[1]", param="p", what="the thing")
+
+
+def test_every_enum_member_has_its_proto_twin():
+    for reason in FinishReason:
+        assert event_from_pb(event_to_pb(Finish(0, reason))) == Finish(0, reason)
+    tools = (ToolDefinition("f"),)
+    for mode in ToolChoiceMode:
+        chat = ChatInput((ChatMessage("user", "hi"),), tools=tools,
+                         tool_choice=ToolChoice(mode, "f" if mode is ToolChoiceMode.FUNCTION
+                                                else ""))
+        assert chat_input_from_pb(chat_input_to_pb(chat)) == chat
+    for kind in ResponseFormatType:
+        request = GenerateRequest("r", input=CompletionInput(text="x"),
+                                  response_format=ResponseFormat(kind))
+        assert through_wire(request) == request

@@ -19,17 +19,12 @@ from services.common.api.chat import (
     ToolChoiceMode,
     ToolDefinition,
 )
+from services.common.api.convert.enums import enum_mapping
 from services.common.api.json_values import json_text, parse_json, parse_json_object
 from services.common.errors import ValidationError
 from services.common.pb import frontend_pb2
 
-_TOOL_CHOICE_TO_PB = {
-    ToolChoiceMode.AUTO: frontend_pb2.TOOL_CHOICE_MODE_AUTO,
-    ToolChoiceMode.NONE: frontend_pb2.TOOL_CHOICE_MODE_NONE,
-    ToolChoiceMode.REQUIRED: frontend_pb2.TOOL_CHOICE_MODE_REQUIRED,
-    ToolChoiceMode.FUNCTION: frontend_pb2.TOOL_CHOICE_MODE_FUNCTION,
-}
-_TOOL_CHOICE_FROM_PB = {value: mode for mode, value in _TOOL_CHOICE_TO_PB.items()}
+_TOOL_CHOICE = enum_mapping(ToolChoiceMode, frontend_pb2.ToolChoiceMode, "TOOL_CHOICE_MODE_")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -75,7 +70,7 @@ def chat_input_to_pb(chat: ChatInput) -> frontend_pb2.ChatInput:
     pb = frontend_pb2.ChatInput(
         messages=[message_to_pb(m) for m in chat.messages],
         tools=[_tool_to_pb(t) for t in chat.tools],
-        tool_choice=frontend_pb2.ToolChoice(mode=_TOOL_CHOICE_TO_PB[chat.tool_choice.mode],
+        tool_choice=frontend_pb2.ToolChoice(mode=_TOOL_CHOICE.to_pb[chat.tool_choice.mode],
                                             function_name=chat.tool_choice.function_name),
         continue_final_message=chat.continue_final_message,
         chat_template_kwargs_json=json_text(chat.template_kwargs) if chat.template_kwargs
@@ -154,7 +149,7 @@ def _tool_from_pb(tool: frontend_pb2.ToolDefinition, index: int) -> ToolDefiniti
 
 def _tool_choice_from_pb(choice: frontend_pb2.ToolChoice, tools: tuple[ToolDefinition, ...]
                          ) -> ToolChoice:
-    mode = _TOOL_CHOICE_FROM_PB.get(choice.mode)
+    mode = _TOOL_CHOICE.from_pb.get(choice.mode)
     if mode is None:
         raise ValidationError(f"unknown tool_choice mode {choice.mode}", param="tool_choice")
     if mode is ToolChoiceMode.FUNCTION:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from services.common.api.convert.enums import enum_mapping
 from services.common.api.events import (
     Finish,
     FinishReason,
@@ -20,24 +21,16 @@ from services.common.api.events import (
 )
 from services.common.pb import common_pb2, frontend_pb2
 
-_FINISH_TO_PB = {
-    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
-    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
-    FinishReason.STOP_STRING: common_pb2.FINISH_REASON_STOP_STRING,
-    FinishReason.TOOL_CALLS: common_pb2.FINISH_REASON_TOOL_CALLS,
-    FinishReason.CANCELLED: common_pb2.FINISH_REASON_CANCELLED,
-    FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
-}
-_FINISH_FROM_PB = {value: reason for reason, value in _FINISH_TO_PB.items()}
+_FINISH = enum_mapping(FinishReason, common_pb2.FinishReason, "FINISH_REASON_")
 
 
 def finish_reason_to_pb(reason: FinishReason) -> common_pb2.FinishReason:
-    return _FINISH_TO_PB[reason]
+    return _FINISH.to_pb[reason]
 
 
 def finish_reason_from_pb(value: common_pb2.FinishReason) -> FinishReason | None:
     """None for UNSPECIFIED (not finished) and for values this build does not know."""
-    return _FINISH_FROM_PB.get(value)
+    return _FINISH.from_pb.get(value)
 
 
 def usage_to_pb(usage: Usage) -> common_pb2.Usage:

@@ -7,6 +7,7 @@ from typing import Any
 
 from services.common.api.chat import ChatInput, CompletionInput
 from services.common.api.convert.chat import chat_input_from_pb, chat_input_to_pb
+from services.common.api.convert.enums import enum_mapping
 from services.common.api.generate import (
     GenerateRequest,
     ResponseFormat,
@@ -16,12 +17,8 @@ from services.common.api.generate import (
 from services.common.errors import ValidationError
 from services.common.pb import common_pb2, frontend_pb2
 
-_RESPONSE_FORMAT_TO_PB = {
-    ResponseFormatType.TEXT: frontend_pb2.RESPONSE_FORMAT_TYPE_TEXT,
-    ResponseFormatType.JSON_OBJECT: frontend_pb2.RESPONSE_FORMAT_TYPE_JSON_OBJECT,
-    ResponseFormatType.JSON_SCHEMA: frontend_pb2.RESPONSE_FORMAT_TYPE_JSON_SCHEMA,
-}
-_RESPONSE_FORMAT_FROM_PB = {value: kind for kind, value in _RESPONSE_FORMAT_TO_PB.items()}
+_RESPONSE_FORMAT = enum_mapping(ResponseFormatType, frontend_pb2.ResponseFormatType,
+                                "RESPONSE_FORMAT_TYPE_")
 
 # Sampling fields that are `optional` in the proto: unset stays unset.
 _OPTIONAL_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
@@ -91,13 +88,13 @@ def completion_input_from_pb(pb: frontend_pb2.CompletionInput) -> CompletionInpu
 
 def response_format_to_pb(response_format: ResponseFormat) -> frontend_pb2.ResponseFormat:
     return frontend_pb2.ResponseFormat(
-        type=_RESPONSE_FORMAT_TO_PB[response_format.type],
+        type=_RESPONSE_FORMAT.to_pb[response_format.type],
         schema_json=response_format.schema_json, name=response_format.name,
         strict=response_format.strict)
 
 
 def response_format_from_pb(pb: frontend_pb2.ResponseFormat) -> ResponseFormat:
-    kind = _RESPONSE_FORMAT_FROM_PB.get(pb.type)
+    kind = _RESPONSE_FORMAT.from_pb.get(pb.type)
     if kind is None:
         raise ValidationError("unknown response_format type", param="response_format")
     return ResponseFormat(kind, pb.schema_json, pb.name, pb.strict)
