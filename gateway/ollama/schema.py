@@ -113,13 +113,13 @@ class GenerateFields(ApiModel):
 
     def sampling(self) -> domain.Sampling:
         o = self.options or Options()
-        return domain.Sampling(temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, min_p=o.min_p,
-                        presence_penalty=o.presence_penalty,
-                        frequency_penalty=o.frequency_penalty,
-                        repetition_penalty=o.repeat_penalty, seed=o.seed,
-                        max_tokens=o.num_predict if o.num_predict and o.num_predict > 0
-                        else None,
-                        logprobs=bool(self.logprobs), top_logprobs=self.top_logprobs or 0)
+        return domain.Sampling(temperature=o.temperature, top_p=o.top_p, top_k=o.top_k,
+                               min_p=o.min_p, presence_penalty=o.presence_penalty,
+                               frequency_penalty=o.frequency_penalty,
+                               repetition_penalty=o.repeat_penalty, seed=o.seed,
+                               max_tokens=o.num_predict if o.num_predict and o.num_predict > 0
+                               else None,
+                               logprobs=bool(self.logprobs), top_logprobs=self.top_logprobs or 0)
 
     def generation(self, request_id: str, input: ChatInput | CompletionInput
                    ) -> domain.GenerateRequest:

@@ -20,8 +20,7 @@ ToolChoiceName = Literal["none", "auto", "required"]
 
 
 class RefusalPart(ApiModel):
-    """An assistant's earlier refusal: it goes back to the template as text."""
-
+    # An assistant's earlier refusal: it goes back to the template as text.
     type: Literal["refusal"]
     refusal: str
 
