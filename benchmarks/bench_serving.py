@@ -232,10 +232,17 @@ async def main_async(args: argparse.Namespace) -> list[RunSummary]:
     wanted = set(getattr(args, "targets", "engine,http").split(","))
     targets = [(name, send) for name, send in targets if name in wanted]
     for name, send in targets:
-        warm, _ = await run_level(send, 2, [random_prompt(rng, args.input_len, args.vocab_limit)
-                                            for _ in range(2)])
+        # warm-up at the largest concurrency, short outputs: every step shape the level will
+        # meet (eager prefill/mixed shapes compile their kernels on first use) is seen once
+        width = max(args.concurrency) if args.warmup else 2
+        warm_len = min(args.output_len, 16)
+        send_warm = ((lambda p, n=warm_len: engine_request(stub, p, n)) if name == "engine"
+                     else (lambda p, n=warm_len: http_request(client, args.http, args.model,
+                                                              p, n)))
+        warm, _ = await run_level(send_warm, width, [
+            random_prompt(rng, args.input_len, args.vocab_limit) for _ in range(width)])
         if not all(r.ok for r in warm):
-            raise SystemExit(f"{name}: warm-up failed: {[r.error for r in warm]}")
+            raise SystemExit(f"{name}: warm-up failed: {[r.error for r in warm][:3]}")
         levels = args.concurrency
         if name == "http" and getattr(args, "http_concurrency", None):
             levels = args.http_concurrency
@@ -355,6 +362,9 @@ def main() -> int:
     parser.add_argument("--http-concurrency", type=lambda s: [int(x) for x in s.split(",")],
                         help="concurrency levels for the HTTP path (default: --concurrency)")
     parser.add_argument("--startup-timeout", type=float, default=900.0)
+    parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                        help="warm up with max(--concurrency) short requests per target "
+                             "(else 2)")
     args = parser.parse_args()
     if args.serve:
         summaries = _run_against_stack(args)
