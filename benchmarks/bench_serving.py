@@ -272,6 +272,7 @@ def _run_against_demo(args: argparse.Namespace) -> list[RunSummary]:
 
     from tests.support.processes import HeliosRun
 
+    args.warmup = False            # the CPU demo: a two-request warm-up is enough
     with tempfile.TemporaryDirectory() as tmp, HeliosRun.start_demo(Path(tmp)) as run:
         args.engine, args.http = run.addresses["engine"], run.url
         return asyncio.run(main_async(args))
