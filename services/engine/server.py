@@ -20,6 +20,8 @@ from services.common.config import load_config
 from services.common.core import ModelSource, open_model
 from services.common.errors import (
     DrainFailure,
+    ErrorStage,
+    GrammarError,
     HeliosError,
     UnavailableError,
     ValidationError,
@@ -123,7 +125,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                     self.metrics.observe_first_token(time.monotonic() - started)
                 if update.finished:
                     self.metrics.observe_finished(time.monotonic() - started)
-                yield wire.update_to_pb(update)
+                update, failure = wire.split_failure(update)
+                if update is not None:
+                    yield wire.update_to_pb(update)
+                if failure:   # a choice's grammar could not continue: the request fails
+                    raise GrammarError(failure, stage=ErrorStage.EXECUTION)
                 if stream.done:
                     break
         finally:

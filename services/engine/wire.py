@@ -16,6 +16,7 @@ from services.engine.config import EngineConfig
 from services.engine.core.build import CoreInfo
 from services.engine.core.loop import AdmissionState, DrainResult
 from services.engine.core.telemetry import LoadQuery, LoadSnapshot
+from services.engine.grammar.spec import GrammarKind, GrammarSpec
 from services.engine.prefix.history import IDENTITY_BYTES, ConditioningEvent
 from services.engine.prefix.records import BlockEvent
 from services.engine.sampling import SamplingParams
@@ -34,6 +35,38 @@ _FINISH = {
     FinishReason.CANCELLED: common_pb2.FINISH_REASON_CANCELLED,
     FinishReason.ERROR: common_pb2.FINISH_REASON_ERROR,
 }
+
+
+_GRAMMAR_KINDS = {
+    engine_pb2.GRAMMAR_KIND_JSON_SCHEMA: GrammarKind.JSON_SCHEMA,
+    engine_pb2.GRAMMAR_KIND_JSON_OBJECT: GrammarKind.JSON_OBJECT,
+    engine_pb2.GRAMMAR_KIND_REGEX: GrammarKind.REGEX,
+    engine_pb2.GRAMMAR_KIND_LARK: GrammarKind.LARK,
+}
+
+
+def grammar_from_pb(message: engine_pb2.Grammar) -> GrammarSpec | None:
+    if message.kind == engine_pb2.GRAMMAR_KIND_NONE:
+        if message.text:
+            raise ValidationError("grammar.text given without a grammar kind",
+                                  param="grammar.kind")
+        return None
+    kind = _GRAMMAR_KINDS.get(message.kind)
+    if kind is None:
+        raise ValidationError(f"unknown grammar kind {message.kind}", param="grammar.kind")
+    return GrammarSpec(kind, message.text, message.lenient)
+
+
+def split_failure(update: RequestUpdate) -> tuple[RequestUpdate | None, str]:
+    """An update without the choices that failed (grammar), and the first failure's message
+    ("" when none failed): the stream sends the rest, then ends with the error."""
+    failed = [d for d in update.deltas if d.error]
+    if not failed:
+        return update, ""
+    kept = tuple(d for d in update.deltas if not d.error)
+    rest = RequestUpdate(update.request_id, kept, update.usage, update.finished) if kept \
+        else None
+    return rest, failed[0].error
 
 
 def request_from_pb(message: engine_pb2.EngineGenerateRequest, vocab_size: int
@@ -65,6 +98,7 @@ def request_from_pb(message: engine_pb2.EngineGenerateRequest, vocab_size: int
         conditioning=tuple(events),
         n=n,
         priority=message.priority,
+        grammar=grammar_from_pb(message.grammar),
     )
 
 

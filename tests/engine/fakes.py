@@ -15,6 +15,8 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 
+import numpy as np
+
 from services.engine.scheduler.plan import Completion, SeqResult, Step
 from services.engine.scheduler.requests import RequestUpdate
 from services.engine.scheduler.scheduler import Scheduler, choice_seed
@@ -43,6 +45,17 @@ def reference_tokens(prompt: Sequence[int], count: int, *, seed: int = 0, vocab:
     return out
 
 
+def first_allowed(bitmask, token: int, banned: set[int]) -> int:
+    """The first token at or after `token` (wrapping) whose bit is set and that is not banned:
+    what a sampler's grammar mask does to the fake's hashed choice."""
+    bits = np.unpackbits(np.asarray(bitmask, dtype=np.int32).view(np.uint8),
+                         bitorder="little")
+    allowed = [t for t in np.flatnonzero(bits).tolist() if t not in banned]
+    assert allowed, "the grammar allows no token"
+    later = [t for t in allowed if t >= token]
+    return later[0] if later else allowed[0]
+
+
 class FakeRunner:
     def __init__(self, *, num_pages: int, page_size: int, num_snapshots: int,
                  vocab: int = 1000) -> None:
@@ -61,6 +74,7 @@ class FakeRunner:
         self.drain_ok = True              # what drain() reports
         self.fail_at: int | None = None   # raise inside submit of this fence
         self.gate: threading.Event | None = None   # submit waits for it (hold the loop)
+        self.ignore_grammar = False       # sample past the grammar's bitmask (inject errors)
 
     def submit(self, step: Step) -> int:
         if self.gate is not None:
@@ -101,6 +115,8 @@ class FakeRunner:
                 banned = set(s.suppress_token_ids)
                 while token in banned:          # what a sampler's mask does
                     token = (token + 1) % self.vocab
+                if s.allowed_tokens is not None and not self.ignore_grammar:
+                    token = first_allowed(s.allowed_tokens, token, banned)
                 self.last_token[s.handle.slot] = token
             results.append(SeqResult(s.handle, s.end, token))
         completion = Completion(step.fence, tuple(results), duration_s=0.001)

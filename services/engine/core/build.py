@@ -16,6 +16,7 @@ import torch
 from services.common.core import ModelSource
 from services.common.errors import ValidationError
 from services.engine.config import EngineConfig
+from services.engine.grammar import GrammarCompiler, GrammarVocabulary
 from services.engine.model import (
     ModelConfig,
     allocate_kv_cache,
@@ -59,6 +60,25 @@ class Engine:
     scheduler: Scheduler
     runner: Runner
     info: CoreInfo
+    grammars: GrammarCompiler | None = None   # structured outputs (None: off)
+
+
+def build_grammars(config: EngineConfig, source: ModelSource, vocab_size: int,
+                   device: torch.device) -> GrammarCompiler | None:
+    """The grammar compiler over the core's tokenizer.json, its vocabulary loaded now (eager)
+    or at the first grammar request (lazy); None when structured outputs are off."""
+    mode = config.structured_outputs
+    if mode == "off":
+        return None
+    tokenizer = source.manifest.tokenizer_file
+    path = source.path(tokenizer) if tokenizer else None
+    compiler = GrammarCompiler(
+        GrammarVocabulary(path, vocab_size, tuple(source.manifest.eos_token_ids)),
+        cache_size=config.grammar_cache_size)
+    if (mode == "eager" or (mode == "auto" and device.type == "cuda")) and path is not None \
+            and path.is_file():
+        compiler.vocabulary.tokenizer()
+    return compiler
 
 
 def resolve_device(name: str) -> torch.device:
@@ -148,7 +168,8 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
         context_hint=manifest.context_hint or config.context_hint,
         capacity_hint=manifest.capacity_hint or config.capacity_hint,
         supports_images=False, overlap=choice.overlap, cost_model=choice.cost_model)
-    scheduler = Scheduler(scheduler_config, resources, manifest.identity_bytes)
+    grammars = build_grammars(config, source, model_config.vocab_size, device)
+    scheduler = Scheduler(scheduler_config, resources, manifest.identity_bytes, grammars)
     info = CoreInfo(device=describe_device(device), dtype=str(dtype).removeprefix("torch."),
                     page_size=layout.page_size, num_pages=layout.num_pages,
                     num_snapshots=layout.num_snapshots, max_model_len=context,
@@ -159,4 +180,4 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
         "device": info.device, "dtype": info.dtype, "pages": layout.num_pages,
         "page_size": layout.page_size, "snapshots": layout.num_snapshots,
         "context": context, "kv_bytes": layout.budget_bytes}})
-    return Engine(scheduler, runner, info)
+    return Engine(scheduler, runner, info, grammars)

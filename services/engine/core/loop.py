@@ -6,6 +6,10 @@
         completion = runner.poll(); updates = scheduler.complete(completion)
         outbox.publish(updates, block events)        # one message per step, never blocking
 
+A request with a grammar whose compilation is not cached yet waits outside the scheduler while
+the grammar compiles on a background thread: its `submit` is answered (admitted, or the
+grammar error) once the compilation resolves, and the loop keeps stepping meanwhile.
+
 A failure anywhere in the step notifies every active and queued request (finish ERROR, then a
 `Failed` message carrying the typed cause), confirms the runner drained, and ends the loop with
 exit code 1. A drain stops admission, lets active requests finish until its deadline, cancels
@@ -18,27 +22,33 @@ from __future__ import annotations
 import logging
 import pickle
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
 from services.common.errors import (
+    CancelledError,
     DrainFailure,
+    ErrorStage,
     HeliosError,
     InternalError,
     UnavailableError,
+    UnsupportedError,
     WorkerFailure,
 )
 from services.engine.core.build import Engine
 from services.engine.core.messages import Call, ErrorInfo, Failed, Reply
 from services.engine.core.outbox import Outbox
 from services.engine.core.telemetry import LoadQuery, Telemetry, snapshot
+from services.engine.grammar import CompiledGrammar
 from services.engine.scheduler.plan import PlanInvalidated
 from services.engine.scheduler.requests import EngineRequest, FinishReason
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.05
+COMPILE_POLL_S = 0.002      # how often an otherwise idle loop looks at running compilations
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +71,22 @@ class _DrainJob:
     deadline: float
 
 
+@dataclass(slots=True)
+class _Compiling:
+    """A submitted request waiting for its grammar to compile (not yet admitted)."""
+
+    call_id: int
+    request: EngineRequest
+    future: Future[CompiledGrammar]
+
+
 class EngineCore:
     def __init__(self, engine: Engine, connection: Connection, outbox: Outbox,
                  session_id: str) -> None:
         self.scheduler = engine.scheduler
         self.runner = engine.runner
+        self.grammars = engine.grammars
+        self._compiling: list[_Compiling] = []
         self.connection = connection
         self.outbox = outbox
         self.telemetry = Telemetry(session_id)
@@ -78,7 +99,11 @@ class EngineCore:
     def run(self) -> int:
         while not self._stopping:
             try:
-                self._handle_calls(block=not self.scheduler.has_work)
+                idle = not self.scheduler.has_work
+                self._handle_calls(timeout=(COMPILE_POLL_S if self._compiling else IDLE_POLL_S)
+                                   if idle else 0.0)
+                if self._compiling:
+                    self._admit_compiled()
             except EOFError:
                 log.warning("the servicer went away; stopping the engine core")
                 self._shutdown()
@@ -126,8 +151,7 @@ class EngineCore:
         return seq.prompt_len if seq is not None else 0
 
     # -- calls from the servicer ------------------------------------------------------------
-    def _handle_calls(self, *, block: bool) -> None:
-        timeout = IDLE_POLL_S if block else 0.0
+    def _handle_calls(self, *, timeout: float) -> None:
         while self.connection.poll(timeout):
             timeout = 0.0
             call: Call = pickle.loads(self.connection.recv_bytes())
@@ -142,7 +166,7 @@ class EngineCore:
     def _dispatch(self, call: Call) -> Any:
         verb, args = call.verb, call.args
         if verb == "submit":
-            return self._submit(args)
+            return self._submit(call.call_id, args)
         if verb == "abort":
             return self._abort(args)
         if verb == "load":
@@ -169,15 +193,60 @@ class EngineCore:
             return True
         raise InternalError(f"unknown engine-core call {verb!r}")
 
-    def _submit(self, request: EngineRequest) -> Any:
+    def _submit(self, call_id: int, request: EngineRequest) -> Any:
+        self._check_admission()
+        if request.grammar is None:
+            return self.scheduler.admit(request)
+        if self.grammars is None:
+            raise UnsupportedError("structured outputs are off in this engine "
+                                   "(--structured-outputs)", param="grammar")
+        compiled = self.grammars.lookup(request.grammar)
+        if compiled is not None:
+            return self.scheduler.admit(request, grammar=compiled)
+        self._compiling.append(_Compiling(call_id, request,
+                                          self.grammars.start(request.grammar)))
+        return _DEFERRED
+
+    def _check_admission(self) -> None:
         if self.draining:
             raise UnavailableError("the engine is draining", retry_after_s=1.0)
         if self.paused:
             raise UnavailableError("engine admission is paused", retry_after_s=1.0)
-        return self.scheduler.admit(request)
+
+    def _admit_compiled(self) -> None:
+        """Answer the submits whose grammar finished compiling: admitted, or the error."""
+        waiting = []
+        for job in self._compiling:
+            if not job.future.done():
+                waiting.append(job)
+                continue
+            try:
+                compiled = job.future.result()
+                self._check_admission()
+                value = self.scheduler.admit(job.request, grammar=compiled)
+            except HeliosError as exc:
+                self.outbox.reply(Reply(job.call_id, error=ErrorInfo.of(exc)))
+                continue
+            except Exception as exc:   # the grammar library failed unexpectedly
+                error = InternalError(f"compiling the grammar failed: {type(exc).__name__}: "
+                                      f"{exc}", stage=ErrorStage.ADMISSION)
+                self.outbox.reply(Reply(job.call_id, error=ErrorInfo.of(error)))
+                continue
+            self.outbox.reply(Reply(job.call_id, value))
+        self._compiling = waiting
+
+    def _drop_compiling(self, error: HeliosError, request_ids: set[str] | None = None) -> int:
+        """Answer waiting submits (all, or those of `request_ids`) with `error`."""
+        dropped = [j for j in self._compiling
+                   if request_ids is None or j.request.request_id in request_ids]
+        for job in dropped:
+            self._compiling.remove(job)
+            self.outbox.reply(Reply(job.call_id, error=ErrorInfo.of(error)))
+        return len(dropped)
 
     def _abort(self, request_ids: list[str]) -> int:
-        aborted = 0
+        aborted = self._drop_compiling(CancelledError("the request was aborted"),
+                                       set(request_ids))
         for request_id in request_ids:
             update = self.scheduler.cancel(request_id)
             if update is not None:
@@ -217,6 +286,7 @@ class EngineCore:
         return DrainResult(True, cancelled, "drained")
 
     def _cancel_all(self, reason: FinishReason) -> int:
+        self._drop_compiling(UnavailableError("the engine is draining", retry_after_s=1.0))
         self.scheduler.abandon_captures()
         updates = [u for rid in list(self.scheduler.state.requests)
                    if (u := self.scheduler.cancel(rid, reason)) is not None]
@@ -225,6 +295,8 @@ class EngineCore:
 
     def _shutdown(self) -> None:
         self._cancel_all(FinishReason.CANCELLED)
+        if self.grammars is not None:
+            self.grammars.close()
         self._stopping = True
         try:
             while self.scheduler.state.in_flight:
@@ -240,6 +312,7 @@ class EngineCore:
         if error is not exc:
             error.__cause__ = exc
         log.error("engine core failed: %s (cause: %s)", error, error.cause_text, exc_info=exc)
+        self._drop_compiling(error)
         self.scheduler.fail_all()
         self.scheduler.state.in_flight.clear()
         drained = False

@@ -1,4 +1,4 @@
-"""Decode CUDA graphs: one per (batch capacity, sampling mode, logprobs), captured into one
+"""Decode CUDA graphs: one per (batch capacity, sampling mode, logprobs, grammar), captured into one
 memory pool, largest capacity first, and replayed for every pure-decode step that fits.
 
 A decode step of n sequences runs in the graph of the smallest capacity c >= n. Its input
@@ -91,7 +91,7 @@ class DecodeGraphs:
     max_seq_len: int
     page_size: int
     stream: torch.cuda.Stream | None
-    graphs: dict[tuple[int, SamplingMode, bool], GraphLauncher] | None = None
+    graphs: dict[tuple[int, SamplingMode, bool, bool], GraphLauncher] | None = None
     pool: Any = None              # torch's graph pool handle (one pool for all)
     capture_seconds: float = 0.0
 
@@ -115,24 +115,25 @@ class DecodeGraphs:
         if not self.is_cuda:
             return
         for capacity in reversed(self.capacities):
-            self._capture(capacity, SamplingMode.GREEDY, False)
+            self._capture(capacity, SamplingMode.GREEDY, False, False)
 
     def replay(self, packer: FramePacker, views: DeviceViews, capacity: int,
-               mode: SamplingMode, logprobs: bool) -> None:
+               mode: SamplingMode, logprobs: bool, grammar: bool = False) -> None:
         """Run the capacity's decode on the step just uploaded from `packer` (its offsets are
         the capture's: `pack_decode` at this capacity). A graph missing for this mode is
         captured first (synchronising once), then the step's inputs are uploaded again."""
         if not self.is_cuda:
-            self.body.run(views, self.shape(capacity), mode, logprobs)
+            self.body.run(views, self.shape(capacity), mode, logprobs, grammar)
             return
-        graph = (self.graphs or {}).get((capacity, mode, logprobs))
+        graph = (self.graphs or {}).get((capacity, mode, logprobs, grammar))
         if graph is None:
-            graph = self._capture(capacity, mode, logprobs)
+            graph = self._capture(capacity, mode, logprobs, grammar)
             with torch.cuda.stream(self.stream):
                 self.frames.upload(packer)
         graph.launch()
 
-    def _capture(self, capacity: int, mode: SamplingMode, logprobs: bool) -> GraphLauncher:
+    def _capture(self, capacity: int, mode: SamplingMode, logprobs: bool,
+                 grammar: bool) -> GraphLauncher:
         assert self.stream is not None
         started = time.perf_counter()
         if self.graphs is None:
@@ -142,16 +143,18 @@ class DecodeGraphs:
         with torch.cuda.stream(self.stream):
             views = padding_offsets(self.frames, capacity, self.mirror,
                                     self.body.state.padding_row, self.page_size)
-            self.body.run(views, self.shape(capacity), mode, logprobs)   # warm-up (JIT)
+            self.body.run(views, self.shape(capacity), mode, logprobs, grammar)   # warm-up
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
-            self.body.run(views, self.shape(capacity), mode, logprobs)
+            self.body.run(views, self.shape(capacity), mode, logprobs, grammar)
         torch.cuda.synchronize()
-        launcher = self.graphs[(capacity, mode, logprobs)] = GraphLauncher(graph, self.stream)
+        launcher = self.graphs[(capacity, mode, logprobs, grammar)] = GraphLauncher(
+            graph, self.stream)
         elapsed = time.perf_counter() - started
         self.capture_seconds += elapsed
-        log.info("captured the decode graph b%d %s%s in %.2f s (%s replay)", capacity,
-                 mode.name.lower(), " +logprobs" if logprobs else "", elapsed,
+        log.info("captured the decode graph b%d %s%s%s in %.2f s (%s replay)", capacity,
+                 mode.name.lower(), " +logprobs" if logprobs else "",
+                 " +grammar" if grammar else "", elapsed,
                  "raw" if launcher.is_raw else "torch")
         return launcher

@@ -8,7 +8,10 @@ positions, KV slots, the new page-table entries only, sampling inits) and upload
 copy per dtype on the model stream. A pure-decode step that fits a captured capacity replays
 that capacity's graph; prefill, mixed, resume and snapshot steps run the same body eagerly.
 Sampling happens on the device from per-slot state (`SlotState`); the sampled ids travel back
-through a completion frame on the copy stream. Nothing in `submit` waits for the device: the
+through a completion frame on the copy stream. A step that samples choices with a grammar
+uploads their allowed-token bitmasks with its frame into the slots' persistent bitmask rows,
+which the step's graph (the grammar variant of its capacity and mode) or body applies before
+sampling. Nothing in `submit` waits for the device: the
 engine loop plans and submits step N+1 while step N runs (window 2), and a decode planned
 behind step N takes its input token from N's device-side output.
 
@@ -87,8 +90,10 @@ class GraphRunner:
         # prefill's minimum chunk; every field is bounded by tokens, rows or table cells
         tokens = max(config.max_num_batched_tokens, max_rows) + 64
         updates = (config.num_slots + 1) * width
-        self.frames = InputFrames({"i64": 4 * tokens + 16 * max_rows + updates + 8,
-                                   "i32": 2 * max_rows + updates + 8,
+        # grammar rows: one bitmask of ceil(V / 32) words per sampled slot at most
+        bitmasks = config.num_slots * ((model.config.vocab_size + 31) // 32)
+        self.frames = InputFrames({"i64": 4 * tokens + 18 * max_rows + updates + 8,
+                                   "i32": 2 * max_rows + updates + bitmasks + 8,
                                    "f32": 6 * max_rows + 8}, device)
         self.bulk = BulkStaging(device)
         self.model_stream = torch.cuda.Stream(device) if self.is_cuda else None
@@ -175,6 +180,10 @@ class GraphRunner:
             seq = step.seqs[i]
             state.check(seq.handle, seq.output_index).outputs += 1
         mode, logprobs = state.mode([step.seqs[i].handle.slot for i in sampled])
+        bitmasks = [(step.seqs[i].handle.slot, step.seqs[i].allowed_tokens) for i in sampled
+                    if step.seqs[i].allowed_tokens is not None]
+        released = state.released_bitmasks(inits, {slot for slot, _ in bitmasks})
+        grammar = bool(bitmasks)
         capacity = self._graph_capacity(step)
         packer = FramePacker(self.frames.next_frame())
         if capacity is not None:
@@ -184,24 +193,26 @@ class GraphRunner:
         else:
             shape = pack_eager(packer, step, self.page_size, self.mirror, state.padding_row)
         state.pack_inits(packer, inits)
+        state.pack_bitmasks(packer, bitmasks, released)
         stream = torch.cuda.stream(self.model_stream) if self.model_stream else nullcontext()
         with stream:
             frame = self.completions.start()
             views = self.frames.upload(packer)
             state.install(views)
+            state.install_bitmasks(views)
             state.install_rows(self.bulk, inits)
             for seq in step.seqs:
                 if seq.restore is not None:
                     r = seq.restore
                     self.snapshots.restore(r.snapshot_id, r.page_id, r.num_tokens)
             if capacity is not None:
-                self.graphs.replay(packer, views, capacity, mode, logprobs)
+                self.graphs.replay(packer, views, capacity, mode, logprobs, grammar)
                 self._captures(step, None)         # zero-token terminal captures ride along
                 self.graph_steps += 1
                 rows = capacity
             else:
                 assert shape is not None
-                hidden = self.body.run(views, shape, mode, logprobs)
+                hidden = self.body.run(views, shape, mode, logprobs, grammar)
                 self._captures(step, hidden)
                 self.eager_steps += 1
                 rows = len(sampled)

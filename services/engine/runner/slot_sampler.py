@@ -2,14 +2,15 @@
 order and counter-based noise as `services.engine.sampling.Sampler`, with every per-row input
 gathered from `SlotState` by slot row instead of built from Python lists each step.
 
-    sample_rows(logits [S, V] float32, slots int64 [S], state, mode, logprobs, out)
+    sample_rows(logits [S, V] float32, slots int64 [S], state, mode, logprobs, out, grammar)
 
 writes the chosen ids (and, with `logprobs`, their log-probabilities and the top
 `MAX_TOP_LOGPROBS` alternatives) into `out`, then advances the rows' state on the device: last
 token, tokens-generated counter and (FULL mode) penalty counts. Nothing reads a value back to
 the host; the mode is a host choice (one graph per mode). A row left at its "off" values (top_k
 = vocab, top_p = 1, min_p = 0, no penalties, no bias) is unchanged by a FULL step's
-transforms, so rows of different needs share a step.
+transforms, so rows of different needs share a step; likewise a row whose bitmask is all
+ones in a grammar step (`grammar`: the step samples a constrained choice; masks applied first).
 """
 
 from __future__ import annotations
@@ -40,10 +41,13 @@ class SampleOutputs:
 
 
 def sample_rows(logits: torch.Tensor, slots: torch.Tensor, state: SlotState,
-                mode: SamplingMode, logprobs: bool, out: SampleOutputs) -> None:
+                mode: SamplingMode, logprobs: bool, out: SampleOutputs,
+                grammar: bool = False) -> None:
     num_rows, vocab = logits.shape
     ints, floats = state.ints, state.floats
     x = logits
+    if grammar:     # structured outputs: each row's bitmask (all ones for free rows)
+        x = filters.apply_token_bitmask(x, state.token_bitmask.index_select(0, slots))
     if mode is SamplingMode.FULL:
         x = x + state.bias.index_select(0, slots)
         below = ints["output_pos"].index_select(0, slots) < \

@@ -81,6 +81,12 @@ class SlotState:
         self.prompt_mask = torch.zeros((rows, vocab_size), dtype=torch.bool, device=device)
         self.bias = torch.zeros((rows, vocab_size), dtype=torch.float32, device=device)
         self.stop_mask = torch.zeros((rows, vocab_size), dtype=torch.bool, device=device)
+        # structured outputs: each slot's allowed-token bitmask [rows, ceil(V / 32)] int32,
+        # all ones (every token) except while a constrained choice occupies the slot; steps
+        # that sample such a choice upload its row first (`install_bitmasks`)
+        self.token_bitmask = torch.full((rows, (vocab_size + 31) // 32), -1,
+                                        dtype=torch.int32, device=device)
+        self._constrained: set[int] = set()   # slots whose bitmask row is not all ones
         # hidden state of each slot's last fed rows, by position parity: [rows * 2, H]
         self.last_hidden = torch.zeros((rows * 2, hidden_size), dtype=hidden_dtype,
                                        device=device)
@@ -98,7 +104,7 @@ class SlotState:
     @property
     def num_bytes(self) -> int:
         tensors = [*self.floats.values(), *self.ints.values(), self.counts, self.prompt_mask,
-                   self.bias, self.stop_mask, self.last_hidden]
+                   self.bias, self.stop_mask, self.last_hidden, self.token_bitmask]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     # -- host side --------------------------------------------------------------------------
@@ -179,6 +185,43 @@ class SlotState:
             self.ints[name].index_copy_(0, slots, ints[:, k])
         for k, name in enumerate(FLOAT_FIELDS):
             self.floats[name].index_copy_(0, slots, floats[:, k])
+
+    # -- structured outputs -----------------------------------------------------------------
+    def pack_bitmasks(self, packer: FramePacker, rows: list[tuple[int, object]],
+                      released: list[int]) -> None:
+        """The step's grammar rows (slot, int32 bitmask) into its input frame (fields
+        bitmask_slots / bitmask_words), and the slots to reset to all ones (a constrained
+        choice left them: bitmask_reset). Fields stay empty in steps without grammars."""
+        slots = [slot for slot, _ in rows]
+        words = [mask for _, mask in rows]
+        packer.i64("bitmask_slots", slots)
+        if words:
+            import numpy as np
+
+            packer.i32("bitmask_words", np.concatenate(words))   # type: ignore[arg-type]
+        else:
+            packer.i32("bitmask_words", [])
+        packer.i64("bitmask_reset", released)
+        self._constrained.update(slots)
+        self._constrained.difference_update(released)
+
+    def released_bitmasks(self, inits: list[tuple[SlotInfo, SamplingInit]],
+                          grammar_slots: set[int]) -> list[int]:
+        """Slots a new occupant takes over whose bitmask row a constrained choice left."""
+        return [info.handle.slot for info, _ in inits
+                if info.handle.slot in self._constrained
+                and info.handle.slot not in grammar_slots]
+
+    def install_bitmasks(self, views: DeviceViews) -> None:
+        """Write the staged bitmask rows (device ops on the current stream, before the
+        step's graph or body: a graph reads the persistent rows)."""
+        reset = views.get("bitmask_reset")
+        if reset.shape[0]:
+            self.token_bitmask.index_fill_(0, reset, -1)
+        slots = views.get("bitmask_slots")
+        if slots.shape[0]:
+            words = views.get("bitmask_words").view(slots.shape[0], -1)
+            self.token_bitmask.index_copy_(0, slots, words)
 
     def needs_rows(self, info: SlotInfo) -> bool:
         """Whether installing this slot touches its [V]-sized rows: a FULL request fills

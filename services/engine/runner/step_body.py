@@ -9,8 +9,8 @@ path runs for prefill, mixed and resume steps.
 3. The forward pass writes K/V and returns hidden states; each fed sequence's last row is kept
    per slot by position parity (terminal checkpoints read it later).
 4. Sampling rows (forward rows, or snapshot states for full-prefix hits at index T + k) give
-   logits; the slot sampler writes ids/logprobs into the persistent outputs and advances the
-   slots' state.
+   logits; the slot sampler (with the slots' grammar bitmasks in a `grammar` step) writes
+   ids/logprobs into the persistent outputs and advances the slots' state.
 Only tensor ops on device views and host ints (the `StepShape`): nothing synchronises.
 """
 
@@ -56,7 +56,7 @@ class StepBody:
         self.outputs = outputs
 
     def run(self, views: DeviceViews, shape: StepShape, mode: SamplingMode,
-            logprobs: bool) -> torch.Tensor | None:
+            logprobs: bool, grammar: bool = False) -> torch.Tensor | None:
         state = self.state
         pending = views.get("pending_slot")
         input_ids = torch.where(pending >= 0,
@@ -101,5 +101,5 @@ class StepBody:
             assert source is not None
             sample_hidden = source.index_select(0, views.get("sample_rows"))
         logits = self.model.compute_logits(sample_hidden)                         # [S, V]
-        sample_rows(logits, sample_slots, state, mode, logprobs, self.outputs)
+        sample_rows(logits, sample_slots, state, mode, logprobs, self.outputs, grammar)
         return hidden

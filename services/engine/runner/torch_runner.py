@@ -174,7 +174,9 @@ class TorchRunner:
                 states.append(hidden[last_row[index]])
             slots.append(slot)
         logits = self.model.compute_logits(torch.stack(states))            # [N, V] float32
-        rows = [SamplingRow(s.params, s.output_token_ids, s.prompt_token_ids) for s in slots]
+        rows = [SamplingRow(s.params, s.output_token_ids, s.prompt_token_ids,
+                            step.seqs[i].allowed_tokens)
+                for i, s in zip(indices, slots, strict=True)]
         batch = SamplingBatch.build(rows, self.vocab_size, self.eos_token_ids, self.device)
         out = self.sampler(logits, batch).to_lists(batch.num_top_logprobs)
         sampled: dict[int, tuple[int, SampledLogprobs | None]] = {}

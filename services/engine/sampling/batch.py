@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy
 import torch
 
 from services.common.errors import ValidationError
@@ -23,6 +25,7 @@ class SamplingRow:
     params: SamplingParams              # seed must be resolved (SamplingParams.with_seed)
     output_token_ids: Sequence[int]     # generated so far; its length is the random position
     prompt_token_ids: Sequence[int] = ()   # only read for repetition_penalty
+    allowed_tokens: Any = None          # int32 [ceil(V / 32)] grammar bitmask (None: all)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,7 @@ class SamplingBatch:
     seed_lo: torch.Tensor               # int64 [N]: low/high 32 bits of each row's seed
     seed_hi: torch.Tensor               # int64 [N]
     positions: torch.Tensor             # int64 [N]: tokens generated so far (random position)
+    token_bitmask: torch.Tensor | None  # int32 [N, ceil(V / 32)]: grammar masks (None: none)
     num_top_candidates: int             # host: logits sorted per row for top_k/top_p
     num_top_logprobs: tuple[int, ...]   # host: alternatives each row asked for
     all_greedy: bool                    # host: no row samples randomly
@@ -108,6 +112,14 @@ class SamplingBatch:
                     if len(row.output_token_ids) < p.min_tokens
                     for token in sorted({*eos_token_ids, *p.stop_token_ids})]
         seeds = [split_seed(p.seed or 0) for p in params]
+        token_bitmask = None
+        if any(row.allowed_tokens is not None for row in rows):
+            words = (vocab_size + 31) // 32
+            masks = numpy.full((num_rows, words), -1, dtype=numpy.int32)
+            for i, row in enumerate(rows):
+                if row.allowed_tokens is not None:
+                    masks[i] = row.allowed_tokens
+            token_bitmask = torch.from_numpy(masks).to(device)
         return cls(
             temperature=temperature,
             is_greedy=temperature == 0,
@@ -128,6 +140,7 @@ class SamplingBatch:
             seed_lo=longs([lo for lo, _ in seeds]),
             seed_hi=longs([hi for _, hi in seeds]),
             positions=longs([len(row.output_token_ids) for row in rows]),
+            token_bitmask=token_bitmask,
             num_top_candidates=num_top_candidates,
             num_top_logprobs=tuple(p.num_top_logprobs for p in params),
             all_greedy=not enable_all and not any(sampling_rows),

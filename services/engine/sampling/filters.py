@@ -12,6 +12,9 @@ them one row at a time):
 - top_k: keep tokens whose logit is at least the k-th largest (ties at the boundary stay).
 - top_p: over the top-k survivors, keep the smallest prefix of the sorted distribution whose
   probability mass reaches top_p (the first token always stays; ties at the boundary stay).
+- token bitmask (structured outputs): a token whose bit is clear (bit t % 32 of int32 word
+  t // 32) gets -inf. This one is applied first and may leave a row nothing but what its
+  grammar allows.
 """
 
 from __future__ import annotations
@@ -19,6 +22,16 @@ from __future__ import annotations
 import torch
 
 NEG_INF = float("-inf")
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """logits float [N, V], bitmask int32 [N, ceil(V / 32)] -> disallowed tokens at -inf.
+    Pure tensor ops (graph-safe): the bits are unpacked on the device."""
+    rows, vocab = logits.shape
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1                            # [N, W, 32]
+    allowed = bits.reshape(rows, -1)[:, :vocab] != 0                        # [N, V]
+    return logits.masked_fill(~allowed, NEG_INF)
 
 
 def add_logit_bias_(logits: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,

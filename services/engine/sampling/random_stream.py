@@ -21,6 +21,7 @@ _MASK32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B1        # odd: multiplying by it permutes 32-bit integers
 _POSITION_SALT = 0x27D4EB2F
 _SEED_SALT = 0x165667B1
+_BELOW_ONE = 1.0 - 2.0 ** -24   # the largest float32 below 1
 
 
 def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
@@ -68,9 +69,15 @@ def token_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
 
 
 def uniform_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """float32 [N, V] uniforms in (0, 1): one independent draw per (row, token)."""
+    """float32 [N, V] uniforms in (0, 1): one independent draw per (row, token).
+
+    The largest draw, (2**24 - 0.5) / 2**24, rounds to 1.0 in float32; it is clamped to the
+    float below 1, so the Gumbel noise is never +inf (about one token in 2**24, ~1% of rows
+    per step over a 150k vocabulary): +inf would win any argmax, and against a -inf logit
+    (a token a filter or a grammar masked) give NaN, which argmax picks."""
     h = mix31(keys[:, None] ^ token_keys(vocab_size, keys.device)[None, :])   # [N, V]
-    return ((h >> 7).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    uniform = ((h >> 7).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return uniform.clamp_(max=_BELOW_ONE)
 
 
 def gumbel_noise(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Sampler: logits [N, V] + a SamplingBatch -> sampled ids, their logprobs, top alternatives.
 
-Order of the transforms (as vLLM's): logit_bias, min_tokens suppression, penalties -> greedy
+Order of the transforms (as vLLM's): the grammar's token bitmask, logit_bias, min_tokens suppression, penalties -> greedy
 rows take the argmax here -> temperature -> min_p -> top_k -> top_p -> a Gumbel-max draw with
 counter-based noise (random_stream). Returned logprobs are those of the model's own
 distribution (log_softmax of the raw logits, before any of the above), like vLLM's default.
@@ -56,6 +56,8 @@ class Sampler:
     def choose(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """The token id of each row (int64 [N]) from float32 logits [N, V]."""
         logits = logits.clone()
+        if batch.token_bitmask is not None:
+            logits = filters.apply_token_bitmask(logits, batch.token_bitmask)
         if batch.bias_rows is not None:
             assert batch.bias_cols is not None and batch.bias_values is not None
             filters.add_logit_bias_(logits, batch.bias_rows, batch.bias_cols, batch.bias_values)

@@ -109,14 +109,25 @@ def _commit_token(state: SchedulerState, seq: Sequence, result: SeqResult,
     rules = seq.request.stop
     reason: FinishReason | None = None
     stop_token: int | None = None
+    error = ""
+    logprobs = (result.logprobs,) if result.logprobs is not None else ()
+    if seq.matcher is not None and not seq.matcher.accept(token):
+        error = (f"the output of choice {seq.index} no longer matches its grammar: "
+                 f"{seq.matcher.error or f'token {token} was not allowed'}")
+        finish(state, seq, FinishReason.ERROR)
+        return ChoiceDelta(seq.request.request_id, seq.index, (token,), logprobs,
+                           FinishReason.ERROR, None, error)
     if output_index >= rules.min_tokens and (
             token in rules.stop_token_ids or
             (not rules.ignore_eos and token in state.config.eos_token_ids)):
         reason, stop_token = FinishReason.STOP, token
+    elif seq.matcher is not None and seq.matcher.is_stopped:
+        # the grammar is complete: end here rather than spend a step on the EOS token
+        reason = FinishReason.STOP
+        stop_token = token if token in state.config.eos_token_ids else None
     elif len(seq.output_ids) >= (rules.max_tokens or 0) or \
             seq.total_len >= state.config.max_model_len:
         reason = FinishReason.LENGTH
-    logprobs = (result.logprobs,) if result.logprobs is not None else ()
     if reason is not None and not begin_terminal_capture(state, seq, reason):
         finish(state, seq, reason)
     return ChoiceDelta(seq.request.request_id, seq.index, (token,), logprobs, reason, stop_token)
@@ -132,6 +143,7 @@ def finish(state: SchedulerState, seq: Sequence, reason: FinishReason | None) ->
     seq.phase = Phase.FINISHED
     if seq.finish_reason is None:
         seq.finish_reason = reason
+    seq.matcher = None
     seq.bump()
 
 

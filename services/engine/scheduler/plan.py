@@ -10,6 +10,10 @@ A plan is immutable; it records each participant's state epoch. Mutating or reti
 participant (cancel, preemption, finish) bumps its epoch, and committing a plan whose epochs no
 longer match raises `PlanInvalidated`. Everything here is plain Python: ids, not tensors.
 
+Structured outputs: a sampling row of a choice with a grammar carries the bitmask of the tokens
+its grammar allows (`SeqStep.allowed_tokens`, computed at commit from the committed tokens);
+such a choice is never planned behind its own in-flight step.
+
 Two-frame overlap: a decode may be planned behind a sequence's in-flight step that samples
 (`PlannedSeq.follows`). Its one fed token is that step's sampled token, which the host does
 not know yet: the step carries `PENDING_TOKEN` and the runner feeds the token it sampled last
@@ -108,6 +112,9 @@ class SeqStep:
     restore: Restore | None = None
     capture: Capture | None = None
     init: SamplingInit | None = None
+    # structured output: the tokens this choice's grammar allows now, an int32 bitmask of
+    # ceil(V / 32) words (bit t % 32 of word t // 32); None: every token (no grammar)
+    allowed_tokens: Any = None
 
     @property
     def end(self) -> int:

@@ -107,8 +107,12 @@ def can_follow(state: SchedulerState, seq: Sequence) -> bool:
 
     Only behind one step that samples and captures nothing, and only when that step's token
     cannot be the last by count (max_tokens, context): a token that ends the choice by stop
-    rule (EOS, stop ids) wastes the one decode behind it, which completion then drops."""
+    rule (EOS, stop ids) wastes the one decode behind it, which completion then drops. Never
+    for a choice with a grammar: its next bitmask needs the in-flight token committed (the
+    reference's "a grammar submission requires an empty window", per choice)."""
     if not state.config.overlap or len(seq.in_flight_fences) != 1 or not seq.can_follow:
+        return False
+    if seq.matcher is not None:
         return False
     if seq.phase is not Phase.RUNNING or seq.finish_reason is not None:
         return False

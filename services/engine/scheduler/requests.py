@@ -2,7 +2,8 @@
 
 An `EngineRequest` is one Generate call after validation at the edge: prompt token ids, the
 sampler's parameters (opaque here), the stop rules the scheduler enforces, checkpoint
-endpoints, conditioning events (images) and `n` choices. Each choice becomes one sequence.
+endpoints, conditioning events (images), `n` choices and an optional structured-output
+grammar. Each choice becomes one sequence.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.engine.grammar.spec import GrammarSpec
 from services.engine.prefix.history import ConditioningEvent
 
 
@@ -44,6 +46,7 @@ class EngineRequest:
     conditioning: tuple[ConditioningEvent, ...] = ()
     n: int = 1
     priority: int = 0                      # larger runs earlier among equals
+    grammar: GrammarSpec | None = None     # structured output: every choice matches it
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,7 @@ class ChoiceDelta:
     logprobs: tuple[SampledLogprobs, ...] = ()
     finish_reason: FinishReason | None = None
     stop_token_id: int | None = None
+    error: str = ""                         # why an ERROR finish happened (grammar failures)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,10 @@ import hashlib
 import itertools
 import secrets
 import time
+from typing import Any
 
-from services.common.errors import CapacityError, ValidationError
+from services.common.errors import CapacityError, InternalError, ValidationError
+from services.engine.grammar import CompiledGrammar, GrammarCompiler, fill_bitmasks
 from services.engine.prefix.history import PrefixHistory
 from services.engine.scheduler import completion as completing
 from services.engine.scheduler.admission import AdmissionLimits, validate_request
@@ -63,8 +65,9 @@ def choice_seed(seed: int, index: int) -> int:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, resources: KVResources,
-                 model_identity: bytes) -> None:
+                 model_identity: bytes, grammars: GrammarCompiler | None = None) -> None:
         self.id = next(_scheduler_ids)
+        self.grammars = grammars          # structured outputs (None: the model has none)
         self.state = SchedulerState(config, resources, SlotTable(config.max_num_seqs))
         self.identity = model_identity
         self.limits = AdmissionLimits(
@@ -74,10 +77,16 @@ class Scheduler:
             capacity_hint=config.capacity_hint, supports_images=config.supports_images)
 
     # -- admission --------------------------------------------------------------------------
-    def admit(self, request: EngineRequest, *, now: float | None = None) -> Admitted:
+    def admit(self, request: EngineRequest, *, grammar: CompiledGrammar | None = None,
+              now: float | None = None) -> Admitted:
+        """Queue a request. A request with a grammar brings it compiled (`grammar`): each
+        choice gets its own matcher."""
         state = self.state
         now = time.monotonic() if now is None else now
         try:
+            if (request.grammar is None) != (grammar is None) or (
+                    grammar is not None and grammar.spec != request.grammar):
+                raise InternalError("a request's grammar must be admitted compiled")
             stop = validate_request(request, self.limits)
             if request.request_id in state.requests:
                 raise ValidationError(f"request id {request.request_id!r} is already live",
@@ -102,7 +111,9 @@ class Scheduler:
             record.admission_pin = state.resources.cache.pin(hit.checkpoint)
             record.cached_tokens = hit.endpoint
         seed = request.seed if request.seed is not None else secrets.randbits(63)
-        record.seqs = [Sequence(record, i, choice_seed(seed, i)) for i in range(request.n)]
+        record.seqs = [Sequence(record, i, choice_seed(seed, i),
+                                matcher=grammar.matcher() if grammar is not None else None)
+                       for i in range(request.n)]
         state.requests[request.request_id] = record
         for seq in record.seqs:
             state.enqueue(seq)
@@ -166,14 +177,30 @@ class Scheduler:
         if not res.reclaim(pages=needed):
             raise PlanInvalidated(f"{needed} pages are no longer available")
         res.fences.issue()
-        steps = tuple(self._commit_seq(seq, planned, fence)
-                      for planned, seq in zip(plan.seqs, seqs, strict=True))
+        masks = self._grammar_masks(plan, seqs)
+        steps = tuple(self._commit_seq(seq, planned, fence, masks.get(i))
+                      for i, (planned, seq) in enumerate(zip(plan.seqs, seqs, strict=True)))
         step = Step(fence, _step_kind(steps), steps)
         state.in_flight[fence] = step
         state.counters.launches_by_kind[step.kind] += 1
         return step
 
-    def _commit_seq(self, seq: Sequence, planned: PlannedSeq, fence: int) -> SeqStep:
+    def _grammar_masks(self, plan: Plan, seqs: list[Sequence]) -> dict[int, Any]:
+        """The allowed-token bitmask of every sampling row whose choice has a grammar (from
+        its committed tokens: such a choice never has a step in flight here)."""
+        rows = [i for i, (p, s) in enumerate(zip(plan.seqs, seqs, strict=True))
+                if p.sample and s.matcher is not None]
+        if not rows:
+            return {}
+        grammars = self.grammars
+        if grammars is None:
+            raise InternalError("a constrained choice is running without a grammar compiler")
+        masks = fill_bitmasks([seqs[i].matcher for i in rows],  # type: ignore[misc]
+                              grammars.words, grammars.executor)
+        return {i: masks[k] for k, i in enumerate(rows)}
+
+    def _commit_seq(self, seq: Sequence, planned: PlannedSeq, fence: int,
+                    allowed_tokens: Any = None) -> SeqStep:
         start, num_tokens, sample = planned.start, planned.num_tokens, planned.sample
         # a decode behind the in-flight step: its token is that step's, one output later
         outputs = len(seq.output_ids) + (1 if planned.follows else 0)
@@ -221,7 +248,7 @@ class Scheduler:
             page_ids=tuple(seq.page_ids), sample=sample, output_index=outputs,
             suppress_token_ids=suppress,
             resume_snapshot=seq.resume_snapshot if num_tokens == 0 else None,
-            restore=restore, capture=capture, init=init)
+            restore=restore, capture=capture, init=init, allowed_tokens=allowed_tokens)
 
     def complete(self, completion: Completion) -> list[RequestUpdate]:
         state = self.state

@@ -7,6 +7,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from services.engine.grammar.matcher import GrammarMatcher
 from services.engine.prefix.history import PrefixHistory
 from services.engine.prefix.records import CheckpointRef, Pin
 from services.engine.scheduler.plan import SlotHandle
@@ -48,6 +49,7 @@ class Sequence:
     last_progress: float = field(default_factory=time.monotonic)
     last_output: float = -1.0
     bursts: int = 0
+    matcher: GrammarMatcher | None = None   # structured output: this choice's grammar state
 
     # -- token arithmetic -------------------------------------------------------------------
     @property

@@ -25,7 +25,8 @@ class Harness:
         info = CoreInfo("cpu", "float32", 4, 256, 32, 4096, 4, 64, 0, 1000)
         self.ours, theirs = multiprocessing.Pipe(duplex=True)
         self.outbox = Outbox(theirs)
-        self.core = EngineCore(Engine(self.scheduler, self.runner, info), theirs,
+        self.core = EngineCore(Engine(self.scheduler, self.runner, info,
+                                      self.scheduler.grammars), theirs,
                                self.outbox, "test-session")
         self.exit_code: int | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)

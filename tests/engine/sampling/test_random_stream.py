@@ -70,3 +70,17 @@ def test_a_rows_noise_depends_only_on_its_seed_and_position() -> None:
     keys = rs.row_keys(torch.tensor([lo, lo, lo + 1, lo]), torch.tensor([hi, hi, hi, hi + 1]),
                        torch.tensor([9, 10, 9, 9]))
     assert len(set(keys.tolist())) == 4   # position, either seed half: all change the stream
+
+
+def test_gumbel_noise_is_finite_even_where_the_uniform_rounds_to_one() -> None:
+    """Key 32 * 7919 with token 112463 draws the largest 24-bit uniform, which rounds to 1.0 in
+    float32: clamped below one, its noise stays finite, so a masked (-inf) token never turns
+    NaN and wins the argmax (found by structured-output decoding)."""
+    keys = torch.arange(64, dtype=torch.int64) * 7919
+    uniforms = rs.uniform_noise(keys, 151936)
+    assert float(uniforms.max()) < 1.0 and float(uniforms[32, 112463]) == 1.0 - 2.0 ** -24
+    noise = rs.gumbel_noise(keys, 151936)
+    assert torch.isfinite(noise).all()
+    masked = torch.full((64, 151936), float("-inf"))
+    masked[:, 7] = 0.0
+    assert ((masked + noise).argmax(dim=-1) == 7).all()
