@@ -22,7 +22,7 @@ from gateway.request_parts import (
 )
 from gateway.schema import ApiModel, PositiveUInt32, json_object_text
 from services.common.api import chat as domain
-from services.common.api.generate import GenerateRequest, ResponseFormat
+from services.common.api.generate import GenerateRequest, ResponseFormat, ResponseFormatType
 from services.common.api.json_values import json_text
 from services.common.errors import UnsupportedError, ValidationError
 
@@ -193,10 +193,22 @@ class ChatCompletionRequest(SamplingFields):
         so = self.structured_outputs
         schema = self.guided_json if self.guided_json is not None else (so.json_ if so else None)
         if so is not None:
-            for name in ("regex", "choice", "grammar", "structural_tag"):
-                if getattr(so, name) is not None:
-                    raise UnsupportedError(f"structured_outputs.{name} is not supported; use "
-                                           "json", param=f"structured_outputs.{name}")
+            if so.structural_tag is not None:
+                raise UnsupportedError("structured_outputs.structural_tag is not supported; "
+                                       "use json, regex, choice or grammar",
+                                       param="structured_outputs.structural_tag")
+            given = [name for name in ("json_", "json_object", "regex", "choice", "grammar")
+                     if getattr(so, name) not in (None, False)]
+            if len(given) > 1:
+                raise ValidationError("structured_outputs takes one of json, json_object, "
+                                      "regex, choice and grammar",
+                                      param="structured_outputs")
+            if so.regex is not None:
+                return ResponseFormat(ResponseFormatType.REGEX, pattern=so.regex)
+            if so.choice is not None:
+                return ResponseFormat(ResponseFormatType.CHOICE, choices=tuple(so.choice))
+            if so.grammar is not None:
+                return ResponseFormat(ResponseFormatType.GRAMMAR, grammar=so.grammar)
         if schema is not None:
             return json_schema_format(schema)
         if so is not None and so.json_object:

@@ -18,6 +18,14 @@ from services.frontend.generate.types import (
     ExpandedPrompt,
     SampledLogprob,
 )
+from services.frontend.structured.grammar import GrammarKind
+
+_GRAMMAR_KINDS = {
+    GrammarKind.JSON_SCHEMA: engine_pb2.GRAMMAR_KIND_JSON_SCHEMA,
+    GrammarKind.JSON_OBJECT: engine_pb2.GRAMMAR_KIND_JSON_OBJECT,
+    GrammarKind.REGEX: engine_pb2.GRAMMAR_KIND_REGEX,
+    GrammarKind.LARK: engine_pb2.GRAMMAR_KIND_LARK,
+}
 
 
 def engine_request_to_pb(request: EngineRequest) -> engine_pb2.EngineGenerateRequest:
@@ -31,6 +39,10 @@ def engine_request_to_pb(request: EngineRequest) -> engine_pb2.EngineGenerateReq
     )
     if request.multimodal:
         message.multimodal.ParseFromString(request.multimodal)
+    if request.grammar is not None:
+        message.grammar.CopyFrom(engine_pb2.Grammar(
+            kind=_GRAMMAR_KINDS[request.grammar.kind], text=request.grammar.text,
+            lenient=request.grammar.lenient))
     return message
 
 

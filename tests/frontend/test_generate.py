@@ -12,6 +12,7 @@ import pytest
 from services.common.errors import (
     CapacityError,
     ContextOverflowError,
+    GrammarError,
     NotFoundError,
     UnsupportedError,
     ValidationError,
@@ -258,8 +259,11 @@ async def test_client_cancel_cancels_the_engine_stream(stack):
             image=frontend_pb2.ImageInput(url="data:image/png;base64,AAAA"))]))])},
      UnsupportedError, "messages"),
     ({"response_format": frontend_pb2.ResponseFormat(
-        type=frontend_pb2.RESPONSE_FORMAT_TYPE_JSON_OBJECT)}, UnsupportedError,
-     "response_format"),
+        type=frontend_pb2.RESPONSE_FORMAT_TYPE_JSON_SCHEMA, schema_json="{oops")},
+     GrammarError, "response_format.schema"),
+    ({"response_format": frontend_pb2.ResponseFormat(
+        type=frontend_pb2.RESPONSE_FORMAT_TYPE_CHOICE)}, ValidationError,
+     "response_format.choices"),
     ({"stop": [""]}, ValidationError, "stop[0]"),
     ({"n": 0}, ValidationError, "n"),
     ({"chat": frontend_pb2.ChatInput(messages=[user("Q")],

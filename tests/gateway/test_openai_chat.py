@@ -192,6 +192,25 @@ def test_response_format_and_tool_choice(client, frontend):
     assert sent.chat.tool_choice.parallel_tool_calls is False
 
 
+def test_vllm_structured_outputs_become_response_formats(client, frontend):
+    cases = [({"regex": "[a-z]+"}, "REGEX", "pattern", "[a-z]+"),
+             ({"choice": ["a", "b"]}, "CHOICE", "choices", ["a", "b"]),
+             ({"grammar": 'start: "x"'}, "GRAMMAR", "grammar", 'start: "x"'),
+             ({"json": {"type": "object"}}, "JSON_SCHEMA", "schema_json", '{"type":"object"}')]
+    for body, kind, field, value in cases:
+        client.chat.completions.create(model="m", messages=USER,
+                                       extra_body={"structured_outputs": body})
+        sent = frontend.requests[-1].response_format
+        assert sent.type == getattr(frontend_pb2, f"RESPONSE_FORMAT_TYPE_{kind}")
+        got = getattr(sent, field)
+        assert (list(got) if field == "choices" else got) == value
+    for body, error in (({"structural_tag": {}}, "structural_tag"),
+                        ({"regex": "a", "choice": ["a"]}, "one of")):
+        with pytest.raises(openai.BadRequestError, match=error):
+            client.chat.completions.create(model="m", messages=USER,
+                                           extra_body={"structured_outputs": body})
+
+
 def test_images_go_to_the_frontend_as_data_urls(client, frontend):
     url = "data:image/png;base64,iVBORw0KGgo="
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": [

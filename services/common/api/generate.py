@@ -37,14 +37,22 @@ class ResponseFormatType(enum.Enum):
     TEXT = "text"
     JSON_OBJECT = "json_object"
     JSON_SCHEMA = "json_schema"
+    REGEX = "regex"              # vLLM's structured_outputs.regex
+    CHOICE = "choice"            # structured_outputs.choice
+    GRAMMAR = "grammar"          # structured_outputs.grammar: Lark or GBNF
 
 
 @dataclass(frozen=True, slots=True)
 class ResponseFormat:
+    """Structured output: every type but TEXT constrains decoding to its grammar."""
+
     type: ResponseFormatType = ResponseFormatType.TEXT
     schema_json: str = ""        # JSON Schema text as given (json_schema only)
     name: str = ""
-    strict: bool = False
+    strict: bool = False         # unsupported JSON Schema keywords are errors, not ignored
+    pattern: str = ""            # regex
+    choices: tuple[str, ...] = ()   # choice
+    grammar: str = ""            # grammar
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,7 +67,8 @@ class GeneratePipeline:
             checkpoint_token_ends=ends,
             n=request.num_choices,
             priority=request.priority,
-            multimodal=multimodal)
+            multimodal=multimodal,
+            grammar=prepared.grammar)
         return prepared, engine_request
 
     async def run(self, request: GenerateRequest) -> AsyncIterator[GenerationEvent]:

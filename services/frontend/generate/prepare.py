@@ -8,11 +8,12 @@ check, done after image expansion (which lengthens the prompt).
 from __future__ import annotations
 
 from services.common.api.chat import ToolChoiceMode
-from services.common.api.generate import GenerateRequest, ResponseFormatType
+from services.common.api.generate import GenerateRequest
 from services.common.errors import ContextOverflowError, UnsupportedError, ValidationError
 from services.frontend.generate.types import OutputOptions, PreparedRequest
 from services.frontend.model import FrontendModel
 from services.frontend.parsers.reasoning import starts_in_reasoning
+from services.frontend.structured import build_grammar
 
 MAX_N = 128
 MAX_STOP_STRINGS = 16
@@ -38,16 +39,6 @@ def validate(request: GenerateRequest) -> None:
     if not 0 <= sampling.top_logprobs <= MAX_TOP_LOGPROBS:
         raise ValidationError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}",
                               param="top_logprobs")
-    if request.response_format.type is not ResponseFormatType.TEXT:
-        raise UnsupportedError(
-            f"response_format {request.response_format.type.value} needs grammar-constrained "
-            "decoding, which this engine does not offer", param="response_format")
-    chat = request.chat
-    if chat is not None and chat.tools and chat.tool_choice.mode in (
-            ToolChoiceMode.REQUIRED, ToolChoiceMode.FUNCTION):
-        raise UnsupportedError(
-            f"tool_choice {chat.tool_choice.mode.value} needs grammar-constrained decoding, "
-            "which this engine does not offer; use auto or none", param="tool_choice")
 
 
 class RequestPreparer:
@@ -91,8 +82,17 @@ class RequestPreparer:
             parallel_tool_calls=chat.tool_choice.allows_parallel_calls,
             logprobs=request.sampling.logprobs,
         )
+        forced = chat.tools and chat.tool_choice.mode in (ToolChoiceMode.REQUIRED,
+                                                          ToolChoiceMode.FUNCTION)
+        if forced and not model.tool_parser:
+            raise UnsupportedError(f"tool_choice {chat.tool_choice.mode.value} needs the "
+                                   f"model's tool-call format, and {model.name} has none",
+                                   param="tool_choice")
+        grammar = build_grammar(request, tokenizer=model.tokenizer,
+                                tool_parser=model.tool_parser, prompt=rendered.prompt,
+                                output=output)
         return PreparedRequest(request, rendered.prompt, rendered.token_ids,
-                               rendered.message_token_ends, images, output)
+                               rendered.message_token_ends, images, output, grammar=grammar)
 
     def _prepare_completion(self, request: GenerateRequest) -> PreparedRequest:
         completion = request.completion
@@ -118,8 +118,10 @@ class RequestPreparer:
             starts_in_reasoning=bool(request.parse_reasoning) and starts_in_reasoning(text),
             logprobs=request.sampling.logprobs,
         )
+        grammar = build_grammar(request, tokenizer=tokenizer, tool_parser="", prompt=text,
+                                output=output)
         return PreparedRequest(request, text, ids, (), (), output,
-                               echo_text=text if completion.echo else "")
+                               echo_text=text if completion.echo else "", grammar=grammar)
 
 
 def resolve_max_tokens(*, prompt_tokens: int, requested: int | None, context: int,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from services.common.api.chat import ImagePart
 from services.common.api.events import FinishReason, Usage
 from services.common.api.generate import GenerateRequest, Sampling
+from services.frontend.structured.grammar import EngineGrammar
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,7 @@ class PreparedRequest:
     images: tuple[ImagePart, ...]
     output: OutputOptions
     echo_text: str = ""                      # completion echo: the prompt as text
+    grammar: EngineGrammar | None = None     # structured output the engine enforces
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,7 @@ class EngineRequest:
     n: int = 1
     priority: int = 0
     multimodal: bytes = b""                  # serialized helios.v1.MultimodalInputs, opaque here
+    grammar: EngineGrammar | None = None
 
 
 @dataclass(frozen=True, slots=True)

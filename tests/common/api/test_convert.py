@@ -264,3 +264,10 @@ def test_every_enum_member_has_its_proto_twin():
         request = GenerateRequest("r", input=CompletionInput(text="x"),
                                   response_format=ResponseFormat(kind))
         assert through_wire(request) == request
+    structured = (ResponseFormat(ResponseFormatType.REGEX, pattern="[a-z]+"),
+                  ResponseFormat(ResponseFormatType.CHOICE, choices=("yes", "no")),
+                  ResponseFormat(ResponseFormatType.GRAMMAR, grammar='start: "x"'))
+    for response_format in structured:
+        request = GenerateRequest("r", input=CompletionInput(text="x"),
+                                  response_format=response_format)
+        assert through_wire(request) == request

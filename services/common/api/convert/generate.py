@@ -90,14 +90,16 @@ def response_format_to_pb(response_format: ResponseFormat) -> frontend_pb2.Respo
     return frontend_pb2.ResponseFormat(
         type=_RESPONSE_FORMAT.to_pb[response_format.type],
         schema_json=response_format.schema_json, name=response_format.name,
-        strict=response_format.strict)
+        strict=response_format.strict, pattern=response_format.pattern,
+        choices=list(response_format.choices), grammar=response_format.grammar)
 
 
 def response_format_from_pb(pb: frontend_pb2.ResponseFormat) -> ResponseFormat:
     kind = _RESPONSE_FORMAT.from_pb.get(pb.type)
     if kind is None:
         raise ValidationError("unknown response_format type", param="response_format")
-    return ResponseFormat(kind, pb.schema_json, pb.name, pb.strict)
+    return ResponseFormat(kind, pb.schema_json, pb.name, pb.strict, pb.pattern,
+                          tuple(pb.choices), pb.grammar)
 
 
 # ---------------------------------------------------------------------------------------------
