@@ -68,6 +68,7 @@ class Scheduler:
                  model_identity: bytes, grammars: GrammarCompiler | None = None) -> None:
         self.id = next(_scheduler_ids)
         self.grammars = grammars          # structured outputs (None: the model has none)
+        self.num_constrained = 0          # live requests with a grammar (0: no mask work)
         self.state = SchedulerState(config, resources, SlotTable(config.max_num_seqs))
         self.identity = model_identity
         self.limits = AdmissionLimits(
@@ -115,6 +116,8 @@ class Scheduler:
                                 matcher=grammar.matcher() if grammar is not None else None)
                        for i in range(request.n)]
         state.requests[request.request_id] = record
+        if grammar is not None:
+            self.num_constrained += 1
         for seq in record.seqs:
             state.enqueue(seq)
         state.counters.requests_admitted += 1
@@ -188,6 +191,8 @@ class Scheduler:
     def _grammar_masks(self, plan: Plan, seqs: list[Sequence]) -> dict[int, Any]:
         """The allowed-token bitmask of every sampling row whose choice has a grammar (from
         its committed tokens: such a choice never has a step in flight here)."""
+        if not self.num_constrained:
+            return {}
         rows = [i for i, (p, s) in enumerate(zip(plan.seqs, seqs, strict=True))
                 if p.sample and s.matcher is not None]
         if not rows:
@@ -291,6 +296,8 @@ class Scheduler:
         state = self.state
         if state.requests.pop(record.request_id, None) is None:
             return
+        if record.request.grammar is not None:
+            self.num_constrained -= 1
         if record.admission_pin is not None:
             state.resources.cache.unpin(record.admission_pin)
             record.admission_pin = None
