@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from services.common.core import ModelSource
-from services.common.errors import ValidationError
+from services.common.errors import UnsupportedError, ValidationError
 from services.engine.config import EngineConfig
 from services.engine.grammar import GrammarCompiler, GrammarVocabulary
 from services.engine.model import (
@@ -77,7 +77,13 @@ def build_grammars(config: EngineConfig, source: ModelSource, vocab_size: int,
         cache_size=config.grammar_cache_size)
     if (mode == "eager" or (mode == "auto" and device.type == "cuda")) and path is not None \
             and path.is_file():
-        compiler.vocabulary.tokenizer()
+        try:
+            compiler.vocabulary.tokenizer()
+        except UnsupportedError as exc:
+            if mode == "eager":
+                raise  # asked for explicitly: refuse to start without it
+            # auto: serve everything else; grammar requests get this error at admission
+            log.warning("structured outputs unavailable: %s", exc.message)
     return compiler
 
 

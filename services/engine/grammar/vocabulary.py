@@ -33,6 +33,7 @@ class GrammarVocabulary:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self._tokenizer: Any = None
+        self._failure: UnsupportedError | None = None
         self._lock = threading.Lock()
 
     @property
@@ -44,10 +45,17 @@ class GrammarVocabulary:
         return self._tokenizer is not None
 
     def tokenizer(self) -> Any:
-        """The llguidance tokenizer (loaded on first use; thread-safe)."""
+        """The llguidance tokenizer (loaded on first use; thread-safe). A tokenizer llguidance
+        cannot read is an UnsupportedError, remembered so later requests fail fast too."""
         with self._lock:
+            if self._failure is not None:
+                raise self._failure
             if self._tokenizer is None:
-                self._tokenizer = self._load()
+                try:
+                    self._tokenizer = self._load()
+                except UnsupportedError as exc:
+                    self._failure = exc
+                    raise
             return self._tokenizer
 
     def _load(self) -> Any:
@@ -58,9 +66,14 @@ class GrammarVocabulary:
         import llguidance
 
         started = time.perf_counter()
-        tokenizer = llguidance.LLTokenizer(path.read_text(encoding="utf-8"),
-                                           n_vocab=self.vocab_size,
-                                           eos_token=list(self.eos_token_ids) or None)
+        try:
+            tokenizer = llguidance.LLTokenizer(path.read_text(encoding="utf-8"),
+                                               n_vocab=self.vocab_size,
+                                               eos_token=list(self.eos_token_ids) or None)
+        except Exception as exc:  # the library's own errors (ValueError ...) for odd tokenizers
+            raise UnsupportedError(
+                f"structured outputs are unavailable for this model: its tokenizer.json cannot "
+                f"be read by the grammar engine ({exc})", param="grammar") from exc
         log.info("grammar vocabulary loaded: %d tokens in %.2f s", self.vocab_size,
                  time.perf_counter() - started)
         return tokenizer

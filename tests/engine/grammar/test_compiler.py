@@ -156,3 +156,27 @@ def test_json_whitespace_is_bounded_unless_the_schema_says_otherwise(grammars, t
     assert not accepts(schema, '{' + " " * 17 + '"a": 1}')       # 16 at most per gap
     compact = {**schema, "x-guidance": {"whitespace_flexible": False}}
     assert accepts(compact, '{"a":1}') and not accepts(compact, '{"a": 1}')
+
+
+def test_an_unreadable_tokenizer_makes_grammars_unsupported_not_fatal(tmp_path):
+    """A tokenizer.json llguidance cannot read (here: no decoder) must not take the engine
+    down: an auto/CUDA start logs and serves, and grammar requests get UnsupportedError (the
+    same one every time, without reloading)."""
+    from services.common.core import open_model
+    from services.engine.config import EngineConfig
+    from services.engine.core.build import build_grammars
+    from tests.engine.model.checkpoints import SPECS, build_checkpoint
+
+    directory = build_checkpoint(SPECS["qwen3-qknorm-sharded"], tmp_path / "ckpt")
+    source = open_model(directory)
+    config = EngineConfig(model=str(directory), structured_outputs="auto")
+    compiler = build_grammars(config, source, 320, torch.device("cuda"))  # auto loads on CUDA
+    assert compiler is not None
+    with pytest.raises(UnsupportedError, match="cannot be read") as first:
+        compiler.compile(schema_spec({"type": "object"}))
+    with pytest.raises(UnsupportedError) as second:
+        compiler.compile(GrammarSpec(GrammarKind.REGEX, "[a-z]+"))
+    assert second.value is first.value or second.value.message == first.value.message
+    eager = EngineConfig(model=str(directory), structured_outputs="eager")
+    with pytest.raises(UnsupportedError):
+        build_grammars(eager, source, 320, torch.device("cpu"))
