@@ -91,6 +91,7 @@ def test_submit_runs_to_completion_and_load_reports_it(harness):
     admitted = h.call("submit", request("a", prompt_of(40), 5))
     assert admitted.usage.prompt_tokens == 40
     h.pump(lambda: h.finished("a"))
+    h.pump(lambda: not h.scheduler.has_work)     # a's terminal capture, before telemetry is on
     tokens = [t for u in h.updates for d in u.deltas for t in d.token_ids]
     assert len(tokens) == 5
     load = h.call("load", LoadQuery(include_requests=True, include_graphs=True,
