@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.deploy import scrapes, topology
@@ -153,8 +152,7 @@ def test_prometheus_scrapes_every_helios_service_once(compose_gpu, compose_cpu):
 # ---- docker/envoy.yaml (written with the gateway) ------------------------------------------------
 
 def _envoy() -> dict[str, Any]:
-    if not ENVOY_CONFIG.is_file():
-        pytest.skip("docker/envoy.yaml has not landed yet")
+    assert ENVOY_CONFIG.is_file(), "compose mounts docker/envoy.yaml: it must exist"
     return yaml.safe_load(ENVOY_CONFIG.read_text())
 
 
