@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# One GPU call for the engine: GPU tests (kernels + engine), batch-1 decode vs HF generate, and
-# the serving benchmark (engine gRPC and the full HTTP path) at the Qwen3-8B shape.
+# One GPU call for the engine: GPU tests (kernels + engine), the decode step in isolation
+# (fused / PDL variants, kernel profile, skinny-linear tilings), batch-1 decode vs HF generate,
+# and the serving benchmark (engine gRPC and the full HTTP path) at the Qwen3-8B shape.
 #   bash benchmarks/gpu/run_engine.sh          # writes logs and JSON under $OUT
 # Carried paths (device tool): .whl (wheels the GPU image lacks), services/common/pb (stubs),
 # .device/cache (pinned tokenizer files: the machine reaches no registry).
-# Env: SKIP_TESTS=1, SKIP_DECODE=1, SKIP_SERVING=1, DECODE_SHAPES, DECODE_ARGS, SERVING_ARGS,
-#      TEST_TIMEOUT_S, DECODE_TIMEOUT_S, SERVING_TIMEOUT_S, TEST_WORKERS.
+# Env: SKIP_TESTS=1, SKIP_STEP=1, SKIP_DECODE=1, SKIP_SERVING=1, DECODE_SHAPES, DECODE_ARGS,
+#      STEP_ARGS, SERVING_ARGS, TEST_TIMEOUT_S, STEP_TIMEOUT_S, DECODE_TIMEOUT_S,
+#      SERVING_TIMEOUT_S, TEST_WORKERS.
 # Prints the machine, the test summary and the benchmark tables last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -38,6 +40,17 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== GPU tests: rc=$test_rc in $(( $(date +%s) - start )) s"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -n 20
   tail -n 2 "$OUT/tests.log"
+fi
+
+step_rc=skipped
+if [ "${SKIP_STEP:-0}" != 1 ]; then
+  start=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout "${STEP_TIMEOUT_S:-300}" "$PY" benchmarks/bench_decode_step.py --profile \
+    --shapes "${DECODE_SHAPES:-qwen3-0.6b,qwen3-8b}" --out "$OUT" ${STEP_ARGS:-} \
+    > "$OUT/decode_step.log" 2>&1
+  step_rc=$?
+  echo "== decode step benchmark: rc=$step_rc in $(( $(date +%s) - start )) s"
 fi
 
 decode_rc=skipped
@@ -85,6 +98,7 @@ YAML
 fi
 
 echo
+[ -f "$OUT/decode_step.log" ] && tail -n 120 "$OUT/decode_step.log"
 [ -f "$OUT/decode.log" ] && { grep -E "^(shape|qwen|llama|poll|  error)" "$OUT/decode.log" || tail -n 20 "$OUT/decode.log"; }
 [ -f "$OUT/serving.log" ] && { grep -A 12 -E "^target" "$OUT/serving.log" || tail -n 25 "$OUT/serving.log"; }
-echo "tests rc=$test_rc decode rc=$decode_rc serving rc=$serving_rc"
+echo "tests rc=$test_rc step rc=$step_rc decode rc=$decode_rc serving rc=$serving_rc"

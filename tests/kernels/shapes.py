@@ -20,6 +20,7 @@ def qwen3_8b_calls() -> list[str]:
     from services.engine.kernels.norm import fused_add_rms_norm, rms_norm
     from services.engine.kernels.prologue import qkv_prologue
     from services.engine.kernels.rotary import apply_rotary
+    from services.engine.kernels.skinny_linear import linear, norm_linear
 
     bf16 = torch.bfloat16
     names: list[str] = []
@@ -58,4 +59,14 @@ def qwen3_8b_calls() -> list[str]:
     prefill = make_batch([300, 200], [300, 100], **shape, poison_unused=False)
     paged_attention(prefill.q, prefill.k_cache, prefill.v_cache, prefill.meta, 0.088, num_splits=1)
     names.append("attention prefill")
+    row = x[:1]
+    norm_linear(row, row.clone(), w, 1e-6, torch.randn(qkv.shape[1], HIDDEN, dtype=bf16))
+    names.append("norm_linear qkv M=1")
+    norm_linear(row, row.clone(), w, 1e-6, torch.randn(2 * INTERMEDIATE, HIDDEN, dtype=bf16),
+                silu_mul=True)
+    names.append("norm_linear gate_up silu M=1")
+    linear(torch.randn(1, INTERMEDIATE, dtype=bf16), torch.randn(HIDDEN, INTERMEDIATE, dtype=bf16))
+    names.append("linear down M=1")
+    linear(row, torch.randn(151936, HIDDEN, dtype=bf16), out_dtype=torch.float32)
+    names.append("linear lm_head fp32 M=1")
     return names

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 OPS = ("rms_norm", "fused_add_rms_norm", "apply_rotary", "silu_and_mul", "write_kv", "paged_attention",
-       "qkv_prologue")
+       "qkv_prologue", "linear", "norm_linear")
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -31,7 +31,7 @@ def test_names_follow_availability() -> None:
         "import json, os, sys, torch\n"
         "from services.engine import kernels\n"
         "if os.environ.get('TRITON_INTERPRET'):\n"
-        "    import services.engine.kernels.norm, services.engine.kernels.attention  # submodules first\n"
+        "    import services.engine.kernels.norm, services.engine.kernels.attention, services.engine.kernels.skinny_linear  # submodules first\n"
         f"names = {list(OPS)!r}\n"
         "print(json.dumps({'cuda': torch.cuda.is_available(), 'triton_loaded': 'triton' in sys.modules,"
         " 'present': [n for n in names if callable(getattr(kernels, n, None))]}))\n"
@@ -46,7 +46,15 @@ def test_names_follow_availability() -> None:
 def test_signatures_match_the_model_ops_spec() -> None:
     import inspect
 
-    from services.engine.kernels import activation, attention, kv_write, norm, prologue, rotary
+    from services.engine.kernels import (
+        activation,
+        attention,
+        kv_write,
+        norm,
+        prologue,
+        rotary,
+        skinny_linear,
+    )
 
     expected = {
         norm.rms_norm: ["x", "weight", "eps"],
@@ -58,6 +66,8 @@ def test_signatures_match_the_model_ops_spec() -> None:
         prologue.qkv_prologue: ["qkv", "q_norm", "k_norm", "eps", "positions", "cos_sin_cache",
                                     "is_neox", "k_cache", "v_cache", "slot_mapping", "num_q_heads",
                                     "num_kv_heads"],
+        skinny_linear.linear: ["x", "weight", "bias"],
+        skinny_linear.norm_linear: ["x", "residual", "norm_weight", "eps", "weight", "bias", "silu_mul"],
     }
     for fn, names in expected.items():
         positional = [
@@ -87,10 +97,41 @@ def test_every_kernel_compiles_for_sm90_without_spills() -> None:
         pytest.skip("triton is not installed")
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(rows) == 11
+    assert len(rows) == 15
     for name, registers, stack, local_loads, mma in rows:
         assert local_loads == 0 and registers <= 255, f"{name}: spills ({registers} regs, stack {stack})"
         if name.startswith("attention") and "reduce" not in name:
             assert mma, f"{name}: no tensor-core MMA in the SASS"
     prefill = next(r for r in rows if r[0] == "attention prefill")
     assert "HGMMA" in prefill[4], "prefill attention should use Hopper's wgmma"
+
+
+def test_pdl_kernels_compile_for_sm90_with_the_wait() -> None:
+    """Every kernel of the decode chain has a PDL variant (griddepcontrol before the first read
+    of an earlier kernel's output); it must compile for sm_90 without spills, with the wait in
+    the PTX (the launch contract of kernels/pdl.py)."""
+    code = (
+        "import dataclasses, json\n"
+        "from tests.kernels.sm90_compile import compile_launch, qwen3_8b_launches, report\n"
+        "rows = []\n"
+        "for name, launch in qwen3_8b_launches():\n"
+        "    if 'PDL' not in launch.fn.arg_names:\n"
+        "        continue\n"
+        "    pdl = dataclasses.replace(launch, kwargs={**launch.kwargs, 'PDL': True})\n"
+        "    compiled = compile_launch(pdl)\n"
+        "    r = report(name, compiled)\n"
+        "    rows.append([name, r.registers, r.local_loads, 'griddepcontrol.wait' in compiled.asm['ptx']])\n"
+        "print(json.dumps(rows))\n"
+    )
+    done = _python(code)
+    if "No module named 'triton'" in done.stderr:
+        pytest.skip("triton is not installed")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    names = {row[0] for row in rows}
+    assert {"fused_add_rms_norm H=4096", "qkv_prologue qk-norm", "attention decode split",
+            "attention split reduce", "norm_linear qkv M=1", "norm_linear gate_up silu M=1",
+            "linear down M=1", "linear lm_head fp32 M=1"} <= names
+    for name, registers, local_loads, waits in rows:
+        assert local_loads == 0 and registers <= 255, f"{name}: spills ({registers} regs)"
+        assert waits, f"{name}: no griddepcontrol.wait in the PTX"

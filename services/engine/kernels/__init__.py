@@ -12,6 +12,9 @@ plain-torch reference. The exported names and signatures match `model/ops.py` ex
     paged_attention(q, k_cache, v_cache, meta, scale) -> out
     qkv_prologue(qkv, q_norm, k_norm, eps, positions, cos_sin_cache, is_neox, k_cache,
                  v_cache, slot_mapping, num_q_heads, num_kv_heads) -> q   (writes K/V)
+    linear(x, weight, bias=None, out_dtype=None) -> out        (skinny rows; cuBLAS above)
+    norm_linear(x, residual, norm_weight, eps, weight, bias=None, silu_mul=False)
+        -> (out, new_residual)                                  (norm + projection [+ SiLU])
 
 Each also takes keyword-only `out=` buffers (and `scratch=` for attention) so a CUDA graph can
 capture it without allocating. Triton is imported lazily: importing this package on a machine
@@ -36,6 +39,8 @@ _EXPORTS: dict[str, str] = {
     "write_kv": "kv_write",
     "paged_attention": "attention",
     "qkv_prologue": "prologue",
+    "linear": "skinny_linear",
+    "norm_linear": "skinny_linear",
     "AttentionScratch": "attention",
 }
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from services.engine.kernels.pdl import wait_for_previous_grids
+
 
 @triton.jit
 def _search_sequence(qsl_ptr, num_seqs, block, BLOCK_Q: tl.constexpr):
@@ -200,8 +202,9 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SMALL_BLOCK_Q: tl.constexpr, SMALL_BLOCK_M: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous_grids(PDL)
     block = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -262,9 +265,10 @@ def _paged_attention_kernel(
 def _reduce_splits_kernel(
     part_out_ptr, part_lse_ptr, out_ptr,
     num_heads, num_splits, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[t, h] = sum_s w_s * partial_s / sum_s w_s with w_s = 2^(lse_s - max lse)."""
+    wait_for_previous_grids(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     row = token * num_heads + head

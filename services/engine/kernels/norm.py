@@ -27,6 +27,7 @@ from services.engine.kernels.common import (
     check_same_device,
     next_power_of_2,
 )
+from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
 
 MAX_BLOCK_N = 16384
 
@@ -47,7 +48,9 @@ def _rms_norm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_CHUNKS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_grids(PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < n_rows
     x_row = _row_offsets(rows, inner, sx_outer, sx_inner)
@@ -150,6 +153,7 @@ def _launch(
         BLOCK_N=block_n,
         NUM_CHUNKS=num_chunks,
         num_warps=num_warps,
+        **launch_options(x.tensor.device),
     )
 
 

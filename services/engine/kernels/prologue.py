@@ -28,6 +28,7 @@ from services.engine.kernels.common import (
     check_same_device,
     next_power_of_2,
 )
+from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
 
 
 @triton.jit
@@ -47,7 +48,9 @@ def _qkv_prologue_kernel(
     HEAD_DIM: tl.constexpr, ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr,
     HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_REST: tl.constexpr, BLOCK_D: tl.constexpr, Q_CHUNKS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_grids(PDL)
     token = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     is_q = chunk < Q_CHUNKS
@@ -180,6 +183,6 @@ def qkv_prologue(
         HEAD_DIM=head_dim, ROT_HALF=rot_half, IS_NEOX=bool(is_neox), HAS_NORM=has_norm,
         BLOCK_H=block_h, BLOCK_HALF=block_half, BLOCK_REST=block_rest,
         BLOCK_D=next_power_of_2(head_dim), Q_CHUNKS=q_chunks,
-        num_warps=4,
+        num_warps=4, **launch_options(qkv.device),
     )
     return out

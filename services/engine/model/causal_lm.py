@@ -68,4 +68,4 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> float32 logits [N, vocab]."""
-        return F.linear(hidden, self.lm_head_weight).float()
+        return ops.linear(hidden, self.lm_head_weight, out_dtype=torch.float32)

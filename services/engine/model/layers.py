@@ -8,7 +8,6 @@ device; the loader fills them (services/engine/model/loader.py).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from services.engine.model import ops
@@ -38,17 +37,17 @@ class Attention(nn.Module):
         self.q_norm = empty_param(config.head_dim, device=device, dtype=dtype) if config.qk_norm else None
         self.k_norm = empty_param(config.head_dim, device=device, dtype=dtype) if config.qk_norm else None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+    def forward(self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
                 ) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)                # [T, q + 2kv]
+        """qkv [T, q + 2kv] (the layer projects it, fused with its input norm) -> [T, H]."""
+        num_tokens = qkv.shape[0]
         # QK-norm, rotary and the K/V write (one kernel on CUDA)
         q = ops.qkv_prologue(qkv, self.q_norm, self.k_norm, self.eps, positions,
                              cos_sin_cache, True, k_cache, v_cache, meta.slot_mapping,
                              self.num_heads, self.num_kv_heads)           # [T, Hq, D]
         out = ops.paged_attention(q, k_cache, v_cache, meta, self.scale)  # [T, Hq, D]
-        return F.linear(out.reshape(num_tokens, self.q_size), self.o_weight, self.o_bias)
+        return ops.linear(out.reshape(num_tokens, self.q_size), self.o_weight, self.o_bias)
 
 
 class MLP(nn.Module):
@@ -61,9 +60,10 @@ class MLP(nn.Module):
         self.down_weight = empty_param(hidden, inter, device=device, dtype=dtype)
         self.down_bias = empty_param(hidden, device=device, dtype=dtype) if config.mlp_bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = F.linear(x, self.gate_up_weight, self.gate_up_bias)   # [T, 2I]
-        return F.linear(ops.silu_and_mul(gate_up), self.down_weight, self.down_bias)
+    def forward(self, activation: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up [T, I] (the layer computes it with its post-attention norm and the
+        gate/up projection, fused) -> the down projection [T, H]."""
+        return ops.linear(activation, self.down_weight, self.down_bias)
 
 
 class DecoderLayer(nn.Module):
@@ -78,12 +78,13 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
                 cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, residual) [T, H] -> (mlp output, residual): the residual add is deferred."""
-        if residual is None:
-            residual = x
-            x = ops.rms_norm(x, self.input_norm, self.eps)
-        else:
-            x, residual = ops.fused_add_rms_norm(x, residual, self.input_norm, self.eps)
-        x = self.attn(x, positions, cos_sin_cache, k_cache, v_cache, meta)
-        x, residual = ops.fused_add_rms_norm(x, residual, self.post_attention_norm, self.eps)
-        return self.mlp(x), residual
+        """(x, residual) [T, H] -> (mlp output, residual): the residual add is deferred into
+        the next norm, and each norm is fused with the projection after it (ops.norm_linear)."""
+        attn, mlp = self.attn, self.mlp
+        qkv, residual = ops.norm_linear(x, residual, self.input_norm, self.eps,
+                                        attn.qkv_weight, attn.qkv_bias)      # [T, q + 2kv]
+        x = attn(qkv, positions, cos_sin_cache, k_cache, v_cache, meta)
+        activation, residual = ops.norm_linear(x, residual, self.post_attention_norm, self.eps,
+                                               mlp.gate_up_weight, mlp.gate_up_bias,
+                                               silu_mul=True)                # [T, I]
+        return mlp(activation), residual

@@ -28,7 +28,7 @@ from services.engine.model.attention import AttentionMetadata
 log = logging.getLogger(__name__)
 
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "apply_rotary", "silu_and_mul", "write_kv",
-            "paged_attention", "qkv_prologue")
+            "paged_attention", "qkv_prologue", "linear", "norm_linear")
 
 
 @functools.cache
@@ -90,6 +90,42 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x [T, 2I] (gate then up) -> silu(gate) * up [T, I]."""
     kernel = _kernel("silu_and_mul", x)
     return kernel(x) if kernel else reference_silu_and_mul(x)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [T, K] @ weight [N, K]^T + bias -> [T, N] in out_dtype (x's by default). On CUDA a
+    skinny kernel for decode-sized T (cuBLAS above it), with the cast fused in."""
+    kernel = _kernel("linear", x)
+    if kernel:
+        return kernel(x, weight, bias, out_dtype=out_dtype)
+    return reference_linear(x, weight, bias, out_dtype)
+
+
+def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sublayer's way in: (y, new residual) with y = rms_norm(x + residual) @ W^T + b (no
+    add when residual is None: then the new residual is x), and with `silu_mul` the weight's
+    gate/up halves combined as silu(gate) * up [T, N/2]. One launch on CUDA for decode-sized
+    T; elsewhere the composition of the ops above (the same order and roundings)."""
+    kernel = _kernel("norm_linear", x)
+    if kernel:
+        return kernel(x, residual, norm_weight, eps, weight, bias, silu_mul)
+    return composed_norm_linear(x, residual, norm_weight, eps, weight, bias, silu_mul)
+
+
+def composed_norm_linear(x: torch.Tensor, residual: torch.Tensor | None,
+                         norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                         bias: torch.Tensor | None = None, silu_mul: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """norm_linear as separate (dispatching) ops: the norm, the projection, the activation."""
+    if residual is None:
+        normed, residual = rms_norm(x, norm_weight, eps), x
+    else:
+        normed, residual = fused_add_rms_norm(x, residual, norm_weight, eps)
+    y = F.linear(normed, weight, bias)
+    return (silu_and_mul(y) if silu_mul else y), residual
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -191,6 +227,12 @@ def reference_apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Te
 def reference_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    y = F.linear(x, weight, bias)
+    return y if out_dtype is None or y.dtype == out_dtype else y.to(out_dtype)
 
 
 def reference_write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,

@@ -1,0 +1,332 @@
+"""The batch-1 decode step in isolation: where its time goes, and what the fused kernels buy.
+
+    python benchmarks/bench_decode_step.py --shapes qwen3-0.6b,qwen3-8b --out benchmarks/out/gpu
+    python benchmarks/bench_decode_step.py --smoke        # CPU check of the script (tiny shape)
+
+Per shape (benchmarks/model_shapes.py, dummy bf16 weights drawn on the GPU): the model's
+decode step for one sequence (forward over the paged KV cache, logits, argmax) captured in a
+CUDA graph, exactly what the engine's decode graph runs minus the slot bookkeeping, timed over
+replays with CUDA events, under four variants:
+
+    unfused       cuBLAS projections + separate norm / activation kernels, no PDL
+    unfused+pdl   the same with programmatic dependent launch on the Triton kernels
+    fused         skinny linear kernels with the norm and SiLU fused in (kernels/skinny_linear.py)
+    fused+pdl     the same with PDL (the engine's default on an H200)
+
+For each variant: ms per step, tok/s, kernels per step, and (with --profile) the kernels by
+total time from torch.profiler over a few replays. Then a sweep of the skinny kernel's tilings
+at each of the shape's projections (M = 1, 2, 4, 8 rows) against cuBLAS (+ the unfused norm
+and activation where the fused kernel replaces them), each call reading its weights from HBM
+(rotating weight sets larger than the L2). Prints tables; writes decode_step.json under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks.model_shapes import SHAPES  # noqa: E402
+
+L2_BYTES = 60 * 2**20
+VARIANTS = ("unfused", "unfused+pdl", "fused", "fused+pdl")
+FUSED_OPS = ("linear", "norm_linear")
+
+
+@contextlib.contextmanager
+def variant(name: str) -> Iterator[None]:
+    """Switch the model's kernel dispatch (ops.kernel_ops) and PDL for the block."""
+    from services.engine.kernels import pdl
+    from services.engine.model import ops
+
+    original = ops.kernel_ops
+    ops.kernel_ops.cache_clear()
+    kernels = dict(original())
+    if not name.startswith("fused"):
+        for op in FUSED_OPS:
+            kernels.pop(op, None)
+    old_env = os.environ.get("HELIOS_PDL")
+    os.environ["HELIOS_PDL"] = "1" if name.endswith("+pdl") else "0"
+    pdl.switched_off.cache_clear()
+    ops.kernel_ops = lambda: kernels  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        ops.kernel_ops = original  # type: ignore[assignment]
+        if old_env is None:
+            os.environ.pop("HELIOS_PDL", None)
+        else:
+            os.environ["HELIOS_PDL"] = old_env
+        pdl.switched_off.cache_clear()
+
+
+def graph_time(fn: Callable[[], Any], replays: int) -> tuple[float, torch.cuda.CUDAGraph]:
+    """Median seconds of one replay of `fn` captured in a CUDA graph (and the graph)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times), graph
+
+
+def profile_graph(graph: torch.cuda.CUDAGraph, replays: int = 3) -> tuple[int, list[dict]]:
+    """Kernels per replay and the kernels by total time (torch.profiler over `replays`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    by_name: dict[str, list[float]] = {}
+    count = 0
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = event.name
+        if name.startswith(("Memcpy", "Memset")) or "cudaGraph" in name:
+            continue
+        count += 1
+        by_name.setdefault(name, []).append(event.device_time)
+    rows = [{"kernel": name[:90], "per_step": len(t) / replays, "us_per_step": sum(t) / replays,
+             "median_us": statistics.median(t)} for name, t in by_name.items()]
+    rows.sort(key=lambda r: -r["us_per_step"])
+    return round(count / replays), rows
+
+
+class DecodeStep:
+    """One sequence at context `ctx` in a KV cache sized for `max_len`, the graph's view."""
+
+    def __init__(self, shape: str, device: torch.device, ctx: int, max_len: int,
+                 layers: int | None = None) -> None:
+        from services.engine.model import ModelConfig, allocate_kv_cache, load_dummy_model
+        from services.engine.model.attention import AttentionMetadata
+
+        config = dict(SHAPES[shape])
+        if layers:
+            config["num_hidden_layers"] = layers
+        self.config = ModelConfig.from_dict(config)
+        self.model = load_dummy_model(self.config, device, torch.bfloat16, max_positions=max_len)
+        page = 16
+        pages = -(-max_len // page)
+        self.kv = allocate_kv_cache(self.config, pages + 1, page, device, torch.bfloat16)
+        self.meta = AttentionMetadata(
+            query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=device),
+            seq_lens=torch.tensor([ctx], dtype=torch.int32, device=device),
+            page_table=torch.arange(1, pages + 1, dtype=torch.int32, device=device)[None],
+            slot_mapping=torch.tensor([page + ctx - 1], dtype=torch.int64, device=device),
+            max_query_len=1, max_seq_len=max_len)
+        self.ids = torch.tensor([7], dtype=torch.int64, device=device)
+        self.positions = torch.tensor([ctx - 1], dtype=torch.int64, device=device)
+        self.out = torch.zeros(1, dtype=torch.int64, device=device)
+
+    def __call__(self) -> None:
+        hidden = self.model(self.ids, self.positions, self.kv, self.meta)
+        self.out.copy_(self.model.compute_logits(hidden).argmax(dim=-1))
+
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+
+def bench_step(shape: str, device: torch.device, args) -> dict:
+    step = DecodeStep(shape, device, args.ctx, args.max_len, 2 if args.smoke else None)
+    result: dict[str, Any] = {"shape": shape, "weight_gb": step.weight_bytes() / 1e9,
+                              "ctx": args.ctx, "max_len": args.max_len, "variants": {}}
+    answers = {}
+    for name in VARIANTS:
+        with variant(name):
+            if device.type != "cuda":
+                start = time.perf_counter()
+                step()
+                result["variants"][name] = {"ms": (time.perf_counter() - start) * 1e3}
+                continue
+            seconds, graph = graph_time(step, args.replays)
+            kernels, top = profile_graph(graph) if args.profile else (0, [])
+            answers[name] = int(step.out.item())
+            result["variants"][name] = {"ms": seconds * 1e3, "tok_s": 1 / seconds,
+                                        "kernels": kernels, "top": top[:args.top]}
+            del graph
+    result["same_token"] = len(set(answers.values())) <= 1
+    return result
+
+
+def linear_cases(shape: str) -> list[tuple[str, int, int, str]]:
+    """(name, N rows of the weight, K, kind) of each projection; kind: norm, silu, plain, logits."""
+    c = SHAPES[shape]
+    hidden, inter = c["hidden_size"], c["intermediate_size"]
+    head_dim = c.get("head_dim") or hidden // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
+    return [("qkv", q + 2 * kv, hidden, "norm"), ("o_proj", hidden, q, "plain"),
+            ("gate_up", 2 * inter, hidden, "silu"), ("down", hidden, inter, "plain"),
+            ("lm_head", c["vocab_size"], hidden, "logits")]
+
+
+class LinearCase:
+    """One projection at M rows: weight sets to rotate over (read from HBM, not L2) and the
+    buffers both paths write."""
+
+    def __init__(self, device: torch.device, n: int, k: int, kind: str, m: int,
+                 weights: list[torch.Tensor]) -> None:
+        self.kind, self.weights = kind, weights
+        self.silu = kind == "silu"
+        self.normed = kind in ("norm", "silu")
+        out_dtype = torch.float32 if kind == "logits" else torch.bfloat16
+        self.x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        self.res = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        self.norm_w = torch.ones(k, device=device, dtype=torch.bfloat16)
+        self.out = torch.empty(m, n // 2 if self.silu else n, device=device, dtype=out_dtype)
+        self.wide = torch.empty(m, n, device=device, dtype=torch.bfloat16)
+        self.res_out = torch.empty_like(self.x)
+
+    def cublas(self) -> None:
+        """What the model ran before: the norm kernel, cuBLAS, the activation or fp32 cast."""
+        from services.engine.kernels.activation import silu_and_mul
+        from services.engine.kernels.norm import fused_add_rms_norm
+
+        for w in self.weights:
+            a = self.x
+            if self.normed:
+                a, _ = fused_add_rms_norm(self.x, self.res, self.norm_w, 1e-6)
+            if self.kind in ("norm", "plain"):
+                torch.mm(a, w.t(), out=self.out)
+            elif self.silu:
+                torch.mm(a, w.t(), out=self.wide)
+                silu_and_mul(self.wide, out=self.out)
+            else:
+                torch.mm(a, w.t(), out=self.wide)
+                self.out.copy_(self.wide)
+
+    def skinny(self, plan: Any) -> None:
+        from services.engine.kernels.skinny_linear import _launch
+
+        for w in self.weights:
+            _launch(self.x, self.res if self.normed else None,
+                    self.norm_w if self.normed else None, 1e-6, w, None, self.out,
+                    self.res_out if self.normed else None, self.silu, plan)
+
+
+def bench_linear(shape: str, device: torch.device, args) -> list[dict]:
+    from services.engine.kernels import pdl
+    from services.engine.kernels.skinny_linear import LinearPlan, plan_linear
+
+    rows_out = []
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    for name, n, k, kind in linear_cases(shape):
+        weight_bytes = n * k * 2
+        sets = max(1, min(16, -(-3 * L2_BYTES // weight_bytes)))
+        weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
+                   for _ in range(sets)]
+        for m in (1, 2, 4, 8):
+            case = LinearCase(device, n, k, kind, m, weights)
+            base, _ = graph_time(case.cublas, args.replays)
+            row: dict[str, Any] = {"shape": shape, "proj": name, "m": m, "n": n, "k": k,
+                                   "sets": sets, "cublas_us": base / sets * 1e6,
+                                   "cublas_gb_s": weight_bytes / (base / sets) / 1e9}
+            default = plan_linear(n // 2 if case.silu else n, k, m, sms, case.silu)
+            plans = {default} if m > 1 else {default, *(
+                LinearPlan(bn, bk, w) for bn, bk, w in args.plans)}
+            best: tuple[str, float] | None = None
+            for plan in sorted(plans, key=lambda p: (p.block_n, p.block_k, p.num_warps)):
+                for use_pdl in (False, True):
+                    os.environ["HELIOS_PDL"] = "1" if use_pdl else "0"
+                    pdl.switched_off.cache_clear()
+                    seconds, _ = graph_time(lambda plan=plan, case=case: case.skinny(plan),
+                                            args.replays)
+                    us = seconds / sets * 1e6
+                    key = (f"{plan.block_n}x{plan.block_k}w{plan.num_warps}"
+                           + ("+pdl" if use_pdl else ""))
+                    row[key] = us
+                    if plan == default:
+                        row["default" + ("_pdl" if use_pdl else "")] = us
+                    if best is None or us < best[1]:
+                        best = (key, us)
+            os.environ.pop("HELIOS_PDL", None)
+            pdl.switched_off.cache_clear()
+            assert best is not None
+            row["best"], row["best_us"] = best
+            row["best_gb_s"] = weight_bytes / (best[1] / 1e6) / 1e9
+            rows_out.append(row)
+            print(f"  {shape} {name:8} m={m} cuBLAS {row['cublas_us']:8.2f} us "
+                  f"({row['cublas_gb_s']:6.0f} GB/s)  default {row['default']:8.2f} / pdl "
+                  f"{row['default_pdl']:8.2f}  best {best[0]} {best[1]:8.2f} us "
+                  f"({row['best_gb_s']:6.0f} GB/s)", flush=True)
+        del weights
+    return rows_out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shapes", default="qwen3-0.6b,qwen3-8b")
+    parser.add_argument("--ctx", type=int, default=384, help="the sequence's context length")
+    parser.add_argument("--max-len", type=int, default=1024, help="the graph's max_seq_len")
+    parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument("--profile", action="store_true", help="torch.profiler kernel tables")
+    parser.add_argument("--top", type=int, default=14)
+    parser.add_argument("--sections", default="step,linear")
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "out"))
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    args.plans = [(4, 512, 4), (8, 256, 4), (8, 512, 4), (16, 256, 4), (16, 512, 4),
+                  (16, 512, 8), (32, 256, 4), (32, 512, 8), (16, 1024, 8)]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.smoke:
+        args.ctx, args.max_len, args.replays = 20, 64, 3
+    sections = set(args.sections.split(","))
+    report: dict[str, Any] = {"device": torch.cuda.get_device_name() if device.type == "cuda"
+                              else "cpu", "steps": [], "linear": []}
+    for shape in args.shapes.split(","):
+        if "step" in sections:
+            result = bench_step(shape, device, args)
+            report["steps"].append(result)
+            torch.cuda.empty_cache() if device.type == "cuda" else None
+        if "linear" in sections and device.type == "cuda":
+            report["linear"] += bench_linear(shape, device, args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "decode_step.json").write_text(json.dumps(report, indent=2))
+    print("\nshape        variant       ms/step   tok/s  kernels")
+    for result in report["steps"]:
+        for name, v in result["variants"].items():
+            print(f"{result['shape']:12} {name:12} {v['ms']:8.3f} {v.get('tok_s', 0):7.0f} "
+                  f"{v.get('kernels', 0):8}")
+        print(f"{result['shape']:12} same argmax in every variant: {result['same_token']}")
+    for result in report["steps"]:
+        for name, v in result["variants"].items():
+            if v.get("top"):
+                print(f"\n{result['shape']} {name}: kernels by time per step")
+                for r in v["top"]:
+                    print(f"  {r['us_per_step']:8.1f} us  x{r['per_step']:5.1f}  "
+                          f"{r['median_us']:6.2f} us each  {r['kernel']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

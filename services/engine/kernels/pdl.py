@@ -1,0 +1,59 @@
+"""Programmatic dependent launch (PDL): a kernel launched with it may start while the kernel
+before it on the stream is still running, and waits (`griddepcontrol.wait`) only where it
+first needs that kernel's results.
+
+Why: a batch-1 decode step is a chain of a few hundred short kernels, and on an H200 each hop
+from one kernel to the next costs microseconds of launch latency and ramp-up even inside a
+CUDA graph (stream capture keeps the launch attribute as a programmatic edge). With PDL the
+next kernel's programs are already resident when the previous one drains; the skinny linear
+kernels also start streaming their weights (which no earlier kernel writes) before the wait.
+
+The contract every PDL kernel keeps: before `wait_for_previous_grids` it reads only memory no
+kernel of the step writes (weights), and writes nothing; every program executes the wait
+(an early `return` comes after it), so the kernel cannot finish before its predecessor has,
+which keeps ordering transitive down the chain.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+
+@triton.jit
+def wait_for_previous_grids(PDL: tl.constexpr):
+    """Let the next kernel launch early, then wait until the previous kernel has finished and
+    its writes are visible. Nothing without PDL (the interpreter has no griddepcontrol)."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+
+
+@functools.cache
+def _capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+@functools.cache
+def switched_off() -> bool:
+    """HELIOS_PDL=0 turns PDL off (read once; `switched_off.cache_clear()` re-reads it)."""
+    return os.environ.get("HELIOS_PDL", "1").strip() == "0"
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether kernels on `device` launch with PDL: CUDA on Hopper or later (sm_90 has the
+    launch attribute and griddepcontrol), unless switched off."""
+    if device.type != "cuda" or switched_off():
+        return False
+    return _capable(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def launch_options(device: torch.device) -> dict[str, bool]:
+    """Extra launch keywords for a PDL kernel, and its PDL constexpr: `**launch_options(d)`."""
+    enabled = pdl_enabled(device)
+    return {"PDL": enabled, "launch_pdl": True} if enabled else {"PDL": False}

@@ -1,0 +1,238 @@
+"""Skinny linear layers for decode steps of a few rows, with the layer's neighbours fused in.
+
+    linear(x [M, K], weight [N, K], bias [N] | None, *, out_dtype=None) -> x W^T + b  [M, N]
+    norm_linear(x [M, K], residual [M, K] | None, norm_weight [K], eps, weight [N, K],
+                bias [N] | None, silu_mul=False) -> (y, new_residual)
+
+`norm_linear` is `rms_norm(x + residual) @ W^T + b` (the residual add skipped when `residual`
+is None; then new_residual is x itself); with `silu_mul` the weight stacks gate and up rows
+([2I, K]) and y is silu(gate) * up [M, I]: the decoder layer's input norm + QKV projection and
+post-attention norm + gate/up projection + activation, each in one launch.
+
+Why: a batch-1 decode step is a chain of ~10 launches per layer, and at the Qwen3-0.6B shape
+each is a few microseconds of launch latency and ramp rather than bandwidth (RESULTS.md: 1.44
+ms per token for 0.25 ms of weights). cuBLAS cannot take the norm in front or the activation
+behind, so each projection costs two or three launches. Here every program recomputes the
+row's RMS from the (small, cached) activation row and streams its BLOCK_N weight rows once;
+program 0 of each row writes the new residual. The weight tile of the first step is loaded
+before `gdc_wait` (weights never depend on the previous kernel), so with programmatic
+dependent launch (kernels/pdl.py) the weight stream starts while the previous
+kernel drains.
+
+Rounding matches the unfused kernels: the residual sum rounded to the input dtype, the normed
+row rounded to it before the product (as the rms_norm kernel's output), gate and up rounded to
+it before the activation (as cuBLAS's output into silu_and_mul); fp32 accumulation.
+
+Rows: each program handles one row (grid axis 1), so the weights are read once per row (the
+later rows mostly from L2). Above `MAX_ROWS` rows the wrappers take the unfused path instead
+(cuBLAS GEMM + the norm / activation kernels), where reading the weights once wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from services.common.errors import ValidationError
+from services.engine.kernels.common import (
+    cdiv,
+    check_float,
+    check_last_dim_contiguous,
+    check_rank,
+    check_same_device,
+    next_power_of_2,
+    sm_count,
+)
+from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
+
+# Above this many rows the fused skinny path hands over to cuBLAS (see the module docstring;
+# benchmarks/bench_kernels.py `linear` sweeps the crossover).
+MAX_ROWS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class LinearPlan:
+    block_n: int       # output features per program
+    block_k: int       # reduction elements per step
+    num_warps: int
+
+
+def plan_linear(n_out: int, k: int, rows: int, num_sms: int, silu_mul: bool = False
+                ) -> LinearPlan:
+    """Programs enough to cover every multiprocessor twice where the output allows; a
+    reduction step of up to 512 elements (a 16 x 512 bf16 tile is 16 KiB in flight, and the
+    next one is already loading). The fp32 accumulator is tile-shaped (one reduction at the
+    end): 16 x 512 per weight matrix is ~165 registers with 4 warps, and the gate + up form
+    (two matrices) takes 8 warps to stay there."""
+    block_k = min(next_power_of_2(k), 512)
+    block_n = 16
+    while block_n > 4 and cdiv(n_out, block_n) * rows < 2 * num_sms:
+        block_n //= 2
+    return LinearPlan(block_n=block_n, block_k=block_k, num_warps=8 if silu_mul else 4)
+
+
+@triton.jit
+def _skinny_linear_kernel(
+    x_ptr, res_ptr, norm_w_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
+    n_out, k_dim, up_offset, eps,
+    stride_x, stride_r, stride_w, stride_o, stride_ro,
+    NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < n_out
+    kk = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w               # [BN, 1]
+    up_rows = w_rows + up_offset * stride_w
+    # the first weight tiles do not depend on the previous kernel: start them before the wait
+    tile_mask = n_mask[:, None] & (kk < k_dim)[None, :]
+    w_next = tl.load(w_rows + kk[None, :], mask=tile_mask, other=0.0)
+    if SILU_MUL:
+        u_next = tl.load(up_rows + kk[None, :], mask=tile_mask, other=0.0)
+    wait_for_previous_grids(PDL)
+    act_dtype = x_ptr.dtype.element_ty
+    x_row = x_ptr + row * stride_x
+    r_row = res_ptr + row * stride_r
+    rstd = 1.0
+    if NORM:
+        sum_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, k_dim, BLOCK_K):
+            k = k0 + kk
+            k_mask = k < k_dim
+            h = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
+            if RESIDUAL:
+                r = tl.load(r_row + k, mask=k_mask, other=0.0).to(tl.float32)
+                s = (h + r).to(act_dtype)
+                if pid_n == 0:
+                    tl.store(res_out_ptr + row * stride_ro + k, s, mask=k_mask)
+                h = s.to(tl.float32)
+            sum_sq += h * h
+        rstd = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=0) / k_dim + eps)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, k_dim, BLOCK_K):
+        k = k0 + kk
+        k_mask = k < k_dim
+        a = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
+        if NORM:
+            if RESIDUAL:
+                r = tl.load(r_row + k, mask=k_mask, other=0.0).to(tl.float32)
+                a = (a + r).to(act_dtype).to(tl.float32)
+            g = tl.load(norm_w_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+            a = (a * rstd * g).to(act_dtype).to(tl.float32)
+        w = w_next
+        next_mask = n_mask[:, None] & (k + BLOCK_K < k_dim)[None, :]
+        w_next = tl.load(w_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
+        acc += w.to(tl.float32) * a[None, :]
+        if SILU_MUL:
+            u = u_next
+            u_next = tl.load(up_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
+            acc_up += u.to(tl.float32) * a[None, :]
+    y = tl.sum(acc, axis=1)                                            # [BN]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
+    if SILU_MUL:
+        up = tl.sum(acc_up, axis=1)
+        if HAS_BIAS:
+            up += tl.load(b_ptr + up_offset + n, mask=n_mask, other=0.0).to(tl.float32)
+        gate = y.to(act_dtype).to(tl.float32)
+        up = up.to(act_dtype).to(tl.float32)
+        y = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + row * stride_o + n, y.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+def _check_matrix(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    check_rank("x", x, 2)
+    check_rank("weight", weight, 2)
+    for name, t in (("x", x), ("weight", weight)):
+        check_float(name, t)
+        check_last_dim_contiguous(name, t)
+    if weight.shape[1] != x.shape[1]:
+        raise ValidationError(f"weight {tuple(weight.shape)} does not take rows of {x.shape[1]}")
+    if weight.dtype != x.dtype:
+        raise ValidationError(f"weight dtype {weight.dtype} != x dtype {x.dtype}")
+    if bias is not None and (bias.shape != (weight.shape[0],) or bias.stride(0) != 1):
+        raise ValidationError(f"bias: expected ({weight.shape[0]},) contiguous, "
+                              f"got {tuple(bias.shape)}")
+    check_same_device(x=x, weight=weight)
+
+
+def _launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
+            eps: float, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+            residual_out: torch.Tensor | None, silu_mul: bool,
+            plan: LinearPlan | None = None) -> None:
+    rows, k_dim = x.shape
+    n_out = out.shape[1]
+    if rows == 0 or n_out == 0:
+        return
+    plan = plan or plan_linear(n_out, k_dim, rows, sm_count(x.device), silu_mul)
+    res = residual if residual is not None else x
+    res_out = residual_out if residual_out is not None else x
+    _skinny_linear_kernel[(cdiv(n_out, plan.block_n), rows)](
+        x, res, norm_weight if norm_weight is not None else weight, weight,
+        bias if bias is not None else weight, out, res_out,
+        n_out, k_dim, n_out if silu_mul else 0, float(eps),
+        x.stride(0), res.stride(0), weight.stride(0), out.stride(0), res_out.stride(0),
+        NORM=norm_weight is not None, RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
+        SILU_MUL=silu_mul, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
+        num_warps=plan.num_warps, **launch_options(x.device),
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           out_dtype: torch.dtype | None = None, plan: LinearPlan | None = None
+           ) -> torch.Tensor:
+    """x [M, K] @ weight[N, K]^T + bias -> [M, N] in `out_dtype` (x's dtype by default; the
+    logits ask for float32 so no separate cast runs)."""
+    _check_matrix(x, weight, bias)
+    out_dtype = out_dtype or x.dtype
+    if x.shape[0] > MAX_ROWS:
+        y = F.linear(x, weight, bias)
+        return y if y.dtype == out_dtype else y.to(out_dtype)
+    out = torch.empty((x.shape[0], weight.shape[0]), dtype=out_dtype, device=x.device)
+    _launch(x, None, None, 0.0, weight, bias, out, None, False, plan)
+    return out
+
+
+def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                silu_mul: bool = False, *, plan: LinearPlan | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x [+ residual]) @ W^T + b, then silu(gate) * up with `silu_mul`; the new
+    residual: x + residual, or x when residual is None)."""
+    _check_matrix(x, weight, bias)
+    rows, k_dim = x.shape
+    if norm_weight.shape != (k_dim,) or norm_weight.stride(0) != 1:
+        raise ValidationError(f"norm_weight: expected ({k_dim},) contiguous, "
+                              f"got {tuple(norm_weight.shape)}")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValidationError(f"residual: expected {tuple(x.shape)} {x.dtype}, "
+                              f"got {tuple(residual.shape)} {residual.dtype}")
+    if residual is not None:
+        check_last_dim_contiguous("residual", residual)
+    n_rows = weight.shape[0]
+    if silu_mul and n_rows % 2:
+        raise ValidationError(f"weight: {n_rows} rows cannot split into gate and up halves")
+    n_out = n_rows // 2 if silu_mul else n_rows
+    if rows > MAX_ROWS:
+        from services.engine.kernels.activation import silu_and_mul
+        from services.engine.kernels.norm import fused_add_rms_norm, rms_norm
+
+        if residual is None:
+            normed, new_residual = rms_norm(x, norm_weight, eps), x
+        else:
+            normed, new_residual = fused_add_rms_norm(x, residual, norm_weight, eps)
+        y = F.linear(normed, weight, bias)
+        return (silu_and_mul(y) if silu_mul else y), new_residual
+    out = torch.empty((rows, n_out), dtype=x.dtype, device=x.device)
+    residual_out = None
+    if residual is not None:
+        residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _launch(x, residual, norm_weight, eps, weight, bias, out, residual_out, silu_mul, plan)
+    return out, (residual_out if residual_out is not None else x)
