@@ -157,9 +157,13 @@ def _check_matrix(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         raise ValidationError(f"weight {tuple(weight.shape)} does not take rows of {x.shape[1]}")
     if weight.dtype != x.dtype:
         raise ValidationError(f"weight dtype {weight.dtype} != x dtype {x.dtype}")
-    if bias is not None and (bias.shape != (weight.shape[0],) or bias.stride(0) != 1):
-        raise ValidationError(f"bias: expected ({weight.shape[0]},) contiguous, "
-                              f"got {tuple(bias.shape)}")
+    if bias is not None:
+        if bias.shape != (weight.shape[0],) or bias.stride(0) != 1:
+            raise ValidationError(f"bias: expected ({weight.shape[0]},) contiguous, "
+                                  f"got {tuple(bias.shape)}")
+        if bias.dtype != x.dtype:
+            raise ValidationError(f"bias dtype {bias.dtype} != x dtype {x.dtype}")
+        check_same_device(x=x, bias=bias)
     check_same_device(x=x, weight=weight)
 
 
@@ -192,6 +196,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     logits ask for float32 so no separate cast runs)."""
     _check_matrix(x, weight, bias)
     out_dtype = out_dtype or x.dtype
+    if not out_dtype.is_floating_point:
+        raise ValidationError(f"out_dtype {out_dtype} is not a floating-point type")
     if x.shape[0] > MAX_ROWS:
         y = F.linear(x, weight, bias)
         return y if y.dtype == out_dtype else y.to(out_dtype)
@@ -211,11 +217,14 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
     if norm_weight.shape != (k_dim,) or norm_weight.stride(0) != 1:
         raise ValidationError(f"norm_weight: expected ({k_dim},) contiguous, "
                               f"got {tuple(norm_weight.shape)}")
+    check_float("norm_weight", norm_weight)
+    check_same_device(x=x, norm_weight=norm_weight)
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
         raise ValidationError(f"residual: expected {tuple(x.shape)} {x.dtype}, "
                               f"got {tuple(residual.shape)} {residual.dtype}")
     if residual is not None:
         check_last_dim_contiguous("residual", residual)
+        check_same_device(x=x, residual=residual)
     n_rows = weight.shape[0]
     if silu_mul and n_rows % 2:
         raise ValidationError(f"weight: {n_rows} rows cannot split into gate and up halves")
