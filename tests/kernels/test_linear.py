@@ -115,9 +115,11 @@ def _norm_case(gen, device, dtype, rows, k, n, bias, residual, silu_mul, plan=No
 # ---------------------------------------------------------------------------------------------
 # small cases: every machine (Triton's interpreter off CUDA)
 
-# (rows, K, N, bias): rows 1..MAX_ROWS take the kernel, 5..9 the cuBLAS fallback
+# (rows, K, N, bias): rows up to MAX_ROWS take the kernel, the others the cuBLAS fallback
 LINEAR_CASES = [
     (1, 64, 48, True),
+    (1, 100, 70, False),
+    (1, 1030, 40, True),
     (2, 100, 70, False),
     (3, 1030, 40, True),
     (4, 100, 70, True),
@@ -141,10 +143,12 @@ def test_linear(rows, k, n, bias, dtype, device, gen) -> None:
 # (rows, K, N, bias, residual, silu_mul); with silu_mul N is 2I (I = N // 2, odd for N = 70)
 NORM_CASES = [
     (1, 64, 48, False, True, False),
+    (1, 100, 70, True, True, True),
+    (1, 1030, 40, True, False, False),
+    (1, 100, 70, False, False, True),
+    (1, 64, 33, True, True, False),
     (2, 100, 70, True, True, True),
-    (3, 1030, 40, True, False, False),
     (4, 100, 70, False, False, True),
-    (4, 64, 33, True, True, False),
     (5, 1030, 40, False, True, False),
     (6, 100, 70, True, True, True),
     (8, 64, 48, False, False, True),
@@ -174,23 +178,39 @@ def test_explicit_plans(k, n, plan, device, gen, monkeypatch) -> None:
 
     monkeypatch.setattr(skinny_linear, "plan_linear", no_planning)
     dtype = torch.bfloat16
-    x = _rand(gen, 3, k, dtype=dtype, device=device, scale=2.0)
+    x = _rand(gen, 1, k, dtype=dtype, device=device, scale=2.0)
     w, b = _weights(gen, n, k, dtype, device, bias=True)
     _check(linear(x, w, b, plan=plan), _ref_linear(x, w, b), dtype)
-    _norm_case(gen, device, dtype, 2, k, n, bias=True, residual=True, silu_mul=True, plan=plan)
+    _norm_case(gen, device, dtype, 1, k, n, bias=True, residual=True, silu_mul=True, plan=plan)
+    # the kernel itself takes any row count (one row per program; the wrappers send it one)
+    rows = _rand(gen, 3, k, dtype=dtype, device=device, scale=2.0)
+    out = torch.full((3, n), float("nan"), dtype=dtype, device=device)
+    skinny_linear._launch(rows, None, None, 0.0, w, b, out, None, False, plan)
+    _check(out, _ref_linear(rows, w, b), dtype)
 
 
-@pytest.mark.parametrize(("n", "k", "rows"), [(70, 100, 1), (4096, 1024, 1), (6144, 1024, 4),
-                                              (151936, 1024, 2), (12, 3, 4), (1, 4096, 1)])
-def test_plan_linear(n, k, rows) -> None:
+@pytest.mark.parametrize(("n", "k", "rows", "silu"), [
+    (70, 100, 1, False), (4096, 1024, 1, False), (6144, 4096, 1, False), (4096, 12288, 1, False),
+    (6144, 1024, 4, False), (151936, 1024, 2, False), (12, 3, 4, False), (1, 4096, 1, False),
+    (3072, 1024, 1, True), (12288, 4096, 1, True), (35, 64, 2, True)])
+def test_plan_linear(n, k, rows, silu) -> None:
+    """The measured tiling rules (plan_linear's docstring) and what the kernel needs of any
+    plan: power-of-two blocks (tl.arange), a reduction step covering K when K is small."""
     num_sms = 132
-    plan = plan_linear(n, k, rows, num_sms)
+    plan = plan_linear(n, k, rows, num_sms, silu)
     for size in (plan.block_n, plan.block_k):
-        assert size & (size - 1) == 0  # powers of two (tl.arange)
-    assert plan.block_k <= 512 and plan.block_k >= min(k, 512)  # K <= 512 is one step
-    assert 4 <= plan.block_n <= 32 and plan.num_warps in (1, 2, 4, 8)
-    programs = -(-n // plan.block_n) * rows
-    assert programs >= 2 * num_sms or plan.block_n == 4  # every SM busy where N allows
+        assert size & (size - 1) == 0
+    assert plan.block_k <= 1024 and plan.block_k >= min(k, 256)
+    assert 4 <= plan.block_n <= 16 and plan.num_warps in (4, 8)
+    if silu:
+        assert (plan.block_n, plan.num_warps) == (8, 4) and plan.block_k <= (512 if k <= 1024 else 256)
+    elif n <= 2048:
+        assert (plan.block_n, plan.num_warps) == (16, 8)
+    elif n >= 32768:
+        assert (plan.block_n, plan.block_k) == (8, 256)
+    else:
+        programs = -(-n // plan.block_n) * rows
+        assert programs >= 2 * num_sms or plan.block_n == 4  # every SM busy where N allows
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 7])
@@ -356,13 +376,14 @@ def pdl(request, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
-def test_graph_replay(pdl, device, gen) -> None:
+@pytest.mark.parametrize("rows", [1, 3])  # the skinny kernels (with PDL when on); the fallback
+def test_graph_replay(rows, pdl, device, gen) -> None:
     """A decoder layer's chain of projections (each kernel reading the previous one's output)
     captured in one CUDA graph and replayed on new inputs copied in place; each stage is checked
     against the reference of its actual input, so a stage reading stale data is caught."""
     assert pdl_mod.pdl_enabled(device) == (pdl and torch.cuda.get_device_capability(device)[0] >= 9)
     bf16 = torch.bfloat16
-    rows, hidden, qkv_n, inter, vocab = 3, 1024, 4096, 3072, 4096
+    hidden, qkv_n, inter, vocab = 1024, 4096, 3072, 4096
 
     def draw(*shape: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
         return _rand(gen, *shape, dtype=bf16, device=device, scale=scale, shift=shift)

@@ -247,12 +247,12 @@ def launch(
         GROUP=num_q_heads // num_kv_heads, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n, SMALL_BLOCK_Q=plan.small_block_q, SMALL_BLOCK_M=plan.small_block_m,
         PAGE_SIZE=page_size, IS_SPLIT=is_split,
-        num_warps=plan.num_warps, num_stages=plan.num_stages, **launch_options(q.device),
+        num_warps=plan.num_warps, num_stages=plan.num_stages, **launch_options(q.device, num_tokens),
     )
     if is_split:
         _reduce_splits_kernel[(num_tokens, num_q_heads)](
             part_out, part_lse, out, num_q_heads, plan.num_splits, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_D=next_power_of_2(head_dim),
             BLOCK_S=max(2, next_power_of_2(plan.num_splits)),
-            num_warps=4, **launch_options(q.device),
+            num_warps=4, **launch_options(q.device, num_tokens),
         )

@@ -153,7 +153,7 @@ def _launch(
         BLOCK_N=block_n,
         NUM_CHUNKS=num_chunks,
         num_warps=num_warps,
-        **launch_options(x.tensor.device),
+        **launch_options(x.tensor.device, x.tensor.shape[0]),
     )
 
 

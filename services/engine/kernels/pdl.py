@@ -8,6 +8,12 @@ CUDA graph (stream capture keeps the launch attribute as a programmatic edge). W
 next kernel's programs are already resident when the previous one drains; the skinny linear
 kernels also start streaming their weights (which no earlier kernel writes) before the wait.
 
+PDL is used only in steps of at most `skinny_linear.MAX_ROWS` rows: there every projection
+runs through the skinny kernels, so the whole layer chain waits on griddepcontrol. Behind a
+cuBLAS GEMM (which neither triggers nor waits) it bought nothing, and at the Qwen3-0.6B
+shape the batch-1 step was 10% slower with PDL on the norm / attention kernels alone
+(bench_decode_step.py, RESULTS.md 2026-11-29).
+
 The contract every PDL kernel keeps: before `wait_for_previous_grids` it reads only memory no
 kernel of the step writes (weights), and writes nothing; every program executes the wait
 (an early `return` comes after it), so the kernel cannot finish before its predecessor has,
@@ -53,7 +59,10 @@ def pdl_enabled(device: torch.device) -> bool:
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def launch_options(device: torch.device) -> dict[str, bool]:
-    """Extra launch keywords for a PDL kernel, and its PDL constexpr: `**launch_options(d)`."""
-    enabled = pdl_enabled(device)
+def launch_options(device: torch.device, rows: int) -> dict[str, bool]:
+    """Launch keywords for a PDL-capable kernel (its PDL constexpr, and the launch attribute
+    when on) in a step of `rows` token rows: `kernel[grid](..., **launch_options(d, rows))`."""
+    from services.engine.kernels.skinny_linear import MAX_ROWS
+
+    enabled = rows <= MAX_ROWS and pdl_enabled(device)
     return {"PDL": enabled, "launch_pdl": True} if enabled else {"PDL": False}

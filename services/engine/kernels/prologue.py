@@ -183,6 +183,6 @@ def qkv_prologue(
         HEAD_DIM=head_dim, ROT_HALF=rot_half, IS_NEOX=bool(is_neox), HAS_NORM=has_norm,
         BLOCK_H=block_h, BLOCK_HALF=block_half, BLOCK_REST=block_rest,
         BLOCK_D=next_power_of_2(head_dim), Q_CHUNKS=q_chunks,
-        num_warps=4, **launch_options(qkv.device),
+        num_warps=4, **launch_options(qkv.device, num_tokens),
     )
     return out

@@ -23,9 +23,10 @@ Rounding matches the unfused kernels: the residual sum rounded to the input dtyp
 row rounded to it before the product (as the rms_norm kernel's output), gate and up rounded to
 it before the activation (as cuBLAS's output into silu_and_mul); fp32 accumulation.
 
-Rows: each program handles one row (grid axis 1), so the weights are read once per row (the
-later rows mostly from L2). Above `MAX_ROWS` rows the wrappers take the unfused path instead
-(cuBLAS GEMM + the norm / activation kernels), where reading the weights once wins.
+Rows: each program handles one row (grid axis 1), so the weights are read once per row: at
+two rows the Qwen3-8B projections already ran slower than cuBLAS (bench_decode_step.py), so
+above `MAX_ROWS` rows the wrappers take the unfused path (cuBLAS GEMM + the norm / activation
+kernels). `plan=` and the kernel itself still take any row count (the benchmark's sweep).
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ from services.engine.kernels.common import (
 from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
 
 # Above this many rows the fused skinny path hands over to cuBLAS (see the module docstring;
-# benchmarks/bench_kernels.py `linear` sweeps the crossover).
-MAX_ROWS = 4
+# benchmarks/bench_decode_step.py sweeps the crossover).
+MAX_ROWS = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +64,33 @@ class LinearPlan:
 
 def plan_linear(n_out: int, k: int, rows: int, num_sms: int, silu_mul: bool = False
                 ) -> LinearPlan:
-    """Programs enough to cover every multiprocessor twice where the output allows; a
-    reduction step of up to 512 elements (a 16 x 512 bf16 tile is 16 KiB in flight, and the
-    next one is already loading). The fp32 accumulator is tile-shaped (one reduction at the
-    end): 16 x 512 per weight matrix is ~165 registers with 4 warps, and the gate + up form
-    (two matrices) takes 8 warps to stay there."""
+    """The tiling, from the H200 sweep of bench_decode_step.py at the Qwen3-0.6B and -8B
+    projections, batch 1, with PDL (RESULTS.md 2026-11-29; the best of 9 tilings each):
+
+    - gate + up with SiLU: 8 rows x 512 (x 256 when K > 1024), 4 warps: 6.1 us at 0.6B
+      (16 x 512 with 8 warps: 8.2), 62.4 us at 8B (73.5), against 11.5 / 65.1 us for the
+      norm + cuBLAS + activation it replaces.
+    - a small output (<= 2048 features: o_proj and down at 0.6B): 16 x 1024, 8 warps, so
+      64 programs each stream 32-64 KiB: 3.8 / 4.9 us (4 x 512: 4.4 / 5.7; cuBLAS 14.0 / 9.0).
+    - the vocabulary projection (>= 32768 features): 8 x 256, 4 warps: 82.7 / 291 us, 3.8 /
+      4.3 TB/s (cuBLAS + the fp32 cast 89.8 / 300).
+    - otherwise 16 x 512, halving the rows while the grid covers fewer than two programs
+      per multiprocessor: 8B qkv 21.5 us (cuBLAS with the norm 25.1), o_proj 12.7 (15.7),
+      down 32.3 (35.0); 0.6B qkv 5.2 (9.3).
+
+    The fp32 accumulator is tile-shaped (one reduction at the end); no tiling here spills."""
+    if silu_mul:
+        return LinearPlan(block_n=8, block_k=min(next_power_of_2(k), 512 if k <= 1024 else 256),
+                          num_warps=4)
+    if n_out <= 2048:
+        return LinearPlan(block_n=16, block_k=min(next_power_of_2(k), 1024), num_warps=8)
+    if n_out >= 32768:
+        return LinearPlan(block_n=8, block_k=min(next_power_of_2(k), 256), num_warps=4)
     block_k = min(next_power_of_2(k), 512)
     block_n = 16
     while block_n > 4 and cdiv(n_out, block_n) * rows < 2 * num_sms:
         block_n //= 2
-    return LinearPlan(block_n=block_n, block_k=block_k, num_warps=8 if silu_mul else 4)
+    return LinearPlan(block_n=block_n, block_k=block_k, num_warps=4)
 
 
 @triton.jit
@@ -185,7 +203,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
         x.stride(0), res.stride(0), weight.stride(0), out.stride(0), res_out.stride(0),
         NORM=norm_weight is not None, RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         SILU_MUL=silu_mul, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
-        num_warps=plan.num_warps, **launch_options(x.device),
+        num_warps=plan.num_warps, **launch_options(x.device, rows),
     )
 
 
