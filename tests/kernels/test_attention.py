@@ -78,6 +78,31 @@ def test_scratch_is_used_and_caps_splits(device, dot_dtype, gen) -> None:
     assert scratch.max_splits(1, 4, 32) == 3
 
 
+def test_splits_follow_the_actual_length_not_max_seq_len(device, dot_dtype, gen) -> None:
+    """A decode graph is captured with max_seq_len at the context limit; each sequence's splits
+    still divide its own length (ranges of MIN_SPLIT_TOKENS), so a 300-token context is read by
+    three programs per KV head, not by one or two long ones sized for 16k."""
+    import dataclasses
+
+    from services.engine.kernels.attention import MIN_SPLIT_TOKENS
+
+    batch = make_batch(
+        [300, 37, 129], [1, 1, 1], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16,
+        device=device, dtype=dot_dtype, generator=gen,
+    )
+    batch = dataclasses.replace(batch, meta=dataclasses.replace(batch.meta, max_seq_len=16384))
+    plan = plan_attention(num_tokens=3, num_seqs=3, num_q_heads=4, num_kv_heads=2, head_dim=32,
+                          max_query_len=1, max_seq_len=16384, num_sms=132)
+    assert plan.num_splits == 64 and plan.split_len == 256  # sized for the limit
+    scratch = AttentionScratch.allocate(3, 4, 32, device)
+    scratch.partial_lse.fill_(float("nan"))
+    run_and_check(batch, scratch=scratch)
+    lse = scratch.partial_lse[: 3 * 4 * plan.num_splits].view(3, 4, plan.num_splits)
+    used = torch.isfinite(lse) & (lse > float("-inf"))
+    for row, seq_len in enumerate([300, 37, 129]):
+        assert used[row].sum(dim=-1).tolist() == [-(-seq_len // MIN_SPLIT_TOKENS)] * 4
+
+
 def test_plan_is_a_function_of_host_sizes() -> None:
     decode = plan_attention(
         num_tokens=1, num_seqs=1, num_q_heads=32, num_kv_heads=8, head_dim=128,

@@ -63,6 +63,10 @@ class AttentionPlan:
     num_blocks: int  # grid axis 0: an upper bound on query blocks over all sequences
     num_warps: int
     num_stages: int
+    # Each block's splits divide its own KV length (a graph's max_seq_len is the context
+    # limit, far above most sequences): ranges of at least this many positions, at most
+    # split_len. 0: divide evenly whatever the length.
+    min_split_len: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +144,7 @@ def plan_attention(
         small_block_m=small_block_m, num_splits=num_splits,
         split_len=split_len, num_blocks=max(1, num_blocks), num_warps=num_warps,
         num_stages=num_stages,
+        min_split_len=min(split_len, cdiv(MIN_SPLIT_TOKENS, block_n) * block_n),
     )
 
 
@@ -242,7 +247,7 @@ def launch(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         page_table.stride(0),
-        plan.num_splits, plan.split_len,
+        plan.num_splits, plan.split_len, plan.min_split_len,
         HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)),
         GROUP=num_q_heads // num_kv_heads, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n, SMALL_BLOCK_Q=plan.small_block_q, SMALL_BLOCK_M=plan.small_block_m,

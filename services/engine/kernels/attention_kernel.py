@@ -113,7 +113,7 @@ def _attend_block(
     seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
-    num_splits, split_len,
+    num_splits, split_len, min_split_len,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr,
@@ -138,8 +138,13 @@ def _attend_block(
     # KV range of this program: its split, clipped by the causal end of its last row
     kv_end = tl.minimum(seq_len, pos0 + n_rows)
     if IS_SPLIT:
-        lo = split * split_len
-        kv_end = tl.minimum(kv_end, lo + split_len)
+        # The splits share this block's actual KV range (not the launch's max_seq_len, which
+        # a CUDA graph fixes at the context limit): ranges of at least min_split_len, at
+        # most split_len, so num_splits * range always covers kv_end.
+        length = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+        length = tl.minimum(split_len, tl.maximum(min_split_len, length))
+        lo = split * length
+        kv_end = tl.minimum(kv_end, lo + length)
     else:
         lo = 0
     # tiles below `full_end` are visible to every row (the first row sees [0, pos0])
@@ -198,7 +203,7 @@ def _paged_attention_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh,
     stride_pt,
-    num_splits, split_len,
+    num_splits, split_len, min_split_len,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SMALL_BLOCK_Q: tl.constexpr, SMALL_BLOCK_M: tl.constexpr,
@@ -238,7 +243,7 @@ def _paged_attention_kernel(
                 seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
                 stride_qt, stride_qh, stride_ot, stride_oh,
                 stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
-                num_splits, split_len,
+                num_splits, split_len, min_split_len,
                 HEAD_DIM, BLOCK_D, GROUP, SMALL_BLOCK_Q, SMALL_BLOCK_M, BLOCK_N, PAGE_SIZE, IS_SPLIT,
             )
         else:
@@ -247,7 +252,7 @@ def _paged_attention_kernel(
                 seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
                 stride_qt, stride_qh, stride_ot, stride_oh,
                 stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
-                num_splits, split_len,
+                num_splits, split_len, min_split_len,
                 HEAD_DIM, BLOCK_D, GROUP, BLOCK_Q, BLOCK_M, BLOCK_N, PAGE_SIZE, IS_SPLIT,
             )
     else:
@@ -256,7 +261,7 @@ def _paged_attention_kernel(
             seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
             stride_qt, stride_qh, stride_ot, stride_oh,
             stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
-            num_splits, split_len,
+            num_splits, split_len, min_split_len,
             HEAD_DIM, BLOCK_D, GROUP, BLOCK_Q, BLOCK_M, BLOCK_N, PAGE_SIZE, IS_SPLIT,
         )
 
