@@ -347,7 +347,8 @@ def test_gpu_decode_shapes(k, n, kind, device, gen) -> None:
             out_dtype = torch.float32 if kind == "logits" else None
             y = linear(x, w, out_dtype=out_dtype)
             ref = x.double() @ w64.T
-            tol = FP32_OUT_TOL if kind == "logits" else TOL[dtype]
+            # fp32 logits keep the kernel's accumulation; the cuBLAS path rounds to bf16 first
+            tol = FP32_OUT_TOL if kind == "logits" and rows <= MAX_ROWS else TOL[dtype]
             assert y.dtype == (out_dtype or dtype)
             assert torch.isfinite(y).all()
             assert reference.rel_error(y, ref) < tol
@@ -433,4 +434,5 @@ def test_graph_replay(rows, pdl, device, gen) -> None:
         _check(o["h"], ref, bf16)
         assert torch.equal(o["r3"], summed)
         logits_ref = _ref_linear(o["down"], w_head, None)
-        assert reference.rel_error(o["logits"], logits_ref) < FP32_OUT_TOL
+        tol = FP32_OUT_TOL if rows <= MAX_ROWS else TOL[bf16]
+        assert reference.rel_error(o["logits"], logits_ref) < tol
