@@ -10,6 +10,13 @@ For each concurrency C it sends N = max(--min-prompts, 5 * C) requests, C at a t
 soon as a slot frees. Per request it records TTFT (first token), TPOT ((e2e - TTFT) / (tokens - 1))
 and ITL (gaps between successive streamed chunks, as vLLM counts them). It prints a table last
 and writes every number as JSON.
+
+With `--hf-model DIR` (a model directory: config.json; random bf16 weights) it then runs HF
+transformers `generate` in the same process after the stack has stopped: one static batch of C
+prompts of the same length per `--hf-concurrency` level, greedy, exactly `--hf-output-len` new
+tokens, output tok/s = C * new tokens / wall time (prefill included, as in the serving rows).
+HF's per-token cost grows with the context it has cached, so a shorter `--hf-output-len` than
+the serving rows' favours HF.
 """
 
 from __future__ import annotations
@@ -315,6 +322,52 @@ def _run_against_stack(args: argparse.Namespace) -> list[RunSummary]:
             run.stop()
 
 
+def measure_hf(args: argparse.Namespace) -> list[RunSummary]:
+    """HF `generate` on static batches (the module docstring), one row per level."""
+    import torch
+    import transformers
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    config = transformers.AutoConfig.from_pretrained(args.hf_model)
+    with torch.device(device):
+        try:
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        except TypeError:                                   # transformers < 5
+            model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
+    model.eval()
+    rng = random.Random(args.seed + 7)
+    rows = []
+    for concurrency in args.hf_concurrency:
+        prompts = torch.tensor([random_prompt(rng, args.input_len, args.vocab_limit)
+                                for _ in range(concurrency)], device=device)
+        with torch.no_grad():
+            model.generate(prompts[:, :8], attention_mask=torch.ones_like(prompts[:, :8]),
+                           max_new_tokens=2, do_sample=False, pad_token_id=0)   # warm-up
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            out = model.generate(prompts, attention_mask=torch.ones_like(prompts),
+                                 max_new_tokens=args.hf_output_len,
+                                 min_new_tokens=args.hf_output_len, do_sample=False,
+                                 pad_token_id=0)
+            if device == "cuda":
+                torch.cuda.synchronize()
+        duration = time.perf_counter() - start
+        new_tokens = (out.shape[1] - prompts.shape[1]) * concurrency
+        rows.append(RunSummary(
+            target="hf", concurrency=concurrency, requests=concurrency, failed=0,
+            duration_s=duration, input_len=args.input_len, output_len=args.hf_output_len,
+            output_tok_s=new_tokens / duration,
+            total_tok_s=(new_tokens + args.input_len * concurrency) / duration,
+            ttft_ms=percentiles([]), tpot_ms=percentiles([duration / args.hf_output_len]),
+            itl_ms=percentiles([]), peak_gpu_mem_mib=gpu_memory_mib()))
+        print(f"hf C={concurrency}: {new_tokens / duration:.1f} output tok/s over "
+              f"{duration:.1f} s", flush=True)
+    del model
+    return rows
+
+
 def graph_delta(before: list[dict], after: list[dict]) -> list[dict]:
     """Per-shape calls and GPU time of one level (GetLoad totals are cumulative); the
     median is the estimator's at the end of the level."""
@@ -366,6 +419,11 @@ def main() -> int:
     parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                         help="warm up with max(--concurrency) short requests per target "
                              "(else 2)")
+    parser.add_argument("--hf-model", type=Path,
+                        help="also run HF generate on this model directory (see above)")
+    parser.add_argument("--hf-concurrency", type=lambda s: [int(x) for x in s.split(",")],
+                        help="batch sizes for HF generate (default: --concurrency)")
+    parser.add_argument("--hf-output-len", type=int, default=256)
     args = parser.parse_args()
     if args.serve:
         summaries = _run_against_stack(args)
@@ -373,6 +431,9 @@ def main() -> int:
         summaries = asyncio.run(main_async(args))
     else:  # no target given: serve the demo model locally and measure both paths
         summaries = _run_against_demo(args)
+    if args.hf_model:
+        args.hf_concurrency = args.hf_concurrency or args.concurrency
+        summaries += measure_hf(args)
     print_table(summaries)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@
 # .device/cache (pinned tokenizer files: the machine reaches no registry).
 # Env: SKIP_TESTS=1, SKIP_STEP=1, SKIP_DECODE=1, SKIP_SERVING=1, DECODE_SHAPES, DECODE_ARGS,
 #      STEP_ARGS, SERVING_ARGS, TEST_TIMEOUT_S, STEP_TIMEOUT_S, DECODE_TIMEOUT_S,
-#      SERVING_TIMEOUT_S, TEST_WORKERS.
+#      SERVING_TIMEOUT_S, TEST_WORKERS, SKIP_HF=1 (no HF generate rows after the serving levels).
 # Prints the machine, the test summary and the benchmark tables last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -81,6 +81,8 @@ gateway:
   queue_capacity: 1024
 YAML
   targets=engine,http
+  hf_args=(--hf-model /tmp/helios-shapes/qwen3-8b --hf-concurrency 64,256 --hf-output-len 256)
+  [ "${SKIP_HF:-0}" = 1 ] && hf_args=()
   if ! "$PY" -c "import gateway.app, services.frontend.server, services.imageprep.server" \
       > /tmp/helios-imports.log 2>&1; then
     echo "the HTTP services do not import here; measuring the engine alone:"
@@ -91,7 +93,7 @@ YAML
   timeout "${SERVING_TIMEOUT_S:-420}" "$PY" benchmarks/bench_serving.py --targets "$targets" \
     --serve /tmp/helios-cores/qwen3-8b --config /tmp/helios-serving.yaml --model qwen3-8b \
     --input-len 1024 --output-len 1024 --concurrency 64,256 --http-concurrency 64 \
-    --prompts-per-concurrency 2 --min-prompts 8 --out "$OUT/serving.json" ${SERVING_ARGS:-} \
+    --prompts-per-concurrency 2 --min-prompts 8 --out "$OUT/serving.json" "${hf_args[@]}" ${SERVING_ARGS:-} \
     > "$OUT/serving.log" 2>&1
   serving_rc=$?
   echo "== serving benchmark: rc=$serving_rc in $(( $(date +%s) - start )) s"
