@@ -26,6 +26,12 @@ class GatewayConfig(CommonConfig):
                                 "appended to 429 ingress-capacity errors")
     retry_after_s: float = option(1.0, "Retry-After sent with 429/503 when upstream gives none")
     sse_keepalive_s: float = option(10.0, "idle seconds before an SSE keep-alive comment / ping")
+    # A server that closes an idle keep-alive connection at the moment a client reuses it
+    # fails that request (httpx: ReadError). uvicorn's default (5 s) equals httpx's pool
+    # expiry (the openai/anthropic SDKs) and is far below Envoy's upstream idle timeout (300 s,
+    # docker/envoy.yaml), so both raced; longer than both, the client always closes first.
+    keep_alive_s: float = option(330.0, "idle seconds a keep-alive client connection stays open "
+                                        "(keep above the proxy's upstream idle timeout)")
     responses_ttl_s: int = option(7 * 24 * 3600, "lifetime of stored /v1/responses objects")
     responses_max_entries: int = option(10_000, "stored responses kept in memory (no Redis)")
     ollama_version: str = option("0.12.0", "version reported by /api/version")
@@ -46,6 +52,8 @@ class GatewayConfig(CommonConfig):
             raise ValidationError("max_body_bytes must be >= 1024", param="max_body_bytes")
         if self.retry_after_s < 0:
             raise ValidationError("retry_after_s must be >= 0", param="retry_after_s")
+        if self.keep_alive_s <= 0:
+            raise ValidationError("keep_alive_s must be > 0", param="keep_alive_s")
         if self.sse_keepalive_s <= 0:
             raise ValidationError("sse_keepalive_s must be > 0", param="sse_keepalive_s")
         if self.responses_ttl_s < 1:

@@ -81,6 +81,7 @@ async def _serve(config: GatewayConfig) -> int:
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=1,
+        timeout_keep_alive=max(1, round(config.keep_alive_s)),
         lifespan="on",
     ), config)
     log.info("gateway listening", extra={"fields": {"url": f"http://{config.host}:{config.port}"}})

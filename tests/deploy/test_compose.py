@@ -188,6 +188,18 @@ def test_envoy_routes_to_the_gateway(compose_gpu):
         assert timeout == 0 or timeout >= 600, route
 
 
+def test_gateway_outlives_envoys_idle_upstream_connections():
+    """Envoy reuses an idle pooled connection to the gateway for up to its idle_timeout; the
+    gateway must not close it first (a close racing a reuse fails that request)."""
+    from gateway.config import GatewayConfig
+
+    envoy = _envoy()
+    idle = [_seconds(n["idle_timeout"]) for n in _walk(envoy["static_resources"]["clusters"])
+            if "idle_timeout" in n]
+    assert idle, "the gateway cluster should bound its idle pooled connections"
+    assert GatewayConfig().keep_alive_s > max(idle)
+
+
 def test_envoy_admin_is_scraped():
     envoy = _envoy()
     admin_port = envoy.get("admin", {}).get("address", {}).get("socket_address", {}) \

@@ -34,6 +34,40 @@ def _stream(url: str, content: str, out: dict) -> None:
         out["error"] = exc
 
 
+def test_idle_keep_alive_connection_is_kept_past_client_pool_expiry(tmp_path, fake_frontend):
+    """A pooled connection idle for longer than httpx's 5 s expiry (uvicorn's default
+    keep-alive, which raced it) is still open: the next request on it succeeds."""
+    import socket
+
+    process, url = _start(tmp_path, fake_frontend)
+    port = int(url.rsplit(":", 1)[1])
+    request = (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n")
+
+    def response(conn: socket.socket) -> bytes:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return data                 # closed by the server
+            data += chunk
+        head, body = data.split(b"\r\n\r\n", 1)
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        while len(body) < length:
+            body += conn.recv(65536)
+        return head
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            for wait_s in (0.0, 6.0):
+                time.sleep(wait_s)
+                conn.sendall(request)
+                head = response(conn)
+                assert head.startswith(b"HTTP/1.1 200"), (wait_s, head[:200])
+    finally:
+        process.stop()
+
+
 def test_sigterm_drains_active_responses_then_exits_0(tmp_path, fake_frontend):
     servicer = fake_frontend.servicer
     process, url = _start(tmp_path, fake_frontend)
