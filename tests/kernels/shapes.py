@@ -70,3 +70,56 @@ def qwen3_8b_calls() -> list[str]:
     linear(row, torch.randn(151936, HIDDEN, dtype=bf16), out_dtype=torch.float32)
     names.append("linear lm_head fp32 M=1")
     return names
+
+
+def eager_step_variants(count: int = 60, seed: int = 1) -> dict[str, int]:
+    """Distinct Triton compilations (`sm90_compile.compile_key`) that `count` random eager
+    steps need: a token budget split between decode rows and prefill chunks, contexts up to
+    2,304, the engine's fixed page-table width. Run with kernels compiled (not interpreted):
+    launches are recorded, nothing runs."""
+    import dataclasses
+    import random
+
+    from services.engine.kernels.attention import paged_attention
+    from services.engine.kernels.norm import fused_add_rms_norm
+    from services.engine.kernels.prologue import qkv_prologue
+    from tests.kernels.batch import make_batch
+    from tests.kernels.sm90_compile import capture_launches, compile_key
+
+    rng = random.Random(seed)
+    max_len, page = 2304, PAGE_SIZE
+    width = max_len // page + 1
+    steps = []
+    for _ in range(count):
+        num_seqs = rng.choice([1, 2, 3, 8, 17, 64, 130])
+        decodes = rng.randint(0, num_seqs - 1)
+        left = rng.choice([64, 256, 512, 1024, 2048]) - decodes
+        q_lens = [1] * decodes
+        for _ in range(num_seqs - decodes):
+            q = rng.randint(1, max(1, left))
+            q_lens.append(q)
+            left = max(1, left - q)
+        steps.append((q_lens, [q + rng.randint(0, max_len - q) for q in q_lens]))
+    bf16 = torch.bfloat16
+    with capture_launches() as launches:
+        for q_lens, seq_lens in steps:
+            tokens = sum(q_lens)
+            batch = make_batch(seq_lens, q_lens, num_q_heads=NUM_Q_HEADS,
+                               num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, page_size=page,
+                               poison_unused=False)
+            table = torch.zeros(len(q_lens), width, dtype=torch.int32)
+            table[:, : batch.meta.page_table.shape[1]] = batch.meta.page_table
+            meta = dataclasses.replace(batch.meta, page_table=table)
+            paged_attention(batch.q, batch.k_cache, batch.v_cache, meta, 0.088)
+            x = torch.randn(tokens, HIDDEN, dtype=bf16)
+            fused_add_rms_norm(x, x.clone(), torch.ones(HIDDEN, dtype=bf16), 1e-6)
+            qkv = torch.randn(tokens, (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM, dtype=bf16)
+            qkv_prologue(qkv, torch.ones(HEAD_DIM, dtype=bf16), torch.ones(HEAD_DIM, dtype=bf16),
+                         1e-6, torch.arange(tokens), torch.randn(4096, HEAD_DIM), True,
+                         batch.k_cache, batch.v_cache, meta.slot_mapping, NUM_Q_HEADS,
+                         NUM_KV_HEADS)
+    variants: dict[str, set] = {}
+    for launch in launches:
+        key = compile_key(launch)
+        variants.setdefault(key[0], set()).add(key)
+    return {name: len(keys) for name, keys in variants.items()}

@@ -89,6 +89,30 @@ def compile_launch(launch: Launch, target: GPUTarget = H200) -> Any:
     return triton.compile(source, target=target, options=options)
 
 
+def compile_key(launch: Launch) -> tuple[Any, ...]:
+    """What Triton's JIT compiles a separate binary for: the constexprs, each other argument's
+    type and specialisation (== 1, divisible by 16; not for `do_not_specialize` ones) and the
+    compile options. Launches with equal keys share one compilation."""
+    fn = launch.fn
+    params = list(inspect.signature(fn.fn).parameters.values())
+    bound = dict(zip([p.name for p in params], launch.args, strict=False))
+    bound.update({k: v for k, v in launch.kwargs.items() if k not in (*OPTION_NAMES, "launch_pdl")})
+    unspecialised = {fn.arg_names[i] if isinstance(i, int) else i
+                     for i in (getattr(fn, "do_not_specialize", None) or ())}
+    parts: list[Any] = []
+    for param in params:
+        value = bound[param.name]
+        if param.annotation is not inspect.Parameter.empty and "constexpr" in str(param.annotation):
+            parts.append((param.name, value))
+        elif param.name in unspecialised:
+            parts.append((param.name, type(value).__name__))
+        else:
+            kind, spec = native_specialize_impl(BaseBackend, value, False, True, True)
+            parts.append((param.name, kind, spec if kind == "constexpr" or spec == "D" else ""))
+    options = tuple(sorted((k, v) for k, v in launch.kwargs.items() if k in OPTION_NAMES))
+    return (fn.fn.__name__, tuple(parts), options)
+
+
 def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 

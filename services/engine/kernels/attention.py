@@ -44,6 +44,7 @@ from services.engine.kernels.pdl import launch_options
 # ran 12% faster unsplit), then up to PROGRAMS_PER_SM, each split reading at least
 # MIN_SPLIT_TOKENS positions (batch 1, 8k context: 64 splits of 128 beat 32 of 256 by 11%).
 MAX_SPLITS = 64
+REDUCE_SPLITS_PER_STEP = 16   # the reduction kernel's tile of splits
 MIN_SPLIT_TOKENS = 128
 PROGRAMS_PER_SM = 4
 NO_SPLIT_PROGRAMS_PER_SM = 2
@@ -258,6 +259,6 @@ def launch(
         _reduce_splits_kernel[(num_tokens, num_q_heads)](
             part_out, part_lse, out, num_q_heads, plan.num_splits, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_D=next_power_of_2(head_dim),
-            BLOCK_S=max(2, next_power_of_2(plan.num_splits)),
+            BLOCK_S=REDUCE_SPLITS_PER_STEP,   # a loop over the splits: one compiled variant
             num_warps=4, **launch_options(q.device, num_tokens),
         )

@@ -39,7 +39,7 @@ def _row_offsets(rows, inner, stride_outer, stride_inner):
     return (rows64 // inner) * stride_outer + (rows64 % inner) * stride_inner
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])   # the step's token count: one variant for all
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
     n_rows, n_cols, inner, eps,
