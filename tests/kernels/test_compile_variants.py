@@ -1,6 +1,7 @@
 """How many Triton compilations the eager (prefill / mixed) steps need across the shapes a
 serving engine meets: each new one stalls its step while it compiles (0.5-2 s on the H200,
-seen inside serving measurements), so per-step sizes must not create variants. Checked on any
+seen inside serving measurements), so per-step sizes must not create variants (the decode
+graphs, captured at start-up, keep the specialised attention kernel). Checked on any
 machine: launches are recorded and keyed the way Triton's JIT keys its cache, nothing runs
 (in a subprocess without TRITON_INTERPRET, as the sm_90 compile checks)."""
 
@@ -21,9 +22,10 @@ def test_eager_steps_share_a_few_compilations() -> None:
         pytest.skip("triton is not installed")
     assert done.returncode == 0, done.stderr[-3000:]
     counts = json.loads(done.stdout.strip().splitlines()[-1])
-    # attention: at most {decode-only tiles, prefill tiles} x {split, unsplit}; the others one
-    # each. With the per-step sizes specialised these 30 steps needed 6 attention and 2 norm
-    # compilations, and the reduction one per power-of-two split count.
-    assert counts["_paged_attention_kernel"] <= 4, counts
-    assert {name: n for name, n in counts.items() if name != "_paged_attention_kernel"} == {
-        "_reduce_splits_kernel": 1, "_rms_norm_kernel": 1, "_qkv_prologue_kernel": 1}, counts
+    # attention (prefill tiles here: every step has a prefill chunk): split or not; the
+    # split reduction one per power-of-two split count it meets (a tiny kernel); the others
+    # one each. With the per-step sizes specialised these 30 steps needed 6 attention and 2
+    # norm compilations.
+    assert counts["_paged_attention"] <= 2, counts
+    assert counts["_reduce_splits_kernel"] <= 6, counts
+    assert counts["_rms_norm_kernel"] == 1 and counts["_qkv_prologue_kernel"] == 1, counts

@@ -26,7 +26,11 @@ from typing import Any
 import torch
 
 from services.common.errors import UnsupportedError, ValidationError
-from services.engine.kernels.attention_kernel import _paged_attention_kernel, _reduce_splits_kernel
+from services.engine.kernels.attention_kernel import (
+    _paged_attention_any_size_kernel,
+    _paged_attention_kernel,
+    _reduce_splits_kernel,
+)
 from services.engine.kernels.common import (
     cdiv,
     check_float,
@@ -44,7 +48,6 @@ from services.engine.kernels.pdl import launch_options
 # ran 12% faster unsplit), then up to PROGRAMS_PER_SM, each split reading at least
 # MIN_SPLIT_TOKENS positions (batch 1, 8k context: 64 splits of 128 beat 32 of 256 by 11%).
 MAX_SPLITS = 64
-REDUCE_SPLITS_PER_STEP = 16   # the reduction kernel's tile of splits
 MIN_SPLIT_TOKENS = 128
 PROGRAMS_PER_SM = 4
 NO_SPLIT_PROGRAMS_PER_SM = 2
@@ -240,7 +243,8 @@ def launch(
         part_out, part_lse = out, out  # unused
     page_table = meta.page_table
     grid = (plan.num_blocks, num_kv_heads, plan.num_splits)
-    _paged_attention_kernel[grid](
+    kernel = _paged_attention_kernel if plan.block_q == 1 else _paged_attention_any_size_kernel
+    kernel[grid](
         q, k_cache, v_cache, out, part_out, part_lse,
         meta.query_start_loc, meta.seq_lens, page_table,
         meta.seq_lens.shape[0], num_tokens, float(scale) * math.log2(math.e),
@@ -259,6 +263,6 @@ def launch(
         _reduce_splits_kernel[(num_tokens, num_q_heads)](
             part_out, part_lse, out, num_q_heads, plan.num_splits, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, BLOCK_D=next_power_of_2(head_dim),
-            BLOCK_S=REDUCE_SPLITS_PER_STEP,   # a loop over the splits: one compiled variant
+            BLOCK_S=max(2, next_power_of_2(plan.num_splits)),
             num_warps=4, **launch_options(q.device, num_tokens),
         )

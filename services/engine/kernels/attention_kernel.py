@@ -194,12 +194,7 @@ def _attend_block(
         )
 
 
-# Per-step sizes are not specialised (Triton would compile a variant for each value that is 1
-# and for multiples of 16): eager prefill / mixed steps would otherwise meet new variants, and
-# their compile stalls (0.5-2 s each), long after start-up. They bound loops and masks only.
-@triton.jit(do_not_specialize=["num_seqs", "num_tokens", "num_splits", "split_len",
-                               "min_split_len"])
-def _paged_attention_kernel(
+def _paged_attention(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     part_out_ptr, part_lse_ptr,
     qsl_ptr, seq_lens_ptr, page_table_ptr,
@@ -270,7 +265,19 @@ def _paged_attention_kernel(
         )
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+# Two compilations of one kernel. Decode-only launches (one token per sequence: the decode
+# graphs, captured at start-up) keep Triton's specialisation of the per-step sizes (== 1,
+# multiples of 16), as measured for the batch-1 figures. Prefill and mixed steps run eagerly
+# at ever new sizes: specialised, each new size class would compile a variant mid-serving
+# (0.5-2 s stalls were measured); there those sizes, which bound loops and masks only, are
+# not specialised (tests/kernels/test_compile_variants.py counts the compilations).
+_paged_attention_kernel = triton.jit(_paged_attention)
+_paged_attention_any_size_kernel = triton.jit(
+    _paged_attention,
+    do_not_specialize=["num_seqs", "num_tokens", "num_splits", "split_len", "min_split_len"])
+
+
+@triton.jit
 def _reduce_splits_kernel(
     part_out_ptr, part_lse_ptr, out_ptr,
     num_heads, num_splits, stride_ot, stride_oh,
@@ -283,29 +290,18 @@ def _reduce_splits_kernel(
     row = token * num_heads + head
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    # BLOCK_S splits at a time (one compiled variant for any split count): the max first,
-    # then the weighted sum
-    lse_max = float("-inf")
-    for s0 in range(0, num_splits, BLOCK_S):
-        s = s0 + offs_s
-        lse = tl.load(part_lse_ptr + row * num_splits + s, mask=s < num_splits, other=float("-inf"))
-        lse_max = tl.maximum(lse_max, tl.max(lse, axis=0))
+    lse = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+    lse_max = tl.max(lse, axis=0)
     lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    total = 0.0
-    for s0 in range(0, num_splits, BLOCK_S):
-        s = s0 + offs_s
-        lse = tl.load(part_lse_ptr + row * num_splits + s, mask=s < num_splits, other=float("-inf"))
-        w = tl.math.exp2(lse - lse_max)  # 0 for splits that saw no KV
-        used = lse > float("-inf")
-        part = tl.load(
-            part_out_ptr + (row * num_splits + s)[:, None] * HEAD_DIM + offs_d[None, :],
-            mask=used[:, None] & (offs_d < HEAD_DIM)[None, :],
-            other=0.0,
-        )
-        acc += tl.sum(part * w[:, None], axis=0)
-        total += tl.sum(w, axis=0)
-    out = acc / tl.where(total > 0.0, total, 1.0)
+    w = tl.math.exp2(lse - lse_max)  # 0 for splits that saw no KV
+    used = lse > float("-inf")
+    part = tl.load(
+        part_out_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=used[:, None] & (offs_d < HEAD_DIM)[None, :],
+        other=0.0,
+    )
+    total = tl.sum(w, axis=0)
+    out = tl.sum(part * w[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
     tl.store(
         out_ptr + token * stride_ot + head * stride_oh + offs_d,
         out.to(out_ptr.dtype.element_ty),
