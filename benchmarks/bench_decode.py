@@ -109,17 +109,10 @@ def measure_engine(name: str, model_dir: Path, result: DecodeResult, args) -> No
 
 def measure_hf(name: str, model_dir: Path, result: DecodeResult, args) -> None:
     import torch
-    import transformers
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    config = transformers.AutoConfig.from_pretrained(model_dir)
-    with torch.device(device):
-        try:
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-        except TypeError:                                   # transformers < 5
-            model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
-    model.eval()
+    from benchmarks.hf_baseline import random_hf_model
+
+    model, device = random_hf_model(model_dir)
     rng = random.Random(args.seed + 1)
     prompt = torch.tensor([[rng.randrange(150_000) for _ in range(args.input_len)]],
                           device=device)

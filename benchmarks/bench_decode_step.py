@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks.bench_kernels import capture_graph, replay_seconds  # noqa: E402
 from benchmarks.model_shapes import SHAPES  # noqa: E402
 
 L2_BYTES = 60 * 2**20
@@ -74,27 +75,8 @@ def variant(name: str) -> Iterator[None]:
 
 def graph_time(fn: Callable[[], Any], replays: int) -> tuple[float, torch.cuda.CUDAGraph]:
     """Median seconds of one replay of `fn` captured in a CUDA graph (and the graph)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times), graph
+    graph = capture_graph(fn)
+    return replay_seconds(graph, replays), graph
 
 
 def profile_graph(graph: torch.cuda.CUDAGraph, replays: int = 3) -> tuple[int, list[dict]]:

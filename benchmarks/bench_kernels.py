@@ -43,6 +43,35 @@ L2_BYTES = 60 * 2**20
 BF16 = torch.bfloat16
 
 
+def capture_graph(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
+    """`fn` captured in a CUDA graph, after two runs on a side stream (kernels compile there)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def replay_seconds(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+    """Median seconds of one replay, timed with CUDA events."""
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
 class Timer:
     """Median seconds per call of `fn` (which makes `calls` calls): CUDA graph replays timed
     with events on the GPU; wall clock around one run elsewhere (smoke runs only)."""
@@ -57,27 +86,10 @@ class Timer:
             start = time.perf_counter()
             fn()
             return (time.perf_counter() - start) / calls
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn()
-            fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        graph.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(self.replays):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
+        graph = capture_graph(fn)
+        seconds = replay_seconds(graph, self.replays)
         del graph
-        return statistics.median(times) / calls
+        return seconds / calls
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -325,17 +325,10 @@ def _run_against_stack(args: argparse.Namespace) -> list[RunSummary]:
 def measure_hf(args: argparse.Namespace) -> list[RunSummary]:
     """HF `generate` on static batches (the module docstring), one row per level."""
     import torch
-    import transformers
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    config = transformers.AutoConfig.from_pretrained(args.hf_model)
-    with torch.device(device):
-        try:
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-        except TypeError:                                   # transformers < 5
-            model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
-    model.eval()
+    from benchmarks.hf_baseline import random_hf_model
+
+    model, device = random_hf_model(args.hf_model)
     rng = random.Random(args.seed + 7)
     rows = []
     for concurrency in args.hf_concurrency:
