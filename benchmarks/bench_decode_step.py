@@ -279,6 +279,9 @@ def main() -> int:
     args.plans = [(4, 512, 4), (8, 256, 4), (8, 512, 4), (16, 256, 4), (16, 512, 4),
                   (16, 512, 8), (32, 256, 4), (32, 512, 8), (16, 1024, 8)]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type != "cuda" and not args.smoke:
+        print("no CUDA device: running the smoke shapes (the step timings need a GPU)")
+        args.smoke = True
     if args.smoke:
         args.ctx, args.max_len, args.replays = 20, 64, 3
     sections = set(args.sections.split(","))
