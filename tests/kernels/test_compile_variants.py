@@ -7,21 +7,13 @@ machine: launches are recorded and keyed the way Triton's JIT keys its cache, no
 
 from __future__ import annotations
 
-import json
-
-import pytest
-
-from tests.kernels.test_package import _python
+from tests.kernels.test_package import compiled_json
 
 
 def test_eager_steps_share_a_few_compilations() -> None:
-    done = _python("import json\n"
-                   "from tests.kernels.shapes import eager_step_variants\n"
-                   "print(json.dumps(eager_step_variants(30)))\n")
-    if "No module named 'triton'" in done.stderr:
-        pytest.skip("triton is not installed")
-    assert done.returncode == 0, done.stderr[-3000:]
-    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    counts = compiled_json("import json\n"
+                           "from tests.kernels.shapes import eager_step_variants\n"
+                           "print(json.dumps(eager_step_variants(30)))\n")
     # attention (prefill tiles here: every step has a prefill chunk): split or not; the
     # split reduction one per power-of-two split count it meets (a tiny kernel); the others
     # one each. With the per-step sizes specialised these 30 steps needed 6 attention and 2

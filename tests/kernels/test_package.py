@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,16 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-c", code], cwd=ROOT, env={**clean, **env}, capture_output=True, text=True,
         timeout=240, check=False,
     )
+
+
+def compiled_json(code: str) -> Any:
+    """Run `code` with kernels compiled, not interpreted (launches recorded, nothing runs) and
+    return the JSON its last line printed; skip where triton is not installed."""
+    done = _python(code)
+    if "No module named 'triton'" in done.stderr:
+        pytest.skip("triton is not installed")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_names_follow_availability() -> None:
@@ -92,11 +103,7 @@ def test_every_kernel_compiles_for_sm90_without_spills() -> None:
         "rows = [report(n, compile_launch(l)) for n, l in qwen3_8b_launches()]\n"
         "print(json.dumps([[r.name, r.registers, r.stack_bytes, r.local_loads, r.mma] for r in rows]))\n"
     )
-    done = _python(code)
-    if "No module named 'triton'" in done.stderr:
-        pytest.skip("triton is not installed")
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = compiled_json(code)
     assert len(rows) == 15
     for name, registers, stack, local_loads, mma in rows:
         assert local_loads == 0 and registers <= 255, f"{name}: spills ({registers} regs, stack {stack})"
@@ -123,11 +130,7 @@ def test_pdl_kernels_compile_for_sm90_with_the_wait() -> None:
         "    rows.append([name, r.registers, r.local_loads, 'griddepcontrol.wait' in compiled.asm['ptx']])\n"
         "print(json.dumps(rows))\n"
     )
-    done = _python(code)
-    if "No module named 'triton'" in done.stderr:
-        pytest.skip("triton is not installed")
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = compiled_json(code)
     names = {row[0] for row in rows}
     assert {"fused_add_rms_norm H=4096", "qkv_prologue qk-norm", "attention decode split",
             "attention split reduce", "norm_linear qkv M=1", "norm_linear gate_up silu M=1",

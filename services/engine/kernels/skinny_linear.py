@@ -34,7 +34,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -217,8 +216,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if not out_dtype.is_floating_point:
         raise ValidationError(f"out_dtype {out_dtype} is not a floating-point type")
     if x.shape[0] > MAX_ROWS:
-        y = F.linear(x, weight, bias)
-        return y if y.dtype == out_dtype else y.to(out_dtype)
+        from services.engine.model.ops import reference_linear
+
+        return reference_linear(x, weight, bias, out_dtype)
     out = torch.empty((x.shape[0], weight.shape[0]), dtype=out_dtype, device=x.device)
     _launch(x, None, None, 0.0, weight, bias, out, None, False, plan)
     return out
@@ -247,16 +247,10 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
     if silu_mul and n_rows % 2:
         raise ValidationError(f"weight: {n_rows} rows cannot split into gate and up halves")
     n_out = n_rows // 2 if silu_mul else n_rows
-    if rows > MAX_ROWS:
-        from services.engine.kernels.activation import silu_and_mul
-        from services.engine.kernels.norm import fused_add_rms_norm, rms_norm
+    if rows > MAX_ROWS:      # the model's own composition (norm kernel, cuBLAS, activation)
+        from services.engine.model.ops import composed_norm_linear
 
-        if residual is None:
-            normed, new_residual = rms_norm(x, norm_weight, eps), x
-        else:
-            normed, new_residual = fused_add_rms_norm(x, residual, norm_weight, eps)
-        y = F.linear(normed, weight, bias)
-        return (silu_and_mul(y) if silu_mul else y), new_residual
+        return composed_norm_linear(x, residual, norm_weight, eps, weight, bias, silu_mul)
     out = torch.empty((rows, n_out), dtype=x.dtype, device=x.device)
     residual_out = None
     if residual is not None:
