@@ -33,7 +33,7 @@ from services.common.pb import engine_pb2, engine_pb2_grpc
 from services.engine import wire
 from services.engine.config import EngineConfig
 from services.engine.core.client import CoreClient
-from services.engine.core.telemetry import LoadQuery, LoadSnapshot
+from services.engine.core.telemetry import LoadSnapshot
 from services.engine.metrics import EngineMetrics
 from services.engine.prefix.history import BLOCK_TOKENS
 from services.engine.prefix.records import BlockEvent
@@ -74,17 +74,17 @@ class EngineLifecycle(BasicLifecycle):
     async def stop_admission(self) -> None:
         if self.client is not None and self.client.ready is not None:
             with contextlib.suppress(HeliosError):
-                await self.client.call("pause")
+                await self.client.pause()
 
     async def drain(self, timeout_s: float) -> bool:
         if self.client is None or self.client.ready is None:
             return self.client is None or self.client.failure is None
         try:
-            result = await self.client.call("drain", timeout_s)
+            result = await self.client.drain(timeout_s)
         except HeliosError as exc:
             log.error("drain failed: %s", exc)
             return False
-        return bool(result.drained)
+        return result.drained
 
     async def close(self) -> None:
         if self.client is not None:
@@ -114,7 +114,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         rejected = False
         try:
             try:
-                admitted = await core.call("submit", engine_request)
+                admitted = await core.submit(engine_request)
             except HeliosError:
                 rejected = True
                 raise
@@ -144,10 +144,10 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     @staticmethod
     async def _abort_quietly(core: CoreClient, request_id: str) -> None:
         with contextlib.suppress(HeliosError):
-            await core.call("abort", [request_id])
+            await core.abort((request_id,))
 
     async def Abort(self, request, context):
-        count = await self.lifecycle.core().call("abort", list(request.request_ids))
+        count = await self.lifecycle.core().abort(request.request_ids)
         return engine_pb2.AbortResponse(num_aborted=count)
 
     async def GetModelInfo(self, request, context):
@@ -157,14 +157,14 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                                      self.config)
 
     async def GetLoad(self, request, context):
-        load = await self.lifecycle.core().call("load", wire.load_query_from_pb(request))
+        load = await self.lifecycle.core().load(wire.load_query_from_pb(request))
         return wire.load_to_pb(load)
 
     async def PauseAdmission(self, request, context):
-        return wire.admission_to_pb(await self.lifecycle.core().call("pause"))
+        return wire.admission_to_pb(await self.lifecycle.core().pause())
 
     async def ResumeAdmission(self, request, context):
-        state = await self.lifecycle.core().call("resume")
+        state = await self.lifecycle.core().resume()
         if self.lifecycle.health is not None and not state.draining:
             await self.lifecycle.health.set_serving(True)
         return wire.admission_to_pb(state)
@@ -174,7 +174,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         if self.lifecycle.health is not None:
             await self.lifecycle.health.set_serving(False)
         timeout = request.timeout_s if request.HasField("timeout_s") else DEFAULT_DRAIN_S
-        result = await core.call("drain", max(0.0, timeout))
+        result = await core.drain(max(0.0, timeout))
         if not result.drained:
             raise DrainFailure(f"{result.message} ({result.cancelled_requests} requests "
                                "cancelled)")
@@ -194,8 +194,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         unsubscribe = core.subscribe(deliver)
         try:
             if request.replay_existing:
-                for event in await core.call("prefix_replay"):
-                    yield self._event(event, core)
+                for stored in await core.replay_prefix_blocks():
+                    yield self._event(stored, core)
             while True:
                 event = await queue.get()
                 if event is None:
@@ -220,7 +220,7 @@ def _load_fetcher(lifecycle: EngineLifecycle, loop: asyncio.AbstractEventLoop
         core = lifecycle.client
         if core is None or core.ready is None or core.failure is not None:
             return None
-        future = asyncio.run_coroutine_threadsafe(core.call("load", LoadQuery()), loop)
+        future = asyncio.run_coroutine_threadsafe(core.load(), loop)
         try:
             return future.result(timeout=METRICS_FETCH_TIMEOUT_S)
         except Exception:  # a scrape during shutdown shows no engine values

@@ -2,9 +2,14 @@
 
 Starts the core (multiprocessing spawn), sends calls over the pipe, and dispatches what comes
 back on the asyncio loop: replies resolve call futures, request updates go to their
-`RequestStream`, block events to prefix-event subscribers. A reader thread does the blocking
-reads, so the event loop never waits on the pipe. If the core fails or dies, every stream and
-pending call fails with the typed error and `on_failure` is told (the service exits 1).
+`RequestStream`, block events to prefix-event subscribers. One typed helper per verb
+(`submit(request) -> Admitted`, `abort(ids) -> int`, `load(query) -> LoadSnapshot`,
+`pause()`/`resume() -> AdmissionState`, `drain(timeout_s) -> DrainResult`,
+`replay_prefix_blocks() -> tuple[BlockEvent, ...]`, `shutdown() -> bool`); a reply whose value
+is not of the verb's declared type fails that call with a WorkerFailure naming both. A reader
+thread does the blocking reads, so the event loop never waits on the pipe. If the core fails or
+dies, every stream and pending call fails with the typed error and `on_failure` is told (the
+service exits 1).
 """
 
 from __future__ import annotations
@@ -16,15 +21,39 @@ import logging
 import multiprocessing
 import pickle
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from multiprocessing.connection import Connection
+from typing import Any, TypeVar, cast
 
 from services.common.errors import HeliosError, PoisonedError, WorkerFailure
 from services.engine.config import EngineConfig
-from services.engine.core.messages import Call, Failed, Outgoing, Ready, Reply
+from services.engine.core.messages import (
+    Abort,
+    AdmissionState,
+    Call,
+    CallMessage,
+    CoreCall,
+    Drain,
+    DrainResult,
+    Failed,
+    Outgoing,
+    PauseAdmission,
+    QueryLoad,
+    Ready,
+    ReplayPrefixBlocks,
+    Reply,
+    ResumeAdmission,
+    Shutdown,
+    Submit,
+    check_reply,
+)
 from services.engine.core.process import core_main
 from services.engine.core.streams import RequestStream
+from services.engine.core.telemetry import LoadQuery, LoadSnapshot
 from services.engine.prefix.records import BlockEvent
+from services.engine.scheduler.requests import Admitted, EngineRequest
+
+R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +69,7 @@ class CoreClient:
         self._process: Any = None
         self._connection: Any = None
         self._calls = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[Any], CallMessage[Any]]] = {}
         self._streams: dict[str, RequestStream] = {}
         self._subscribers: list[Callable[[BlockEvent], None]] = []
         self._ready_future: asyncio.Future[Ready] | None = None
@@ -49,15 +78,21 @@ class CoreClient:
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> Ready:
-        self._loop = asyncio.get_running_loop()
-        self._ready_future = self._loop.create_future()
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe(duplex=True)
         self._process = context.Process(target=core_main, args=(self.config, child),
                                         name="helios-engine-core", daemon=True)
         self._process.start()
         child.close()
-        self._connection = parent
+        self.ready = await self.attach(parent)
+        return self.ready
+
+    async def attach(self, connection: Connection) -> Ready:
+        """Read the core's messages from `connection` (start() passes the spawned core's
+        pipe; tests pass one whose other end they drive) and wait for its Ready."""
+        self._loop = asyncio.get_running_loop()
+        self._ready_future = self._loop.create_future()
+        self._connection = connection
         threading.Thread(target=self._read, name="core-reader", daemon=True).start()
         self.ready = await self._ready_future
         return self.ready
@@ -69,7 +104,7 @@ class CoreClient:
             return
         if self._process.is_alive() and self.failure is None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.call("shutdown"), timeout)
+                await asyncio.wait_for(self.shutdown(), timeout)
         await asyncio.to_thread(self._process.join, timeout)
         if self._process.is_alive():
             log.warning("engine core did not exit; killing it")
@@ -82,16 +117,45 @@ class CoreClient:
     def exitcode(self) -> int | None:
         return None if self._process is None else self._process.exitcode
 
-    # -- calls and streams ------------------------------------------------------------------
-    async def call(self, verb: str, args: Any = None) -> Any:
+    # -- calls: one typed helper per verb ----------------------------------------------------
+    async def submit(self, request: EngineRequest) -> Admitted:
+        """Admit a request (answered after its grammar compiled, if it has one)."""
+        return await self._call(Submit(request))
+
+    async def abort(self, request_ids: Iterable[str]) -> int:
+        """Cancel requests; how many were live."""
+        return await self._call(Abort(tuple(request_ids)))
+
+    async def load(self, query: LoadQuery | None = None) -> LoadSnapshot:
+        return await self._call(QueryLoad(query or LoadQuery()))
+
+    async def pause(self) -> AdmissionState:
+        return await self._call(PauseAdmission())
+
+    async def resume(self) -> AdmissionState:
+        return await self._call(ResumeAdmission())
+
+    async def drain(self, timeout_s: float) -> DrainResult:
+        """Answered once the core drained (or could not confirm it)."""
+        return await self._call(Drain(float(timeout_s)))
+
+    async def replay_prefix_blocks(self) -> tuple[BlockEvent, ...]:
+        return await self._call(ReplayPrefixBlocks())
+
+    async def shutdown(self) -> bool:
+        return await self._call(Shutdown())
+
+    async def _call(self, message: CallMessage[R]) -> R:
         if self.failure is not None:
             raise PoisonedError("the engine core failed earlier and cannot serve",
                                 cause=self.failure.display_message)
         assert self._loop is not None
         call_id = next(self._calls)
         future: asyncio.Future[Any] = self._loop.create_future()
-        self._pending[call_id] = future
-        data = pickle.dumps(Call(call_id, verb, args), protocol=pickle.HIGHEST_PROTOCOL)
+        self._pending[call_id] = (future, message)
+        # every helper above passes one of CoreCall's types
+        data = pickle.dumps(Call(call_id, cast(CoreCall, message)),
+                            protocol=pickle.HIGHEST_PROTOCOL)
         try:
             with self._send_lock:
                 self._connection.send_bytes(data)
@@ -99,6 +163,8 @@ class CoreClient:
             self._pending.pop(call_id, None)
             raise WorkerFailure(f"the engine core is unreachable: {exc}") from exc
         return await future
+
+    # -- streams ----------------------------------------------------------------------------
 
     def open_stream(self, request_id: str) -> RequestStream:
         stream = RequestStream(request_id)
@@ -151,18 +217,25 @@ class CoreClient:
             self._fail(message.error.error())
 
     def _resolve(self, reply: Reply) -> None:
-        future = self._pending.pop(reply.call_id, None)
-        if future is None or future.done():
+        entry = self._pending.pop(reply.call_id, None)
+        if entry is None or entry[0].done():
             return
+        future, message = entry
         if reply.error is not None:
             future.set_exception(reply.error.error())
-        else:
-            future.set_result(reply.value)
+            return
+        try:
+            value = check_reply(message, reply.value)
+        except WorkerFailure as exc:
+            log.error("%s", exc.message)
+            future.set_exception(exc)
+            return
+        future.set_result(value)
 
     def _core_lost(self) -> None:
         if self._closing and self.failure is None:
             error: HeliosError = WorkerFailure("the engine core stopped")
-            for future in self._pending.values():
+            for future, _ in self._pending.values():
                 if not future.done():
                     future.set_exception(error)
             for stream in self._streams.values():
@@ -179,7 +252,7 @@ class CoreClient:
         log.error("engine core failed: %s", error.display_message)
         if self._ready_future is not None and not self._ready_future.done():
             self._ready_future.set_exception(error)
-        for future in self._pending.values():
+        for future, _ in self._pending.values():
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()

@@ -1,13 +1,15 @@
 """EngineCore: the engine-core process's loop around the scheduler and the runner.
 
     while running:
-        handle calls from the servicer (submit, abort, load, pause/resume, drain, shutdown)
+        handle calls from the servicer (one message type per verb, dispatched by type:
+            Submit, Abort, QueryLoad, PauseAdmission, ResumeAdmission, Drain,
+            ReplayPrefixBlocks, Shutdown; see core/messages.py)
         plan = scheduler.plan(); step = scheduler.commit(plan, fence); runner.submit(step)
         completion = runner.poll(); updates = scheduler.complete(completion)
         outbox.publish(updates, block events)        # one message per step, never blocking
 
 A request with a grammar whose compilation is not cached yet waits outside the scheduler while
-the grammar compiles on a background thread: its `submit` is answered (admitted, or the
+the grammar compiles on a background thread: its `Submit` is answered (admitted, or the
 grammar error) once the compilation resolves, and the loop keeps stepping meanwhile.
 
 A failure anywhere in the step notifies every active and queued request (finish ERROR, then a
@@ -25,7 +27,6 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
 
 from services.common.errors import (
     CancelledError,
@@ -38,31 +39,32 @@ from services.common.errors import (
     WorkerFailure,
 )
 from services.engine.core.build import Engine
-from services.engine.core.messages import Call, ErrorInfo, Failed, Reply
+from services.engine.core.messages import (
+    Abort,
+    AdmissionState,
+    Call,
+    Drain,
+    DrainResult,
+    ErrorInfo,
+    Failed,
+    PauseAdmission,
+    QueryLoad,
+    ReplayPrefixBlocks,
+    Reply,
+    ResumeAdmission,
+    Shutdown,
+    Submit,
+)
 from services.engine.core.outbox import Outbox
-from services.engine.core.telemetry import LoadQuery, Telemetry, snapshot
+from services.engine.core.telemetry import Telemetry, snapshot
 from services.engine.grammar import CompiledGrammar
 from services.engine.scheduler.plan import PlanInvalidated
-from services.engine.scheduler.requests import EngineRequest, FinishReason
+from services.engine.scheduler.requests import Admitted, EngineRequest, FinishReason
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.05
 COMPILE_POLL_S = 0.002      # how often an otherwise idle loop looks at running compilations
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionState:
-    paused: bool
-    draining: bool
-    active_requests: int
-
-
-@dataclass(frozen=True, slots=True)
-class DrainResult:
-    drained: bool
-    cancelled_requests: int
-    message: str
 
 
 @dataclass(slots=True)
@@ -154,7 +156,11 @@ class EngineCore:
     def _handle_calls(self, *, timeout: float) -> None:
         while self.connection.poll(timeout):
             timeout = 0.0
-            call: Call = pickle.loads(self.connection.recv_bytes())
+            call = pickle.loads(self.connection.recv_bytes())
+            if not isinstance(call, Call):    # no call id to answer: a servicer bug
+                log.error("dropped a %s from the servicer: not a Call",
+                          type(call).__qualname__)
+                continue
             try:
                 value = self._dispatch(call)
             except HeliosError as exc:
@@ -163,37 +169,35 @@ class EngineCore:
             if value is not _DEFERRED:
                 self.outbox.reply(Reply(call.call_id, value))
 
-    def _dispatch(self, call: Call) -> Any:
-        verb, args = call.verb, call.args
-        if verb == "submit":
-            return self._submit(call.call_id, args)
-        if verb == "abort":
-            return self._abort(args)
-        if verb == "load":
-            return snapshot(self.scheduler, self.telemetry, args or LoadQuery(),
-                            paused=self.paused, draining=self.draining)
-        if verb == "pause":
-            self.paused = True
-            return self._admission_state()
-        if verb == "resume":
-            self.paused = False
-            if self._drain is None:
-                self.draining = False
-            return self._admission_state()
-        if verb == "drain":
-            self.draining = True
-            if self._drain is None:
-                self._drain = _DrainJob(call.call_id, time.monotonic() + float(args))
-                return _DEFERRED
-            raise UnavailableError("a drain is already in progress")
-        if verb == "prefix_replay":
-            return self.scheduler.state.resources.cache.cached_blocks()
-        if verb == "shutdown":
-            self._shutdown()
-            return True
-        raise InternalError(f"unknown engine-core call {verb!r}")
+    def _dispatch(self, call: Call) -> object:
+        """One handler per message type; `_DEFERRED` when the reply comes later."""
+        match call.message:
+            case Submit(request=request):
+                return self._submit(call.call_id, request)
+            case Abort(request_ids=request_ids):
+                return self._abort(request_ids)
+            case QueryLoad(query=query):
+                return snapshot(self.scheduler, self.telemetry, query,
+                                paused=self.paused, draining=self.draining)
+            case PauseAdmission():
+                self.paused = True
+                return self._admission_state()
+            case ResumeAdmission():
+                self.paused = False
+                if self._drain is None:
+                    self.draining = False
+                return self._admission_state()
+            case Drain(timeout_s=timeout_s):
+                return self._start_drain(call.call_id, timeout_s)
+            case ReplayPrefixBlocks():
+                return tuple(self.scheduler.state.resources.cache.cached_blocks())
+            case Shutdown():
+                self._shutdown()
+                return True
+        raise InternalError(f"unknown engine-core message {type(call.message).__qualname__} "
+                            f"(call {call.call_id})")
 
-    def _submit(self, call_id: int, request: EngineRequest) -> Any:
+    def _submit(self, call_id: int, request: EngineRequest) -> Admitted | _Deferred:
         self._check_admission()
         if request.grammar is None:
             return self.scheduler.admit(request)
@@ -205,6 +209,13 @@ class EngineCore:
             return self.scheduler.admit(request, grammar=compiled)
         self._compiling.append(_Compiling(call_id, request,
                                           self.grammars.start(request.grammar)))
+        return _DEFERRED
+
+    def _start_drain(self, call_id: int, timeout_s: float) -> _Deferred:
+        self.draining = True
+        if self._drain is not None:
+            raise UnavailableError("a drain is already in progress")
+        self._drain = _DrainJob(call_id, time.monotonic() + float(timeout_s))
         return _DEFERRED
 
     def _check_admission(self) -> None:
@@ -244,7 +255,7 @@ class EngineCore:
             self.outbox.reply(Reply(job.call_id, error=ErrorInfo.of(error)))
         return len(dropped)
 
-    def _abort(self, request_ids: list[str]) -> int:
+    def _abort(self, request_ids: tuple[str, ...]) -> int:
         aborted = self._drop_compiling(CancelledError("the request was aborted"),
                                        set(request_ids))
         for request_id in request_ids:
@@ -327,4 +338,10 @@ class EngineCore:
         self._stopping = True
 
 
-_DEFERRED = object()
+class _Deferred:
+    """A handler's result when the reply comes later (grammar compilation, drain)."""
+
+    __slots__ = ()
+
+
+_DEFERRED = _Deferred()

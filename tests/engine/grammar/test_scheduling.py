@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from services.common.errors import CancelledError, GrammarError, UnsupportedError
+from services.engine.core.messages import Abort, Submit
 from services.engine.grammar import GrammarCompiler, GrammarKind, GrammarSpec
 from services.engine.scheduler.requests import FinishReason
 from tests.engine.core.test_loop import Harness
@@ -111,14 +112,14 @@ def test_the_core_admits_once_the_grammar_compiled(harness, tokenizer):
     h = harness()
     spec = GrammarSpec(GrammarKind.REGEX, "[a-c]{7}")       # new: compiles in the background
     assert h.core.grammars.lookup(spec) is None
-    admitted = h.call("submit", _constrained("g", PROMPT, spec))
+    admitted = h.call(Submit(_constrained("g", PROMPT, spec)))
     assert admitted.request_id == "g"
     h.pump(lambda: h.finished("g"))
     text = tokenizer.decode([t for u in h.updates for d in u.deltas for t in d.token_ids])
     assert len(text) == 7 and set(text) <= set("abc")
     # cached now: the next one is admitted at once
     assert h.core.grammars.lookup(spec) is not None
-    assert h.call("submit", _constrained("g2", PROMPT, spec)).request_id == "g2"
+    assert h.call(Submit(_constrained("g2", PROMPT, spec))).request_id == "g2"
 
 
 def test_the_core_answers_grammar_errors_and_aborts_while_compiling(grammars, demo_source):
@@ -132,19 +133,19 @@ def test_the_core_answers_grammar_errors_and_aborts_while_compiling(grammars, de
     held = Held(grammars.vocabulary)
     h = Harness(grammars=held, vocab_size=DEMO_VOCAB)
     try:
-        call_id = h.send("submit", _constrained("slow", PROMPT, GrammarSpec(GrammarKind.REGEX,
-                                                                             "[a-z]{3}")))
+        call_id = h.send(Submit(_constrained("slow", PROMPT,
+                                             GrammarSpec(GrammarKind.REGEX, "[a-z]{3}"))))
         # the loop goes on while the grammar compiles: other calls are answered
-        assert h.call("submit", request("free", PROMPT[:5], 3)).request_id == "free"
+        assert h.call(Submit(request("free", PROMPT[:5], 3))).request_id == "free"
         h.pump(lambda: h.finished("free"))
         assert call_id not in h.replies
-        assert h.call("abort", ["slow"]) == 1
+        assert h.call(Abort(("slow",))) == 1
         h.pump(lambda: call_id in h.replies)
         with pytest.raises(CancelledError):
             raise h.replies[call_id].error.error()
         gate.set()
         with pytest.raises(GrammarError, match="objekt"):
-            h.call("submit", _constrained("bad", PROMPT, schema_spec({"type": "objekt"})))
+            h.call(Submit(_constrained("bad", PROMPT, schema_spec({"type": "objekt"}))))
         assert h.scheduler.num_active == 0
     finally:
         gate.set()
@@ -155,6 +156,6 @@ def test_a_core_without_grammars_refuses_them():
     h = Harness()
     try:
         with pytest.raises(UnsupportedError, match="structured outputs are off"):
-            h.call("submit", _constrained("g", [1, 2, 3], GrammarSpec(GrammarKind.REGEX, "a")))
+            h.call(Submit(_constrained("g", [1, 2, 3], GrammarSpec(GrammarKind.REGEX, "a"))))
     finally:
         h.stop()
