@@ -109,7 +109,12 @@ class DecodeStep:
 
     def __init__(self, shape: str, device: torch.device, ctx: int, max_len: int,
                  layers: int | None = None) -> None:
-        from services.engine.model import ModelConfig, allocate_kv_cache, load_dummy_model
+        from services.engine.model import (
+            ForwardBatch,
+            ModelConfig,
+            allocate_kv_cache,
+            load_dummy_model,
+        )
         from services.engine.model.attention import AttentionMetadata
 
         config = dict(SHAPES[shape])
@@ -129,9 +134,10 @@ class DecodeStep:
         self.ids = torch.tensor([7], dtype=torch.int64, device=device)
         self.positions = torch.tensor([ctx - 1], dtype=torch.int64, device=device)
         self.out = torch.zeros(1, dtype=torch.int64, device=device)
+        self.batch = ForwardBatch(self.ids, self.positions, self.meta)
 
     def __call__(self) -> None:
-        hidden = self.model(self.ids, self.positions, self.kv, self.meta)
+        hidden = self.model(self.batch, self.kv).hidden
         self.out.copy_(self.model.compute_logits(hidden).argmax(dim=-1))
 
     def weight_bytes(self) -> int:

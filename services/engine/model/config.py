@@ -1,36 +1,26 @@
 """ModelConfig: the frozen, validated view of a checkpoint's config.json the engine runs on.
 
-Parsing accepts both config layouts in the wild: the older `rope_theta` + `rope_scaling`
-({"type"|"rope_type": ...}) and transformers 5's `rope_parameters` dict. Architectures outside
-`SUPPORTED_ARCHITECTURES` are refused with an `UnsupportedError` naming the architecture.
+The fields are what the shared layers need (shapes, biases, norms, activation, per-layer
+attention kinds); each architecture family's module (`llama.py`, `qwen.py`, `gemma3.py`)
+parses its config.json into one with the helpers here, and the registry (`registry.py`)
+chooses the family by the `architectures` entry. Rope parameters are read from both layouts
+in the wild: the older `rope_theta` + `rope_scaling` ({"type"|"rope_type": ...}) and
+transformers 5's `rope_parameters` dict (per layer type where a model has several).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import UnsupportedError, ValidationError
 
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
-
-
-@dataclass(frozen=True, slots=True)
-class ArchitectureTraits:
-    """How one supported architecture differs from plain Llama."""
-
-    qkv_bias: bool | None  # None: follow config `attention_bias`
-    o_bias: bool | None    # None: follow config `attention_bias`
-    qk_norm: bool          # RMSNorm over head_dim on q and k before rotary (Qwen3)
-    mlp_bias_key: str = ""  # config key enabling MLP biases ("" = never)
-
-
-SUPPORTED_ARCHITECTURES: dict[str, ArchitectureTraits] = {
-    "LlamaForCausalLM": ArchitectureTraits(None, None, qk_norm=False, mlp_bias_key="mlp_bias"),
-    "MistralForCausalLM": ArchitectureTraits(False, False, qk_norm=False),
-    "Qwen2ForCausalLM": ArchitectureTraits(True, False, qk_norm=False),
-    "Qwen3ForCausalLM": ArchitectureTraits(None, None, qk_norm=True),
-}
+ACTIVATIONS = ("silu", "gelu_tanh")   # the gated MLP's activation (ops.gated_activation)
+# config.json spellings -> the engine's activation names
+_ACTIVATION_NAMES = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh",
+                     "gelu_tanh": "gelu_tanh"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +43,18 @@ class RopeConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LayerAttention:
+    """How one decoder layer attends: its window and its rotary embedding."""
+
+    sliding_window: int = 0          # 0: full causal attention; W > 0: the last W positions
+    rope: RopeConfig = field(default_factory=RopeConfig)
+
+    @property
+    def kind(self) -> str:
+        return "sliding" if self.sliding_window else "full"
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     """Everything the forward pass needs to know about the model's shape."""
 
@@ -68,12 +70,15 @@ class ModelConfig:
     rms_norm_eps: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    qk_norm: bool
-    rope: RopeConfig = field(default_factory=RopeConfig)
-    sliding_window: int | None = None   # when set, contexts are capped to it (see max_context)
+    layers: tuple[LayerAttention, ...]   # one per decoder layer, in order
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False               # RMSNorm over head_dim on q and k before rotary
+    activation: str = "silu"            # the gated MLP's activation (ACTIVATIONS)
+    query_scale: float = 0.0            # attention softmax scale (0: head_dim ** -0.5)
+    embedding_multiplier: float = 1.0   # input embeddings are scaled by this (Gemma: sqrt(H))
+    final_logit_softcap: float = 0.0    # logits = cap * tanh(logits / cap) when > 0
     torch_dtype: str = "float32"        # checkpoint dtype
 
     def __post_init__(self) -> None:
@@ -90,13 +95,23 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValidationError("config.json: head_dim must be even for rotary embeddings",
                                   param="head_dim")
-        if self.rope.rope_type not in ROPE_TYPES:
-            raise UnsupportedError(
-                f"rope type {self.rope.rope_type!r} is not supported (supported: "
-                f"{', '.join(ROPE_TYPES)})", param="rope_scaling")
-        if self.rope.partial_rotary_factor != 1.0:
-            raise UnsupportedError("partial rotary embeddings are not supported",
-                                   param="partial_rotary_factor")
+        if len(self.layers) != self.num_hidden_layers:
+            raise ValidationError(f"config.json: {len(self.layers)} layer types for "
+                                  f"{self.num_hidden_layers} layers", param="layer_types")
+        if self.activation not in ACTIVATIONS:
+            raise UnsupportedError(f"activation {self.activation!r} is not supported",
+                                   param="hidden_act")
+        for layer in self.layers:
+            if layer.sliding_window < 0:
+                raise ValidationError("config.json: sliding_window must be >= 0",
+                                      param="sliding_window")
+            if layer.rope.rope_type not in ROPE_TYPES:
+                raise UnsupportedError(
+                    f"rope type {layer.rope.rope_type!r} is not supported (supported: "
+                    f"{', '.join(ROPE_TYPES)})", param="rope_scaling")
+            if layer.rope.partial_rotary_factor != 1.0:
+                raise UnsupportedError("partial rotary embeddings are not supported",
+                                       param="partial_rotary_factor")
 
     @property
     def q_size(self) -> int:
@@ -107,14 +122,33 @@ class ModelConfig:
         return self.num_key_value_heads * self.head_dim
 
     @property
+    def attention_scale(self) -> float:
+        return self.query_scale or self.head_dim ** -0.5
+
+    @property
+    def rope(self) -> RopeConfig:
+        """The rotary embedding of the full-attention layers (the context's reach)."""
+        full = [layer.rope for layer in self.layers if not layer.sliding_window]
+        return (full or [self.layers[0].rope])[0]
+
+    @property
+    def ropes(self) -> tuple[RopeConfig, ...]:
+        """The distinct rotary embeddings, in first-use order (one cos/sin table each)."""
+        return tuple(dict.fromkeys(layer.rope for layer in self.layers))
+
+    @property
+    def sliding_window(self) -> int:
+        """The largest window of any sliding layer (0: every layer attends fully)."""
+        return max((layer.sliding_window for layer in self.layers), default=0)
+
+    @property
     def max_context(self) -> int:
         """Longest sequence this engine runs exactly like the reference model.
 
         Rope scaling stretches the range as vLLM reads it: linear and dynamic multiply
         max_position_embeddings by the factor, yarn covers original length x factor, llama3
-        configs already state the stretched length. Sliding-window attention is not
-        implemented: within the window it equals full attention, so the context is capped to
-        the window instead of silently diverging past it.
+        configs already state the stretched length. Sliding-window layers attend to their
+        window at any length, so they do not limit it.
         """
         limit = self.max_position_embeddings
         rope = self.rope
@@ -122,78 +156,87 @@ class ModelConfig:
             limit = int(limit * rope.factor)
         elif rope.rope_type == "yarn":
             limit = max(limit, int(rope.original_max_position_embeddings * rope.factor))
-        if self.sliding_window:
-            return min(limit, self.sliding_window)
         return limit
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> ModelConfig:
+        """Parse config.json through the registry (registry.parse_model_config)."""
+        from services.engine.model.registry import parse_model_config
+
+        return parse_model_config(config)
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """KV bytes per token per element byte (multiply by the dtype's itemsize)."""
+        """KV bytes per token per element byte (multiply by the dtype's itemsize). Every layer
+        keeps the whole context, sliding ones included (their pages past the window are kept,
+        not freed: a sliding layer's share of this is what a windowed pool would save)."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
 
-    @classmethod
-    def from_dict(cls, config: dict[str, Any]) -> ModelConfig:
-        """Parse config.json; unsupported architectures and features raise UnsupportedError."""
-        architectures = config.get("architectures") or []
-        architecture = architectures[0] if architectures else ""
-        traits = SUPPORTED_ARCHITECTURES.get(architecture)
-        if traits is None:
-            raise UnsupportedError(
-                f"architecture {architecture or '(none)'!r} is not supported by the Helios engine "
-                f"(supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))})",
-                param="architectures")
-        act = config.get("hidden_act", config.get("hidden_activation", "silu"))
-        if act != "silu":
-            raise UnsupportedError(f"{architecture}: activation {act!r} is not supported "
-                                   "(only silu)", param="hidden_act")
-        try:
-            hidden = int(config["hidden_size"])
-            heads = int(config["num_attention_heads"])
-            head_dim = int(config.get("head_dim") or hidden // heads)
-            attention_bias = bool(config.get("attention_bias", False))
-            return cls(
-                architecture=architecture,
-                model_type=str(config.get("model_type", "")),
-                vocab_size=int(config["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(config["intermediate_size"]),
-                num_hidden_layers=int(config["num_hidden_layers"]),
-                num_attention_heads=heads,
-                num_key_value_heads=int(config.get("num_key_value_heads") or heads),
-                head_dim=head_dim,
-                rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-                max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
-                tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-                qkv_bias=attention_bias if traits.qkv_bias is None else traits.qkv_bias,
-                o_bias=attention_bias if traits.o_bias is None else traits.o_bias,
-                mlp_bias=bool(config.get(traits.mlp_bias_key, False))
-                if traits.mlp_bias_key else False,
-                qk_norm=traits.qk_norm,
-                rope=_parse_rope(config),
-                sliding_window=_sliding_window(config),
-                torch_dtype=str(config.get("torch_dtype") or config.get("dtype") or "float32"),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValidationError(f"config.json for {architecture} is malformed: {exc!r}",
-                                  param="config.json") from exc
+
+# ---------------------------------------------------------------------------------------------
+# Parsing helpers the family modules share
 
 
-def _sliding_window(config: dict[str, Any]) -> int | None:
-    window = config.get("sliding_window")
-    if not window:
+def activation(config: Mapping[str, Any], architecture: str, default: str = "silu") -> str:
+    """The gated MLP's activation from `hidden_act` / `hidden_activation`."""
+    raw = config.get("hidden_activation") or config.get("hidden_act") or default
+    name = _ACTIVATION_NAMES.get(str(raw))
+    if name is None:
+        raise UnsupportedError(f"{architecture}: activation {raw!r} is not supported "
+                               f"(supported: {', '.join(sorted(_ACTIVATION_NAMES))})",
+                               param="hidden_act")
+    return name
+
+
+def shape_fields(config: Mapping[str, Any], architecture: str) -> dict[str, Any]:
+    """The fields every decoder-only config states the same way, as ModelConfig kwargs."""
+    try:
+        hidden = int(config["hidden_size"])
+        heads = int(config["num_attention_heads"])
+        return {
+            "architecture": architecture,
+            "model_type": str(config.get("model_type", "")),
+            "vocab_size": int(config["vocab_size"]),
+            "hidden_size": hidden,
+            "intermediate_size": int(config["intermediate_size"]),
+            "num_hidden_layers": int(config["num_hidden_layers"]),
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(config.get("num_key_value_heads") or heads),
+            "head_dim": int(config.get("head_dim") or hidden // heads),
+            "rms_norm_eps": float(config.get("rms_norm_eps", 1e-6)),
+            "max_position_embeddings": int(config.get("max_position_embeddings", 4096)),
+            "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
+            "torch_dtype": str(config.get("torch_dtype") or config.get("dtype") or "float32"),
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise malformed(architecture, exc) from exc
+
+
+def malformed(architecture: str, exc: Exception) -> ValidationError:
+    return ValidationError(f"config.json for {architecture} is malformed: {exc!r}",
+                           param="config.json")
+
+
+def layer_types(config: Mapping[str, Any], num_layers: int) -> list[str] | None:
+    """`layer_types` ("full_attention" / "sliding_attention" per layer) when stated."""
+    types = config.get("layer_types")
+    if types is None:
         return None
-    if config.get("model_type") in ("qwen2", "qwen3"):
-        # Qwen only slides when asked to, and only on layers listed as sliding.
-        layer_types = config.get("layer_types") or []
-        if not config.get("use_sliding_window") and "sliding_attention" not in layer_types:
-            return None
-    return int(window)
+    if len(types) != num_layers:
+        raise ValidationError(f"config.json: {len(types)} layer_types for {num_layers} layers",
+                              param="layer_types")
+    unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if unknown:
+        raise UnsupportedError(f"layer type {unknown[0]!r} is not supported (supported: "
+                               "full_attention, sliding_attention)", param="layer_types")
+    return list(types)
 
 
-def _parse_rope(config: dict[str, Any]) -> RopeConfig:
-    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+def parse_rope(params: Mapping[str, Any], config: Mapping[str, Any],
+               default_theta: float = 10000.0) -> RopeConfig:
+    """One rope parameter dict (`rope_scaling` / `rope_parameters[...]`) -> RopeConfig."""
     rope_type = str(params.get("rope_type") or params.get("type") or "default")
-    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+    theta = params.get("rope_theta", config.get("rope_theta", default_theta))
     max_pos = int(config.get("max_position_embeddings", 4096))
     factor = params.get("factor")
     if rope_type in ("linear", "dynamic", "llama3") and factor is None:
@@ -219,3 +262,9 @@ def _parse_rope(config: dict[str, Any]) -> RopeConfig:
         partial_rotary_factor=float(params.get("partial_rotary_factor",
                                                config.get("partial_rotary_factor", 1.0))),
     )
+
+
+def single_rope(config: Mapping[str, Any]) -> RopeConfig:
+    """The one rope of a model whose layers all share it (either config layout)."""
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    return parse_rope(params, config)

@@ -16,6 +16,7 @@ import torch
 
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.config import ModelConfig
+from services.engine.model.registry import build_model
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +34,14 @@ def init_dummy_weights(model: CausalLM, seed: int = 0, std: float = STD) -> Caus
         elif name.endswith("bias"):
             param.zero_()
         else:                        # norm weights (input, post-attention, q/k, final)
-            param.fill_(1.0)
+            param.fill_(1.0)         # (Gemma's 1 + w stored: a scale of 1 too)
     return model
 
 
 def load_dummy_model(config: ModelConfig, device: torch.device | str, dtype: torch.dtype, *,
                      max_positions: int | None = None, seed: int = 0) -> CausalLM:
     """A model of `config`'s shapes on `device` with dummy weights (no checkpoint read)."""
-    model = CausalLM(config, device, dtype, max_positions or config.max_context)
+    model = build_model(config, device, dtype, max_positions)
     init_dummy_weights(model, seed)
     log.info("dummy weights for %s (%d layers) on %s as %s, seed %d", config.architecture,
              config.num_hidden_layers, device, dtype, seed)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import logging
 import os
 from collections.abc import Callable
@@ -27,8 +28,10 @@ from services.engine.model.attention import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
-OP_NAMES = ("rms_norm", "fused_add_rms_norm", "apply_rotary", "silu_and_mul", "write_kv",
-            "paged_attention", "qkv_prologue", "linear", "norm_linear")
+OP_NAMES = ("rms_norm", "fused_add_rms_norm", "apply_rotary", "silu_and_mul",
+            "gelu_tanh_and_mul", "write_kv", "paged_attention", "qkv_prologue", "linear",
+            "norm_linear")
+GATED_ACTIVATIONS = ("silu", "gelu_tanh")   # norm_linear's `activation` (None: no activation)
 
 
 @functools.cache
@@ -50,6 +53,15 @@ def kernel_ops() -> dict[str, Callable[..., Any]]:
 
 def _kernel(name: str, tensor: torch.Tensor) -> Callable[..., Any] | None:
     return kernel_ops().get(name) if tensor.is_cuda else None
+
+
+@functools.cache
+def _accepts(kernel: Callable[..., Any], parameter: str) -> bool:
+    """Whether a kernel's signature has `parameter` (features kernels gained later)."""
+    try:
+        return parameter in inspect.signature(kernel).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,6 +104,21 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return kernel(x) if kernel else reference_silu_and_mul(x)
 
 
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [T, 2I] (gate then up) -> gelu_tanh(gate) * up [T, I] (Gemma's gated MLP)."""
+    kernel = _kernel("gelu_tanh_and_mul", x)
+    return kernel(x) if kernel else reference_gelu_tanh_and_mul(x)
+
+
+def gated_activation(x: torch.Tensor, activation: str) -> torch.Tensor:
+    """x [T, 2I] -> act(gate) * up [T, I] for `activation` in GATED_ACTIVATIONS."""
+    if activation == "silu":
+        return silu_and_mul(x)
+    if activation == "gelu_tanh":
+        return gelu_tanh_and_mul(x)
+    raise ValueError(f"unknown gated activation {activation!r} (known: {GATED_ACTIVATIONS})")
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [T, K] @ weight [N, K]^T + bias -> [T, N] in out_dtype (x's by default). On CUDA a
@@ -104,28 +131,34 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                 eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                activation: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A sublayer's way in: (y, new residual) with y = rms_norm(x + residual) @ W^T + b (no
-    add when residual is None: then the new residual is x), and with `silu_mul` the weight's
-    gate/up halves combined as silu(gate) * up [T, N/2]. One launch on CUDA for decode-sized
-    T; elsewhere the composition of the ops above (the same order and roundings)."""
+    add when residual is None: then the new residual is x), and with an `activation` (silu,
+    gelu_tanh) the weight's gate/up halves combined as act(gate) * up [T, N/2]. One launch on
+    CUDA for decode-sized T; elsewhere the composition of the ops above (the same order and
+    roundings)."""
     kernel = _kernel("norm_linear", x)
-    if kernel:
-        return kernel(x, residual, norm_weight, eps, weight, bias, silu_mul)
-    return composed_norm_linear(x, residual, norm_weight, eps, weight, bias, silu_mul)
+    if kernel and (activation in (None, "silu") or _accepts(kernel, "activation")):
+        if _accepts(kernel, "activation"):
+            return kernel(x, residual, norm_weight, eps, weight, bias, activation)
+        return kernel(x, residual, norm_weight, eps, weight, bias, activation == "silu")
+    return composed_norm_linear(x, residual, norm_weight, eps, weight, bias, activation)
 
 
 def composed_norm_linear(x: torch.Tensor, residual: torch.Tensor | None,
                          norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                         bias: torch.Tensor | None = None, silu_mul: bool = False
+                         bias: torch.Tensor | None = None, activation: str | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """norm_linear as separate (dispatching) ops: the norm, the projection, the activation."""
+    """norm_linear as separate (dispatching) ops: the norm, the projection, the activation.
+    (A bool `activation` is the older `silu_mul` flag: True means silu.)"""
+    if activation is True:
+        activation = "silu"
     if residual is None:
         normed, residual = rms_norm(x, norm_weight, eps), x
     else:
         normed, residual = fused_add_rms_norm(x, residual, norm_weight, eps)
     y = F.linear(normed, weight, bias)
-    return (silu_and_mul(y) if silu_mul else y), residual
+    return (gated_activation(y, activation) if activation else y), residual
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -176,17 +209,21 @@ def composed_qkv_prologue(qkv: torch.Tensor, q_norm: torch.Tensor | None,
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                    meta: AttentionMetadata, scale: float, sliding_window: int = 0
+                    ) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over the paged KV of each row's sequence -> [T, Hq, D].
 
-    The new rows' K/V must already be written (write_kv). Padding rows return finite garbage.
+    With `sliding_window` W > 0 the row at position p sees only positions (p - W, p]. The
+    new rows' K/V must already be written (write_kv). Padding rows return finite garbage.
     """
     kernel = _kernel("paged_attention", q)
-    if kernel:
+    if kernel and (not sliding_window or _accepts(kernel, "sliding_window")):
+        if sliding_window:
+            return kernel(q, k_cache, v_cache, meta, scale, sliding_window)
         return kernel(q, k_cache, v_cache, meta, scale)
     if q.is_cuda:
-        return reference_paged_attention(q, k_cache, v_cache, meta, scale)
-    return varlen_paged_attention(q, k_cache, v_cache, meta, scale)
+        return reference_paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+    return varlen_paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,6 +264,11 @@ def reference_apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Te
 def reference_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def reference_gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -278,7 +320,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Te
 
 
 def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                              meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                              meta: AttentionMetadata, scale: float, sliding_window: int = 0
+                              ) -> torch.Tensor:
     """Graph-safe reference: pad the batch to [B, max_query_len, ...] with tensor ops only."""
     num_rows = q.shape[0]
     num_seqs = meta.seq_lens.shape[0]
@@ -298,7 +341,10 @@ def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     key_pos = torch.arange(max_s, device=q.device)
     allowed = (key_pos[None, None, :] <= query_pos[:, :, None]) & (
         key_pos[None, None, :] < seq_lens[:, None, None])                    # [B, L+1, S]
-    allowed[:, :, 0] = True                            # keep rows finite (masked rows unused)
+    if sliding_window:
+        allowed &= key_pos[None, None, :] > query_pos[:, :, None] - sliding_window
+    # keep rows that see nothing (padding) finite; a valid row always sees its own position
+    allowed[:, :, 0] |= ~allowed.any(dim=-1)
     k = _gather_kv(k_cache, meta.page_table, max_s)
     v = _gather_kv(v_cache, meta.page_table, max_s)
     out = _attend(padded_q, k, v, allowed, scale)
@@ -306,7 +352,8 @@ def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                           meta: AttentionMetadata, scale: float, sliding_window: int = 0
+                           ) -> torch.Tensor:
     """The CPU path: one sequence at a time (reads lengths on the host; never for graphs)."""
     out = torch.zeros_like(q)
     starts = meta.query_start_loc.tolist()
@@ -318,6 +365,9 @@ def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         k = _gather_kv(k_cache, table, seq_len)
         v = _gather_kv(v_cache, table, seq_len)
         query_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-        allowed = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]
+        key_pos = torch.arange(seq_len, device=q.device)[None, :]
+        allowed = key_pos <= query_pos[:, None]
+        if sliding_window:
+            allowed &= key_pos > query_pos[:, None] - sliding_window
         out[begin:end] = _attend(q[None, begin:end], k, v, allowed[None], scale)[0].to(q.dtype)
     return out

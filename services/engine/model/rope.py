@@ -91,9 +91,11 @@ def _dynamic_angles(rope: RopeConfig, dim: int, max_positions: int,
 
 
 def build_cos_sin_cache(config: ModelConfig, max_positions: int,
-                        device: torch.device | str = "cpu") -> torch.Tensor:
-    """The float32 [max_positions, head_dim] cos/sin table for the config's rope scaling."""
-    rope, dim = config.rope, config.head_dim
+                        device: torch.device | str = "cpu", rope: RopeConfig | None = None
+                        ) -> torch.Tensor:
+    """The float32 [max_positions, head_dim] cos/sin table for `rope` (default: the config's
+    full-attention rope; a model with several builds one table per `config.ropes` entry)."""
+    rope, dim = rope or config.rope, config.head_dim
     scaling = 1.0
     if rope.rope_type == "dynamic":
         angles = _dynamic_angles(rope, dim, max_positions, config.max_position_embeddings)

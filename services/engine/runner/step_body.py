@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.engine.model import AttentionMetadata, CausalLM, KVCache
+from services.engine.model import AttentionMetadata, CausalLM, ForwardBatch, KVCache
 from services.engine.runner.frames import DeviceViews
 from services.engine.runner.slot_sampler import SampleOutputs, sample_rows
 from services.engine.runner.slot_state import SamplingMode, SlotState
@@ -74,7 +74,7 @@ class StepBody:
                 page_table=self.page_table.index_select(0, seq_slots),            # [B, W]
                 slot_mapping=views.get("slot_mapping"), max_query_len=shape.max_query_len,
                 max_seq_len=shape.max_seq_len)
-            hidden = self.model(input_ids, positions, self.kv, meta)              # [T, H]
+            hidden = self.model(ForwardBatch(input_ids, positions, meta), self.kv).hidden  # [T, H]
         if shape.is_decode_graph:
             assert hidden is not None
             cells = seq_slots * 2 + positions % 2

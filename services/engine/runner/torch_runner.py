@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from services.common.errors import PoisonedError, WorkerFailure
-from services.engine.model import CausalLM, KVCache
+from services.engine.model import CausalLM, ForwardBatch, KVCache
 from services.engine.runner.inputs import build_forward_inputs
 from services.engine.runner.snapshots import SnapshotStore
 from services.engine.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow
@@ -120,7 +120,8 @@ class TorchRunner:
         hidden = None
         last_row: dict[int, int] = {}
         if inputs is not None:
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv, inputs.meta)
+            hidden = self.model(ForwardBatch(inputs.input_ids, inputs.positions, inputs.meta),
+                                self.kv).hidden
             last_row = dict(zip(inputs.seq_indices, inputs.last_rows, strict=True))
             fed = [step.seqs[i] for i in inputs.seq_indices]
             self.last_hidden.index_put_(                                    # [B, H] rows

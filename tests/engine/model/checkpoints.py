@@ -40,12 +40,30 @@ class CheckpointSpec:
     overrides: dict[str, Any] = field(default_factory=dict)
     max_shard_size: str | None = None  # e.g. "40KB" for a sharded checkpoint
     seed: int = 0
+    outer: dict[str, Any] | None = None   # a multimodal config: the text config goes inside
 
     def config(self) -> Any:
         import transformers
 
         values = {**_BASE, **self.overrides}
+        if self.outer is not None:
+            return getattr(transformers, self.config_class)(text_config=values, **self.outer)
         return getattr(transformers, self.config_class)(**values)
+
+
+# Gemma 3: three layers (sliding, full, sliding) with a 5-token window, so every parity
+# prompt runs past the window; each kind with its own rope (the full one linearly scaled),
+# a query scalar unlike head_dim, and soft-capped logits.
+_GEMMA3 = {
+    "num_hidden_layers": 3, "head_dim": 16, "sliding_window": 5,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    "query_pre_attn_scalar": 24, "final_logit_softcapping": 30.0,
+    "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 50000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}},
+}
+_SIGLIP_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                "num_attention_heads": 2, "image_size": 28, "patch_size": 14}
 
 
 SPECS: dict[str, CheckpointSpec] = {spec.name: spec for spec in (
@@ -69,6 +87,12 @@ SPECS: dict[str, CheckpointSpec] = {spec.name: spec for spec in (
         max_shard_size="60KB"),
     CheckpointSpec("mistral", "MistralConfig", {
         "num_key_value_heads": 4, "head_dim": 16, "sliding_window": None}),
+    CheckpointSpec("mistral-sliding", "MistralConfig", {"sliding_window": 6}),
+    CheckpointSpec("qwen2-sliding", "Qwen2Config", {
+        "use_sliding_window": True, "sliding_window": 7, "max_window_layers": 1}),
+    CheckpointSpec("gemma3", "Gemma3TextConfig", _GEMMA3),
+    CheckpointSpec("gemma3-vlm-text", "Gemma3Config", _GEMMA3,
+                   outer={"vision_config": _SIGLIP_TINY, "mm_tokens_per_image": 4}),
 )}
 
 

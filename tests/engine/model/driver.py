@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.engine.model import CausalLM, allocate_kv_cache, build_metadata
+from services.engine.model import CausalLM, ForwardBatch, allocate_kv_cache, build_metadata
 
 
 @dataclass
@@ -85,8 +85,9 @@ class PagedDriver:
         meta = build_metadata(query_lens, seq_lens, [s.pages for s in live], self.page_size,
                               self.model.device, num_padding_rows=self.num_padding_rows)
         device = self.model.device
-        hidden = self.model(torch.tensor(input_ids, device=device),
-                            torch.tensor(positions, device=device), self.kv_cache, meta)
+        batch = ForwardBatch(torch.tensor(input_ids, device=device),
+                             torch.tensor(positions, device=device), meta)
+        hidden = self.model(batch, self.kv_cache).hidden
         self.num_steps += 1
         is_decode = [q == 1 and s.num_computed >= len(s.prompt)
                      for q, s in zip(query_lens, live, strict=True)]

@@ -10,7 +10,7 @@ import torch
 
 from services.common.core import open_model
 from services.common.errors import ManifestError, ValidationError
-from services.engine.model import ModelConfig, build_metadata, load_dummy_model
+from services.engine.model import ForwardBatch, ModelConfig, build_metadata, load_dummy_model
 from tests.engine.fakes import run_until_idle
 from tests.engine.model.checkpoints import SPECS, build_checkpoint
 from tests.engine.runner.conftest import greedy_request, make_engine
@@ -50,7 +50,7 @@ def test_dummy_weights_are_seeded_and_finite_in_bf16(weightless):
     from services.engine.model import allocate_kv_cache
     kv = allocate_kv_cache(config, 8, 4, "cpu", torch.bfloat16)
     meta = build_metadata([20], [20], [list(range(5))], 4)
-    hidden = first(torch.arange(20), torch.arange(20), kv, meta)
+    hidden = first(ForwardBatch(torch.arange(20), torch.arange(20), meta), kv).hidden
     assert torch.isfinite(first.compute_logits(hidden)).all()
 
 
@@ -59,5 +59,5 @@ def test_engine_serves_a_weightless_directory_with_dummy_weights(weightless):
     engine = make_engine(source, load_format="dummy", page_size=4)
     engine.scheduler.admit(greedy_request("a", list(range(1, 30)), 6))
     assert len(run_until_idle(engine.scheduler, engine.runner)["a"][0]) == 6
-    with pytest.raises(ManifestError, match="no safetensors weights"):
+    with pytest.raises(ManifestError, match="no weights \\(safetensors or GGUF\\)"):
         make_engine(source, page_size=4)              # auto: reads the (missing) weights

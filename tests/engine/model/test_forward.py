@@ -7,6 +7,7 @@ import torch
 
 from services.common.errors import ValidationError
 from services.engine.model import (
+    ForwardBatch,
     allocate_kv_cache,
     build_metadata,
     kv_cache_bytes_per_page,
@@ -33,8 +34,8 @@ def test_forward_graph_safe_path_has_no_data_dependent_breaks(engine_models, mon
 
     def graph_breaks() -> int:
         torch._dynamo.reset()
-        return torch._dynamo.explain(model.forward)(input_ids, positions, kv_cache,
-                                                     meta).graph_break_count
+        batch = ForwardBatch(input_ids, positions, meta)
+        return torch._dynamo.explain(model.forward)(batch, kv_cache).graph_break_count
 
     assert graph_breaks() > 0   # the CPU varlen path reads lengths: the detector sees it
     monkeypatch.setattr(ops, "varlen_paged_attention", ops.reference_paged_attention)
@@ -46,10 +47,10 @@ def test_padding_rows_change_nothing(engine_models) -> None:
     model = engine_models[MODEL]
     input_ids, positions, meta = _step_inputs()
     padded_cache = allocate_kv_cache(model.config, 16, 4, "cpu", torch.float32)
-    padded = model(input_ids, positions, padded_cache, meta)
+    padded = model(ForwardBatch(input_ids, positions, meta), padded_cache).hidden
     plain_meta = build_metadata([3, 1], [3, 6], [[2], [5, 7]], page_size=4)
     plain_cache = allocate_kv_cache(model.config, 16, 4, "cpu", torch.float32)
-    plain = model(input_ids[:4], positions[:4], plain_cache, plain_meta)
+    plain = model(ForwardBatch(input_ids[:4], positions[:4], plain_meta), plain_cache).hidden
     torch.testing.assert_close(padded[:4], plain, rtol=0, atol=0)
     for a, b in zip(padded_cache.k_caches, plain_cache.k_caches, strict=True):
         assert torch.equal(a, b)
@@ -61,12 +62,12 @@ def test_bfloat16_forward_tracks_float32(checkpoint_dirs, engine_models) -> None
 
     model32 = engine_models[MODEL]
     model16 = load_model(open_model(checkpoint_dirs[MODEL]), "cpu", torch.bfloat16)
-    assert model16.embed.dtype == torch.bfloat16 and model16.cos_sin_cache.dtype == torch.float32
+    assert model16.model.embed_tokens.weight.dtype == torch.bfloat16 and model16.cos_sin_cache.dtype == torch.float32
     input_ids, positions, meta = _step_inputs()
     results = []
     for model in (model32, model16):
         cache = allocate_kv_cache(model.config, 16, 4, "cpu", model.dtype)
-        hidden = model(input_ids, positions, cache, meta)
+        hidden = model(ForwardBatch(input_ids, positions, meta), cache).hidden
         assert hidden.dtype == model.dtype
         logits = model.compute_logits(hidden[:4])
         assert logits.dtype == torch.float32

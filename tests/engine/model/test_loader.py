@@ -54,23 +54,43 @@ def test_architecture_traits() -> None:
     assert llama_bias.qkv_bias and llama_bias.o_bias and llama_bias.mlp_bias
 
 
-def test_sliding_window_caps_the_context() -> None:
+def test_sliding_windows_per_layer() -> None:
+    """Sliding layers attend to their window at any length: the context is not capped."""
     mistral = ModelConfig.from_dict({**LLAMA_31, "architectures": ["MistralForCausalLM"],
                                      "model_type": "mistral", "sliding_window": 4096,
                                      "rope_scaling": None, "max_position_embeddings": 32768})
-    assert mistral.sliding_window == 4096 and mistral.max_context == 4096
+    assert [layer.sliding_window for layer in mistral.layers] == [4096, 4096]
+    assert mistral.sliding_window == 4096 and mistral.max_context == 32768
     qwen2 = ModelConfig.from_dict({**LLAMA_31, "architectures": ["Qwen2ForCausalLM"],
                                    "model_type": "qwen2", "sliding_window": 4096,
                                    "use_sliding_window": False, "rope_scaling": None})
-    assert qwen2.sliding_window is None and qwen2.max_context == 131072
+    assert qwen2.sliding_window == 0 and qwen2.max_context == 131072
+    qwen2_sliding = ModelConfig.from_dict({
+        **LLAMA_31, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+        "sliding_window": 64, "use_sliding_window": True, "max_window_layers": 1,
+        "rope_scaling": None})
+    assert [layer.kind for layer in qwen2_sliding.layers] == ["full", "sliding"]
+    stated = ModelConfig.from_dict({
+        **LLAMA_31, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "sliding_window": 32, "layer_types": ["sliding_attention", "full_attention"],
+        "rope_scaling": None})
+    assert [layer.sliding_window for layer in stated.layers] == [32, 0]
+    with pytest.raises(ValidationError, match="layer_types"):
+        ModelConfig.from_dict({**LLAMA_31, "architectures": ["Qwen3ForCausalLM"],
+                               "layer_types": ["full_attention"], "rope_scaling": None})
+    with pytest.raises(UnsupportedError, match="chunked_attention"):
+        ModelConfig.from_dict({**LLAMA_31, "architectures": ["Qwen3ForCausalLM"],
+                               "layer_types": ["chunked_attention", "full_attention"],
+                               "rope_scaling": None})
 
 
-@pytest.mark.parametrize("architecture", ["GPT2LMHeadModel", "Gemma3ForCausalLM",
+@pytest.mark.parametrize("architecture", ["GPT2LMHeadModel", "Phi3ForCausalLM",
                                           "DeepseekV3ForCausalLM"])
 def test_unsupported_architecture_is_named(architecture: str) -> None:
     with pytest.raises(UnsupportedError, match=architecture) as info:
         ModelConfig.from_dict({**LLAMA_31, "architectures": [architecture]})
-    assert "LlamaForCausalLM" in str(info.value)   # and the supported ones are listed
+    for supported in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM"):
+        assert supported in str(info.value)   # and the supported ones are listed
 
 
 @pytest.mark.parametrize(("change", "error"), [
@@ -131,9 +151,9 @@ def test_missing_shard_is_named(checkpoint_dirs, tmp_path) -> None:
 
 def test_tied_checkpoint_shares_the_embedding(engine_models) -> None:
     tied = engine_models["qwen2-bias-yarn"]
-    assert tied.lm_head is None and tied.lm_head_weight is tied.embed
+    assert tied.lm_head is None and tied.lm_head_weight is tied.model.embed_tokens.weight
     untied = engine_models["llama"]
-    assert untied.lm_head is not None and untied.lm_head_weight is untied.lm_head
+    assert untied.lm_head is not None and untied.lm_head_weight is untied.lm_head.weight
 
 
 def test_tied_checkpoint_that_also_saved_lm_head(checkpoint_dirs, tmp_path) -> None:
@@ -157,7 +177,7 @@ def test_loads_from_a_prepared_core(checkpoint_dirs, tmp_path, engine_models) ->
 def test_demo_core_loads(demo_core) -> None:
     model = load_model(open_model(demo_core))
     assert model.config.architecture == "Qwen3ForCausalLM" and model.config.qk_norm
-    assert model.embed.dtype == torch.float32   # bf16 checkpoint, float32 on the CPU
+    assert model.model.embed_tokens.weight.dtype == torch.float32   # bf16 checkpoint, float32 on the CPU
 
 
 def test_checkpoint_helper_writes_a_model_directory(tmp_path) -> None:

@@ -1,0 +1,59 @@
+"""Self-attention over the paged KV cache: fused qkv projection, optional QK-norm, rotary,
+the K/V write and paged attention, then the output projection.
+
+Each layer states its attention kind (`ModelConfig.layers[i]`): full causal attention, or a
+sliding window of the last W positions, and which rotary table it rotates with
+(`rope_index` into the model's tables; Gemma 3's sliding layers use their own base).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from services.engine.model import ops
+from services.engine.model.attention import AttentionMetadata
+from services.engine.model.config import ModelConfig
+from services.engine.model.layers.linear import Linear, PackedLinear
+from services.engine.model.layers.norm import RMSNorm
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int, *, device: torch.device | str,
+                 dtype: torch.dtype, norm_offset: float = 0.0) -> None:
+        super().__init__()
+        kind = config.layers[layer_index]
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.q_size
+        self.scale = config.attention_scale
+        self.eps = config.rms_norm_eps
+        self.sliding_window = kind.sliding_window
+        self.rope_index = config.ropes.index(kind.rope)
+        self.qkv_proj = PackedLinear(
+            config.hidden_size, {"q": config.q_size, "k": config.kv_size, "v": config.kv_size},
+            bias=config.qkv_bias, device=device, dtype=dtype)
+        self.o_proj = Linear(config.q_size, config.hidden_size, bias=config.o_bias,
+                             device=device, dtype=dtype)
+        self.q_norm = self.k_norm = None
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, self.eps, device=device, dtype=dtype,
+                                  offset=norm_offset)
+            self.k_norm = RMSNorm(config.head_dim, self.eps, device=device, dtype=dtype,
+                                  offset=norm_offset)
+
+    def forward(self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+                ) -> torch.Tensor:
+        """qkv [T, q + 2kv] (the layer projects it, fused with its input norm) -> [T, H]."""
+        num_tokens = qkv.shape[0]
+        q_norm = self.q_norm.weight if self.q_norm is not None else None
+        k_norm = self.k_norm.weight if self.k_norm is not None else None
+        # QK-norm, rotary and the K/V write (one kernel on CUDA)
+        q = ops.qkv_prologue(qkv, q_norm, k_norm, self.eps, positions, cos_sin_cache, True,
+                             k_cache, v_cache, meta.slot_mapping, self.num_heads,
+                             self.num_kv_heads)                                # [T, Hq, D]
+        out = ops.paged_attention(q, k_cache, v_cache, meta, self.scale,
+                                  self.sliding_window)                        # [T, Hq, D]
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
