@@ -1,8 +1,8 @@
 """`helios`: serve one service, run all four, prepare cores, build the demo model, fetch assets.
 
     helios serve {gateway|frontend|imageprep|engine} [service flags]   # container entrypoints
-    helios run [MODEL_DIR | CORE | --demo] [--port 8000]               # everything, locally
-    helios prepare MODEL_DIR --out CORE [--served-name NAME ...]
+    helios run [MODEL_DIR | CORE | FILE.gguf | --demo] [--port 8000]   # everything, locally
+    helios prepare MODEL_DIR|FILE.gguf --out CORE [--served-name NAME ...]
     helios demo-model --out DIR [--seed 0]
     helios fetch-assets [qwen3 llama3_1 deepseek_v3 gemma3]
     helios dashboard [--engine ADDRESS | --runtime-dir DIR]
@@ -44,7 +44,7 @@ def _cmd_run(args: argparse.Namespace, rest: list[str]) -> int:
         raise SystemExit(f"helios run: unrecognized arguments: {' '.join(rest)}")
     if args.demo == bool(args.model):
         raise SystemExit("helios run: give a MODEL_DIR or CORE, or --demo")
-    model = str(demo_core()) if args.demo else args.model
+    model = str(demo_core()) if args.demo else _resolve_model(args.model)
     dashboard = args.dashboard if args.dashboard is not None else _usable_terminal()
     log_dir = ""
     if dashboard:
@@ -58,6 +58,20 @@ def _cmd_run(args: argparse.Namespace, rest: list[str]) -> int:
                          runtime_dir=args.runtime_dir or "", dashboard=dashboard,
                          log_dir=log_dir)
     return Launcher(options).run()
+
+
+def _resolve_model(model: str) -> str:
+    """A GGUF file is served from its cached core, prepared here once (not by each service)."""
+    from services.common.gguf.core import gguf_core
+    from services.common.gguf.reader import is_gguf_file
+
+    path = Path(model)
+    if not (path.is_file() and (path.suffix.lower() == ".gguf" or is_gguf_file(path))):
+        return model
+    print(f"helios run: preparing (once) or reusing the core of {path}", file=sys.stderr)
+    core = gguf_core(path)
+    print(f"helios run: serving the core {core}", file=sys.stderr)
+    return str(core)
 
 
 def _usable_terminal() -> bool:
@@ -116,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_cmd_serve)
 
     run = sub.add_parser("run", help="start all four services locally")
-    run.add_argument("model", nargs="?", help="prepared core or model directory")
+    run.add_argument("model", nargs="?",
+                     help="prepared core, model directory or GGUF file (prepared once, cached)")
     run.add_argument("--demo", action="store_true", help="serve the built-in tiny demo model")
     run.add_argument("--host", default="127.0.0.1", help="gateway HTTP bind address")
     run.add_argument("--port", type=int, default=8000, help="gateway HTTP port")
@@ -129,9 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_run)
 
     prepare = sub.add_parser("prepare", help="check a checkpoint and write a prepared core")
-    prepare.add_argument("model_dir")
+    prepare.add_argument("model_dir", help="Hugging Face model directory or GGUF file")
     prepare.add_argument("--out", required=True)
-    prepare.add_argument("--model-id", help="checkpoint identifier (default: directory name)")
+    prepare.add_argument("--model-id",
+                         help="checkpoint identifier (default: directory name / GGUF file stem)")
     prepare.add_argument("--served-name", action="append", help="alias (repeatable)")
     prepare.add_argument("--max-model-len", type=int)
     prepare.add_argument("--context-hint", default="raise --max-model-len (engine)")

@@ -6,6 +6,11 @@ the files (hard-linked where possible) and `helios-core.json`, the manifest. Eve
 its model through `open_model`, which for a core verifies the SHA-256 of the files it needs and
 names the first one that does not match; a plain model directory is inspected in memory.
 
+A GGUF file (`helios prepare model.gguf --out CORE`) becomes a core holding the .gguf as its
+weights beside a config.json and tokenizer files generated from its metadata
+(services.common.gguf.core); `open_model("model.gguf")` prepares such a core once in the cache
+and opens it.
+
 The manifest's `identity` (32 bytes, hex) is BLAKE2b-256 over the architecture and the hashes of
 config, weights, tokenizer and chat template: the prefix cache seeds its keys with it, so two
 engines agree on cached prefixes exactly when they serve the same model and recipe.
@@ -209,6 +214,15 @@ def _safetensors_parameters(path: Path) -> int:
     return total
 
 
+def _weight_parameters(path: Path) -> int:
+    if path.suffix == ".gguf":
+        from services.common.gguf.reader import open_gguf
+        from services.common.gguf.tensors import count_parameters
+
+        return count_parameters(open_gguf(path))
+    return _safetensors_parameters(path)
+
+
 def _eos_ids(root: Path, config: dict[str, Any], tokenizer: dict[str, Any]) -> tuple[int, ...]:
     ids: list[int] = []
 
@@ -261,12 +275,15 @@ def inspect_model_dir(
     capacity_hint: str = "",
     capture_batch_sizes: tuple[int, ...] = (),
     allow_missing_weights: bool = False,
+    num_parameters: int | None = None,
 ) -> Manifest:
     """Check a Hugging Face checkpoint directory and describe it as a manifest.
 
+    The weights are its *.safetensors files, else its one *.gguf file (a GGUF core).
     `allow_missing_weights` accepts a directory with config and tokenizer but no weights (an
     engine run with `--load-format dummy`, speed benchmarks at real shapes); its manifest lists
-    no weight files and counts the parameters as 0."""
+    no weight files and counts the parameters as 0. `num_parameters` is a count the caller
+    already has (a GGUF's, read when its core was written); else the weights' headers are read."""
     model_dir = Path(model_dir)
     config_path = model_dir / "config.json"
     if not config_path.is_file():
@@ -277,8 +294,13 @@ def inspect_model_dir(
         raise ValidationError(f"{config_path}: no `architectures` entry")
     architecture = architectures[0]
     weights = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    if not weights:
+        weights = sorted(p.name for p in model_dir.glob("*.gguf"))
+        if len(weights) > 1:
+            raise ValidationError(f"{model_dir}: {len(weights)} *.gguf files; a model directory "
+                                  "holds one")
     if not weights and not allow_missing_weights:
-        raise ValidationError(f"{model_dir}: no *.safetensors weights (only safetensors load)")
+        raise ValidationError(f"{model_dir}: no weights (*.safetensors or one *.gguf file)")
     if not (model_dir / "tokenizer.json").is_file():
         raise ValidationError(f"{model_dir}: tokenizer.json is missing")
 
@@ -311,7 +333,8 @@ def inspect_model_dir(
                   config.get("torch_dtype") or "float32"),
         max_model_len=int(context),
         vocab_size=int(text_config.get("vocab_size", 0)),
-        num_parameters=sum(_safetensors_parameters(model_dir / w) for w in weights),
+        num_parameters=(num_parameters if num_parameters is not None
+                        else sum(_weight_parameters(model_dir / w) for w in weights)),
         weight_bytes=sum(fp.size for fp in fingerprints if fp.role == ROLE_WEIGHTS),
         eos_token_ids=_eos_ids(model_dir, config, tokenizer),
         capabilities=capabilities,
@@ -332,8 +355,13 @@ def inspect_model_dir(
 
 
 def prepare_core(model_dir: Path, out: Path, **options: Any) -> Manifest:
-    """Write a core: the model's files (hard-linked, else copied) and its manifest."""
+    """Write a core: the model's files (hard-linked, else copied) and its manifest. `model_dir`
+    may also be a GGUF file (services.common.gguf.core.prepare_gguf_core)."""
     model_dir, out = Path(model_dir), Path(out)
+    if _is_gguf(model_dir):
+        from services.common.gguf.core import prepare_gguf_core
+
+        return prepare_gguf_core(model_dir, out, **options)
     manifest = inspect_model_dir(model_dir, **options)
     if out.exists() and any(out.iterdir()):
         raise ValidationError(f"{out} exists and is not empty")
@@ -375,14 +403,27 @@ def verify_core(root: Path, manifest: Manifest, roles: tuple[str, ...] | None = 
                 "match its fingerprint", param=manifest.chat_template_file)
 
 
+def _is_gguf(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    from services.common.gguf.reader import is_gguf_file
+
+    return path.suffix.lower() == ".gguf" or is_gguf_file(path)
+
+
 def open_model(path: Path | str, *, verify: tuple[str, ...] | None = None,
                allow_missing_weights: bool = False) -> ModelSource:
-    """Open a prepared core (verifying files with the given roles; all when None) or a model dir
-    (one without weights only with `allow_missing_weights`: see inspect_model_dir).
+    """Open a prepared core (verifying files with the given roles; all when None), a model dir
+    (one without weights only with `allow_missing_weights`: see inspect_model_dir), or a GGUF
+    file (its cached core, prepared on first use: services.common.gguf.core.gguf_core).
 
     Unknown paths and malformed manifests raise ValidationError / ManifestError.
     """
     root = Path(path)
+    if _is_gguf(root):
+        from services.common.gguf.core import gguf_core
+
+        root = gguf_core(root)
     manifest_path = root / MANIFEST_NAME
     if manifest_path.is_file():
         manifest = Manifest.from_json(manifest_path.read_text(), source=str(manifest_path))
