@@ -2,7 +2,9 @@
 
 `make_batch` lays out sequences of given KV lengths and step lengths in a paged KV cache whose
 pages are shuffled (a sequence's pages are not adjacent) and whose every unused slot holds NaN,
-so a kernel that reads a position it should not shows up as NaN in its output.
+so a kernel that reads a position it should not shows up as NaN in its output. With
+`sliding_window` W the positions every query row's window has left behind (below the first
+new token's window, seq_len - q_len - W + 1) hold NaN too: a windowed kernel must not read them.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def make_batch(
     spare_pages: int = 3,
     generator: torch.Generator | None = None,
     poison_unused: bool = True,
+    sliding_window: int = 0,
 ) -> PagedBatch:
     assert len(seq_lens) == len(q_lens)
     assert all(1 <= q <= s or (q == 0 and s >= 0) for q, s in zip(q_lens, seq_lens, strict=True))
@@ -58,7 +61,8 @@ def make_batch(
         next_page += n
         page_table[i, :n] = ids.to(torch.int32)
         pos = torch.arange(s)
-        used[ids[pos // page_size], pos % page_size] = True
+        seen = pos[pos >= s - q_lens[i] - sliding_window + 1] if sliding_window > 0 else pos
+        used[ids[seen // page_size], seen % page_size] = True
         new = pos[s - q_lens[i] :]
         slots.append(ids[new // page_size] * page_size + new % page_size)
     # the big tensors are drawn on the device, from a seed this batch's generator picks

@@ -3,6 +3,8 @@ kernels and the model's torch ops), plus the error measure the tests bound."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from tests.kernels.batch import PagedBatch
@@ -47,8 +49,17 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return gate * torch.sigmoid(gate) * up
 
 
-def paged_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
-    """[T, Hq, D] float64; padding rows are zero."""
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (transformers' gelu_pytorch_tanh) of the gate times up."""
+    gate, up = x.double().chunk(2, dim=-1)
+    inner = math.sqrt(2.0 / math.pi) * (gate + 0.044715 * gate.pow(3))
+    return 0.5 * gate * (1.0 + torch.tanh(inner)) * up
+
+
+def paged_attention(batch: PagedBatch, scale: float, sliding_window: int = 0) -> torch.Tensor:
+    """[T, Hq, D] float64; padding rows are zero. Query position p sees KV [0, p], or with
+    sliding_window W > 0 KV [p - W + 1, p]; only positions some row sees are gathered (a
+    windowed batch may hold NaN below them)."""
     q, k_cache, v_cache, meta = batch.q, batch.k_cache, batch.v_cache, batch.meta
     num_q_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
@@ -58,14 +69,18 @@ def paged_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
     for i, (q_len, seq_len) in enumerate(zip(batch.q_lens, batch.seq_lens, strict=True)):
         if q_len == 0:
             continue
-        pos = torch.arange(seq_len, device=q.device)
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        first = max(0, seq_len - q_len - sliding_window + 1) if sliding_window > 0 else 0
+        pos = torch.arange(first, seq_len, device=q.device)
         pages = meta.page_table[i].long()[pos // page_size]
         k = k_cache[pages, pos % page_size].double().repeat_interleave(group, dim=1)  # [S, Hq, D]
         v = v_cache[pages, pos % page_size].double().repeat_interleave(group, dim=1)
         qi = q[start : start + q_len].double()  # [L, Hq, D]
         scores = torch.einsum("lhd,shd->hls", qi, k) * scale
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-        scores = scores.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        hidden = pos[None, :] > q_pos[:, None]  # [L, S]
+        if sliding_window > 0:
+            hidden |= pos[None, :] <= q_pos[:, None] - sliding_window
+        scores = scores.masked_fill(hidden[None], float("-inf"))
         out[start : start + q_len] = torch.einsum("hls,shd->lhd", scores.softmax(-1), v)
         start += q_len
     return out

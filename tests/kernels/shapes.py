@@ -9,6 +9,7 @@ import torch
 from tests.kernels.batch import make_batch
 
 HIDDEN, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, INTERMEDIATE, PAGE_SIZE = 4096, 32, 8, 128, 12288, 16
+WINDOW = 1024  # a sliding window (Gemma 3's local layers), for the windowed attention variants
 
 
 def qwen3_8b_calls() -> list[str]:
@@ -59,6 +60,15 @@ def qwen3_8b_calls() -> list[str]:
     prefill = make_batch([300, 200], [300, 100], **shape, poison_unused=False)
     paged_attention(prefill.q, prefill.k_cache, prefill.v_cache, prefill.meta, 0.088, num_splits=1)
     names.append("attention prefill")
+    paged_attention(decode.q, decode.k_cache, decode.v_cache, decode.meta, 0.088, WINDOW,
+                    num_splits=1)
+    names.append("attention decode sliding")
+    paged_attention(decode.q, decode.k_cache, decode.v_cache, decode.meta, 0.088, WINDOW,
+                    num_splits=4)
+    names += ["attention decode split sliding", "attention split reduce (sliding)"]
+    paged_attention(prefill.q, prefill.k_cache, prefill.v_cache, prefill.meta, 0.088, WINDOW,
+                    num_splits=1)
+    names.append("attention prefill sliding")
     row = x[:1]
     norm_linear(row, row.clone(), w, 1e-6, torch.randn(qkv.shape[1], HIDDEN, dtype=bf16))
     names.append("norm_linear qkv M=1")
@@ -72,10 +82,12 @@ def qwen3_8b_calls() -> list[str]:
     return names
 
 
-def eager_step_variants(count: int = 60, seed: int = 1) -> dict[str, int]:
+def eager_step_variants(count: int = 60, seed: int = 1, windows: tuple[int, ...] = (0,)
+                        ) -> dict[str, int]:
     """Distinct Triton compilations (`sm90_compile.compile_key`) that `count` random eager
     steps need: a token budget split between decode rows and prefill chunks, contexts up to
-    2,304, the engine's fixed page-table width. Run with kernels compiled (not interpreted):
+    2,304, the engine's fixed page-table width; attention once per sliding window in `windows`
+    (0: full attention; Gemma 3 runs both). Run with kernels compiled (not interpreted):
     launches are recorded, nothing runs."""
     import dataclasses
     import random
@@ -110,7 +122,8 @@ def eager_step_variants(count: int = 60, seed: int = 1) -> dict[str, int]:
             table = torch.zeros(len(q_lens), width, dtype=torch.int32)
             table[:, : batch.meta.page_table.shape[1]] = batch.meta.page_table
             meta = dataclasses.replace(batch.meta, page_table=table)
-            paged_attention(batch.q, batch.k_cache, batch.v_cache, meta, 0.088)
+            for window in windows:
+                paged_attention(batch.q, batch.k_cache, batch.v_cache, meta, 0.088, window)
             x = torch.randn(tokens, HIDDEN, dtype=bf16)
             fused_add_rms_norm(x, x.clone(), torch.ones(HIDDEN, dtype=bf16), 1e-6)
             qkv = torch.randn(tokens, (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM, dtype=bf16)

@@ -4,6 +4,8 @@ model means by each op. CPU only, float32 inputs."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -54,3 +56,44 @@ def test_write_kv_and_attention() -> None:
     for path in (ops.varlen_paged_attention, ops.reference_paged_attention):
         out = path(batch.q, clean[0], clean[1], batch.meta, scale)
         assert reference.rel_error(out[:real_rows], ref[:real_rows]) < 1e-5, path.__name__
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 40])
+def test_attention_window_is_transformers_sliding_window(window: int) -> None:
+    """reference.paged_attention's window is transformers' sliding-window causal mask
+    (`kv_idx > q_idx - sliding_window` and `kv_idx <= q_idx`), evaluated densely here."""
+    masking_utils = pytest.importorskip("transformers.masking_utils")
+    mask_fn = masking_utils.sliding_window_causal_mask_function(window)
+    g = torch.Generator().manual_seed(5)
+    batch = make_batch([40, 9, 33, 70], [7, 1, 33, 20], num_q_heads=4, num_kv_heads=2,
+                       head_dim=32, page_size=8, dtype=torch.float32, num_padding=2, generator=g)
+    scale = 32 ** -0.5
+    ref = reference.paged_attention(batch, scale, window)
+    start = 0
+    for i, (q_len, seq_len) in enumerate(zip(batch.q_lens, batch.seq_lens, strict=True)):
+        pos = torch.arange(seq_len)
+        pages = batch.meta.page_table[i].long()[pos // 8]
+        k = batch.k_cache[pages, pos % 8].double().repeat_interleave(2, dim=1)   # [S, Hq, D]
+        v = batch.v_cache[pages, pos % 8].double().repeat_interleave(2, dim=1)
+        q_idx = torch.arange(seq_len - q_len, seq_len)
+        allowed = mask_fn(torch.tensor(0), torch.tensor(0), q_idx[:, None], pos[None, :])  # [L, S]
+        scores = torch.einsum("lhd,shd->hls", batch.q[start : start + q_len].double(), k) * scale
+        dense = torch.einsum("hls,shd->lhd", scores.masked_fill(~allowed, float("-inf")).softmax(-1), v)
+        assert reference.rel_error(ref[start : start + q_len], dense) < 1e-12
+        start += q_len
+
+
+@pytest.mark.parametrize("path", ["varlen_paged_attention", "reference_paged_attention"])
+def test_windowed_attention_matches_the_model_ops(path: str) -> None:
+    fn = getattr(ops, path)
+    if "sliding_window" not in inspect.signature(fn).parameters:
+        pytest.skip(f"ops.{path} has no sliding_window yet")
+    g = torch.Generator().manual_seed(6)
+    batch = make_batch([40, 9, 33, 70], [7, 1, 33, 20], num_q_heads=4, num_kv_heads=2,
+                       head_dim=32, page_size=8, dtype=torch.float32, num_padding=2, generator=g)
+    clean = [torch.nan_to_num(c) for c in (batch.k_cache, batch.v_cache)]  # the model's gather clamps
+    real_rows = sum(batch.q_lens)
+    for window in (1, 6, 30, 100):
+        ref = reference.paged_attention(batch, 32 ** -0.5, window)
+        out = fn(batch.q, clean[0], clean[1], batch.meta, 32 ** -0.5, window)
+        assert reference.rel_error(out[:real_rows], ref[:real_rows]) < 1e-5, (path, window)

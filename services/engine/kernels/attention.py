@@ -1,14 +1,17 @@
 """Paged attention over the KV cache: decode, prefill over a cached prefix, or any mix of the
 two, in one launch (plus a small reduction launch when the KV range is split).
 
-    paged_attention(q [T, Hq, D], k_cache, v_cache [pages, page_size, Hk, D], meta, scale)
-        -> [T, Hq, D]
+    paged_attention(q [T, Hq, D], k_cache, v_cache [pages, page_size, Hk, D], meta, scale,
+                    sliding_window=0) -> [T, Hq, D]
 
 `meta` is the model's `AttentionMetadata` (read by attribute): `query_start_loc` int32 [B+1]
 (packed query offsets), `seq_lens` int32 [B] (KV length after this step, the step's own keys
 already written), `page_table` int32 [B, max_pages], and the host ints `max_query_len`,
 `max_seq_len`. Query token j of sequence i sits at position seq_lens[i] - q_len_i + j and
-sees KV [0, position]. Rows past `query_start_loc[B]` are padding: they come back as zeros.
+sees KV [0, position]; with `sliding_window` W > 0 only KV [max(0, position - W + 1),
+position] (W keys including its own: transformers' `kv_idx > q_idx - sliding_window`), and the
+kernel reads nothing below a block's window, so a long context costs W positions per row.
+Rows past `query_start_loc[B]` are padding: they come back as zeros.
 
 The launch shape depends only on host ints (T, B, max_query_len, max_seq_len, the head
 counts), never on tensor values, so nothing synchronizes and a CUDA graph captured with
@@ -71,6 +74,9 @@ class AttentionPlan:
     # limit, far above most sequences): ranges of at least this many positions, at most
     # split_len. 0: divide evenly whatever the length.
     min_split_len: int = 0
+    # W > 0: each query row sees its last W positions (the kernel's SLIDING variant), and the
+    # splits divide a block's windowed range; 0: full causal attention.
+    sliding_window: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +115,13 @@ def plan_attention(
     num_sms: int,
     num_splits: int | None = None,
     max_splits: int = MAX_SPLITS,
+    sliding_window: int = 0,
 ) -> AttentionPlan:
     """Pick tile sizes and the split count. Decode-only steps (max_query_len == 1) put one
     token's query-head group in a tile and split long KV ranges until the grid fills the
-    device; prefill and mixed steps use wide tiles and split only when the grid is small."""
+    device; prefill and mixed steps use wide tiles and split only when the grid is small.
+    With a sliding window the KV range a block reads is at most W + its rows - 1 positions,
+    whatever the context, and the splits are sized for that."""
     group = num_q_heads // num_kv_heads
     # the narrow tile: one decode token's query-head group, padded to the 16-row MMA minimum
     small_block_m = max(16, next_power_of_2(group))
@@ -133,6 +142,10 @@ def plan_attention(
             small_block_q, small_block_m = block_q, block_m
     num_blocks = num_tokens if block_q == 1 else cdiv(num_tokens, block_q) + num_seqs
     kv_span = max(1, max_seq_len)
+    if sliding_window > 0:
+        # a block's rows [pos0, pos0 + n) see [pos0 - W + 1, pos0 + n): W + n - 1 positions
+        rows_per_block = min(block_q, max(1, max_query_len))
+        kv_span = min(kv_span, sliding_window + rows_per_block - 1)
     if num_splits is None:
         programs = max(1, num_blocks * num_kv_heads)
         if programs >= NO_SPLIT_PROGRAMS_PER_SM * num_sms:
@@ -149,7 +162,18 @@ def plan_attention(
         split_len=split_len, num_blocks=max(1, num_blocks), num_warps=num_warps,
         num_stages=num_stages,
         min_split_len=min(split_len, cdiv(MIN_SPLIT_TOKENS, block_n) * block_n),
+        sliding_window=sliding_window,
     )
+
+
+def check_sliding_window(sliding_window: Any) -> int:
+    """The window as an int >= 0 (None means 0: no window)."""
+    if sliding_window is None:
+        return 0
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 0:
+        raise ValidationError(f"sliding_window: expected an int >= 0 (0: no window), "
+                              f"got {sliding_window!r}")
+    return sliding_window
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: Any) -> None:
@@ -189,16 +213,19 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: Any,
     scale: float,
+    sliding_window: int = 0,
     *,
     out: torch.Tensor | None = None,
     scratch: AttentionScratch | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention of the step's query tokens over their sequences' paged KV.
+    """Causal attention of the step's query tokens over their sequences' paged KV, each
+    query row over its last `sliding_window` positions when that is > 0.
 
     `num_splits` overrides the split heuristic (tests and benchmarks); with `scratch` the split
     count is capped by what the scratch holds."""
     _check(q, k_cache, v_cache, meta)
+    sliding_window = check_sliding_window(sliding_window)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     if out is None:
@@ -214,7 +241,7 @@ def paged_attention(
         num_tokens=num_tokens, num_seqs=meta.seq_lens.shape[0], num_q_heads=num_q_heads,
         num_kv_heads=num_kv_heads, head_dim=head_dim, max_query_len=int(meta.max_query_len),
         max_seq_len=int(meta.max_seq_len), num_sms=sm_count(q.device), num_splits=num_splits,
-        max_splits=max(1, max_splits),
+        max_splits=max(1, max_splits), sliding_window=sliding_window,
     )
     launch(q, k_cache, v_cache, meta, scale, out, plan, scratch)
     return out
@@ -252,11 +279,11 @@ def launch(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         page_table.stride(0),
-        plan.num_splits, plan.split_len, plan.min_split_len,
+        plan.num_splits, plan.split_len, plan.min_split_len, plan.sliding_window,
         HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)),
         GROUP=num_q_heads // num_kv_heads, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n, SMALL_BLOCK_Q=plan.small_block_q, SMALL_BLOCK_M=plan.small_block_m,
-        PAGE_SIZE=page_size, IS_SPLIT=is_split,
+        PAGE_SIZE=page_size, IS_SPLIT=is_split, SLIDING=plan.sliding_window > 0,
         num_warps=plan.num_warps, num_stages=plan.num_stages, **launch_options(q.device, num_tokens),
     )
     if is_split:

@@ -4,10 +4,13 @@ split-K reduction.
 Program (block, kv_head, split) of `_paged_attention_kernel` owns BLOCK_Q consecutive query
 tokens of one sequence times the GROUP query heads that share `kv_head` (GQA), packed into the
 BLOCK_M rows of one tile: row m is token m // GROUP, query head kv_head * GROUP + m % GROUP.
-Each K/V tile is read once for the whole group. The program walks KV positions
-[split * SPLIT_LEN, (split + 1) * SPLIT_LEN) of the sequence, clipped by causality: the query
-token at position p (p = seq_len - q_len + its index in the step) sees KV [0, p]. Tiles every
-row sees fully run without a mask; the rest are masked per row.
+Each K/V tile is read once for the whole group. The query token at position p (p = seq_len -
+q_len + its index in the step) sees KV [0, p], or with a sliding window (SLIDING, `window` =
+W > 0) KV [max(0, p - W + 1), p]. The block's KV range runs from the first row's first visible
+position to the last row's position; its splits divide that range, and the program walks
+its split's part of it in BLOCK_N tiles. Tiles every row sees fully run without a mask; the
+rest are masked per row. With a window nothing below the first row's window is read: the
+tiles start at it (not at a multiple of BLOCK_N), so a decode row reads exactly W positions.
 
 Blocks are laid out sequence after sequence: sequence i owns blocks starting at
 `query_start_loc[i] // BLOCK_Q + i` (just `query_start_loc[i]` when BLOCK_Q == 1), which
@@ -74,9 +77,9 @@ def _attend_tile(
     acc, m_i, l_i, q, start, seq,
     k_cache_ptr, v_cache_ptr, page_table_ptr,
     stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
-    kv_end, row_pos, qk_scale,
+    kv_end, row_pos, window, qk_scale,
     offs_d, d_mask,
-    MASKED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, SLIDING: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     offs_n = start + tl.arange(0, BLOCK_N)
     if MASKED:  # noqa: SIM108 (Triton kernels branch on constexprs with if-statements)
@@ -93,6 +96,8 @@ def _attend_tile(
     s = tl.dot(q, k_t) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
     if MASKED:
         visible = (offs_n[None, :] <= row_pos[:, None]) & n_mask[None, :]
+        if SLIDING:  # transformers' window: kv_idx > q_idx - sliding_window
+            visible = visible & (offs_n[None, :] > row_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     p = tl.math.exp2(s - m_new[:, None])
@@ -113,10 +118,10 @@ def _attend_block(
     seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
-    num_splits, split_len, min_split_len,
+    num_splits, split_len, min_split_len, window,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr, SLIDING: tl.constexpr,
 ):
     """Attention of query tokens [tok0, tok0 + n_rows) (positions from pos0) x the GROUP query
     heads of `kv_head`, over this program's KV range; writes the output or the split partials."""
@@ -137,19 +142,42 @@ def _attend_block(
 
     # KV range of this program: its split, clipped by the causal end of its last row
     kv_end = tl.minimum(seq_len, pos0 + n_rows)
-    if IS_SPLIT:
-        # The splits share this block's actual KV range (not the launch's max_seq_len, which
-        # a CUDA graph fixes at the context limit): ranges of at least min_split_len, at
-        # most split_len, so num_splits * range always covers kv_end.
-        length = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
-        length = tl.minimum(split_len, tl.maximum(min_split_len, length))
-        lo = split * length
-        kv_end = tl.minimum(kv_end, lo + length)
+    if SLIDING:
+        # ...and by its first row's window: [kv_lo, kv_end) is all any row of the block sees
+        kv_lo = tl.maximum(pos0 - window + 1, 0)
+        if IS_SPLIT:  # the splits divide this range as the unwindowed ones divide [0, kv_end)
+            length = tl.cdiv(tl.cdiv(kv_end - kv_lo, num_splits), BLOCK_N) * BLOCK_N
+            length = tl.minimum(split_len, tl.maximum(min_split_len, length))
+            lo = kv_lo + split * length
+            kv_end = tl.minimum(kv_end, lo + length)
+        else:
+            lo = kv_lo
+        # Tiles start at lo + i * BLOCK_N: those below `low_full` hold keys out of the last
+        # row's window (masked; none for a one-token block), those from `full_end` on keys
+        # past the first row's position (masked); every row sees the ones in between.
+        if BLOCK_Q > 1:
+            below = tl.maximum(pos0 + n_rows - window - lo, 0)  # last row's window start - lo
+            low_full = tl.minimum(lo + tl.cdiv(below, BLOCK_N) * BLOCK_N, kv_end)
+            low_full = tl.maximum(low_full, lo)
+        else:
+            low_full = lo
+        seen_by_all = tl.maximum(tl.minimum(pos0 + 1, kv_end) - lo, 0)
+        full_end = tl.maximum(lo + (seen_by_all // BLOCK_N) * BLOCK_N, low_full)
     else:
-        lo = 0
-    # tiles below `full_end` are visible to every row (the first row sees [0, pos0])
-    full_end = tl.minimum(((pos0 + 1) // BLOCK_N) * BLOCK_N, kv_end)
-    full_end = tl.maximum(full_end, lo)
+        if IS_SPLIT:
+            # The splits share this block's actual KV range (not the launch's max_seq_len,
+            # which a CUDA graph fixes at the context limit): ranges of at least
+            # min_split_len, at most split_len, so num_splits * range always covers kv_end.
+            length = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+            length = tl.minimum(split_len, tl.maximum(min_split_len, length))
+            lo = split * length
+            kv_end = tl.minimum(kv_end, lo + length)
+        else:
+            lo = 0
+        # tiles below `full_end` are visible to every row (the first row sees [0, pos0])
+        full_end = tl.minimum(((pos0 + 1) // BLOCK_N) * BLOCK_N, kv_end)
+        full_end = tl.maximum(full_end, lo)
+        low_full = lo
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -157,21 +185,30 @@ def _attend_block(
     kv_head_off_k = kv_head.to(tl.int64) * stride_kh
     kv_head_off_v = kv_head.to(tl.int64) * stride_vh
     seq64 = seq.to(tl.int64)
-    for start in range(lo, full_end, BLOCK_N):
+    if SLIDING and BLOCK_Q > 1:
+        for start in range(lo, low_full, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, start, seq64,
+                k_cache_ptr, v_cache_ptr, page_table_ptr,
+                stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
+                kv_end, row_pos, window, qk_scale, offs_d, d_mask,
+                True, True, PAGE_SIZE, BLOCK_N,
+            )
+    for start in range(low_full, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start, seq64,
             k_cache_ptr, v_cache_ptr, page_table_ptr,
             stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
-            kv_end, row_pos, qk_scale, offs_d, d_mask,
-            False, PAGE_SIZE, BLOCK_N,
+            kv_end, row_pos, window, qk_scale, offs_d, d_mask,
+            False, SLIDING, PAGE_SIZE, BLOCK_N,
         )
     for start in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start, seq64,
             k_cache_ptr, v_cache_ptr, page_table_ptr,
             stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
-            kv_end, row_pos, qk_scale, offs_d, d_mask,
-            True, PAGE_SIZE, BLOCK_N,
+            kv_end, row_pos, window, qk_scale, offs_d, d_mask,
+            True, SLIDING, PAGE_SIZE, BLOCK_N,
         )
 
     seen = l_i > 0.0
@@ -202,11 +239,11 @@ def _paged_attention(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh,
     stride_pt,
-    num_splits, split_len, min_split_len,
+    num_splits, split_len, min_split_len, window,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SMALL_BLOCK_Q: tl.constexpr, SMALL_BLOCK_M: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr, PDL: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr, SLIDING: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_previous_grids(PDL)
     block = tl.program_id(0)
@@ -242,8 +279,9 @@ def _paged_attention(
                 seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
                 stride_qt, stride_qh, stride_ot, stride_oh,
                 stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
-                num_splits, split_len, min_split_len,
+                num_splits, split_len, min_split_len, window,
                 HEAD_DIM, BLOCK_D, GROUP, SMALL_BLOCK_Q, SMALL_BLOCK_M, BLOCK_N, PAGE_SIZE, IS_SPLIT,
+                SLIDING,
             )
         else:
             _attend_block(
@@ -251,8 +289,9 @@ def _paged_attention(
                 seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
                 stride_qt, stride_qh, stride_ot, stride_oh,
                 stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
-                num_splits, split_len, min_split_len,
+                num_splits, split_len, min_split_len, window,
                 HEAD_DIM, BLOCK_D, GROUP, BLOCK_Q, BLOCK_M, BLOCK_N, PAGE_SIZE, IS_SPLIT,
+                SLIDING,
             )
     else:
         _attend_block(
@@ -260,8 +299,8 @@ def _paged_attention(
             seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
             stride_qt, stride_qh, stride_ot, stride_oh,
             stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
-            num_splits, split_len, min_split_len,
-            HEAD_DIM, BLOCK_D, GROUP, BLOCK_Q, BLOCK_M, BLOCK_N, PAGE_SIZE, IS_SPLIT,
+            num_splits, split_len, min_split_len, window,
+            HEAD_DIM, BLOCK_D, GROUP, BLOCK_Q, BLOCK_M, BLOCK_N, PAGE_SIZE, IS_SPLIT, SLIDING,
         )
 
 
@@ -270,7 +309,9 @@ def _paged_attention(
 # multiples of 16), as measured for the batch-1 figures. Prefill and mixed steps run eagerly
 # at ever new sizes: specialised, each new size class would compile a variant mid-serving
 # (0.5-2 s stalls were measured); there those sizes, which bound loops and masks only, are
-# not specialised (tests/kernels/test_compile_variants.py counts the compilations).
+# not specialised (tests/kernels/test_compile_variants.py counts the compilations). Each
+# exists with and without a sliding window (SLIDING), the full-attention code unchanged; the
+# window is a model constant (one value per layer type), so it may specialise.
 _paged_attention_kernel = triton.jit(_paged_attention)
 _paged_attention_any_size_kernel = triton.jit(
     _paged_attention,
