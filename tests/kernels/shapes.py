@@ -15,7 +15,7 @@ WINDOW = 1024  # a sliding window (Gemma 3's local layers), for the windowed att
 def qwen3_8b_calls() -> list[str]:
     """Calls each wrapper once per launch variant (CPU tensors; run under capture_launches)."""
     # the modules directly: the package hides its names on machines without CUDA
-    from services.engine.kernels.activation import silu_and_mul
+    from services.engine.kernels.activation import gelu_tanh_and_mul, silu_and_mul
     from services.engine.kernels.attention import paged_attention
     from services.engine.kernels.kv_write import write_kv
     from services.engine.kernels.norm import fused_add_rms_norm, rms_norm
@@ -44,6 +44,8 @@ def qwen3_8b_calls() -> list[str]:
     names.append("apply_rotary neox")
     silu_and_mul(torch.randn(tokens, 2 * INTERMEDIATE, dtype=bf16))
     names.append("silu_and_mul I=12288")
+    gelu_tanh_and_mul(torch.randn(tokens, 2 * INTERMEDIATE, dtype=bf16))
+    names.append("gelu_tanh_and_mul I=12288")
 
     shape = dict(num_q_heads=NUM_Q_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, page_size=PAGE_SIZE)
     decode = make_batch([300] * 4, [1] * 4, **shape, poison_unused=False)
@@ -72,9 +74,11 @@ def qwen3_8b_calls() -> list[str]:
     row = x[:1]
     norm_linear(row, row.clone(), w, 1e-6, torch.randn(qkv.shape[1], HIDDEN, dtype=bf16))
     names.append("norm_linear qkv M=1")
-    norm_linear(row, row.clone(), w, 1e-6, torch.randn(2 * INTERMEDIATE, HIDDEN, dtype=bf16),
-                silu_mul=True)
+    gate_up = torch.randn(2 * INTERMEDIATE, HIDDEN, dtype=bf16)
+    norm_linear(row, row.clone(), w, 1e-6, gate_up, activation="silu")
     names.append("norm_linear gate_up silu M=1")
+    norm_linear(row, row.clone(), w, 1e-6, gate_up, activation="gelu_tanh")
+    names.append("norm_linear gate_up gelu_tanh M=1")
     linear(torch.randn(1, INTERMEDIATE, dtype=bf16), torch.randn(HIDDEN, INTERMEDIATE, dtype=bf16))
     names.append("linear down M=1")
     linear(row, torch.randn(151936, HIDDEN, dtype=bf16), out_dtype=torch.float32)

@@ -1,9 +1,10 @@
 """kernels/skinny_linear.py: linear and norm_linear (the skinny decode projections with the RMS
-norm, residual add and SiLU-and-mul fused in) against float64 references composed here from
-torch ops: the fused kernel (rows <= MAX_ROWS) and the cuBLAS fallback above it, over dtypes,
-odd widths, explicit tilings, bias, residual, silu_mul, fp32 logits, strided rows, aliasing of
-the new residual, untouched inputs and bad input; on CUDA also the Qwen3 decode shapes and
-CUDA-graph replay with programmatic dependent launch on and off."""
+norm, residual add and gated activation (SiLU or GELU-tanh, and mul) fused in) against float64
+references composed here from torch ops: the fused kernel (rows <= MAX_ROWS) and the cuBLAS
+fallback above it, over dtypes, odd widths, explicit tilings, bias, residual, both
+activations, fp32 logits, strided rows, aliasing of the new residual, untouched inputs and bad
+input; on CUDA also the Qwen3 and Gemma 3 decode shapes and CUDA-graph replay with
+programmatic dependent launch on and off."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ from services.engine.kernels.skinny_linear import (
 from tests.kernels import reference
 from tests.kernels.conftest import HAS_CUDA, INTERPRETED
 
-# Triton's interpreter truncates fp32 -> bf16; the norm_linear + silu_mul path rounds four times
+# Triton's interpreter truncates fp32 -> bf16; the norm_linear + activation path rounds four times
 # (normed row, gate, up, output), each truncation shrinking the value (~0.3% on average), so
-# the errors add up coherently there (~1.5% measured) where round-to-nearest stays under 1%
-TOL = {torch.bfloat16: 2e-2 if INTERPRETED else 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+# the errors add up coherently there (~1.5% measured, 2.2% over one 20-output gelu_tanh row)
+# where round-to-nearest stays under 1%
+TOL = {torch.bfloat16: 3e-2 if INTERPRETED else 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 FP32_OUT_TOL = 1e-4  # out_dtype=float32 on the kernel path: fp32 accumulation, no bf16 rounding
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 EPS = 1e-6
@@ -49,16 +51,18 @@ def _ref_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> tor
     return y if b is None else y + b.double()
 
 
-def _ref_norm_linear(x, residual, norm_w, eps, w, b, silu_mul):
+GATED = {"silu": reference.silu_and_mul, "gelu_tanh": reference.gelu_tanh_and_mul}
+
+
+def _ref_norm_linear(x, residual, norm_w, eps, w, b, activation):
     """(float64 y, the expected new residual): the sum rounded to x's dtype as torch's add does,
-    the RMS in float64, the normed row rounded to the dtype, the product (+ bias), and with
-    silu_mul gate and up rounded to the dtype before silu(gate) * up."""
+    the RMS in float64, the normed row rounded to the dtype, the product (+ bias), and with an
+    activation gate and up rounded to the dtype before act(gate) * up."""
     summed = x if residual is None else x + residual
     normed = reference.rms_norm(summed, norm_w, eps).to(x.dtype)
     y = _ref_linear(normed, w, b)
-    if silu_mul:
-        gate, up = (h.to(x.dtype).double() for h in y.chunk(2, dim=-1))
-        y = gate * torch.sigmoid(gate) * up
+    if activation is not None:
+        y = GATED[activation](y.to(x.dtype))
     return y, summed
 
 
@@ -85,7 +89,7 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes()
 
 
-def _norm_case(gen, device, dtype, rows, k, n, bias, residual, silu_mul, plan=None,
+def _norm_case(gen, device, dtype, rows, k, n, bias, residual, activation, plan=None,
                x_pad: int = 0) -> None:
     """One norm_linear call against the reference; x (and residual) are column slices of wider
     tensors when x_pad > 0."""
@@ -99,8 +103,8 @@ def _norm_case(gen, device, dtype, rows, k, n, bias, residual, silu_mul, plan=No
     w, b = _weights(gen, n, k, dtype, device, bias)
     x_before = x.clone()
     res_before = None if res is None else res.clone()
-    y, new_res = norm_linear(x, res, norm_w, EPS, w, b, silu_mul, plan=plan)
-    ref, expect_sum = _ref_norm_linear(x, res, norm_w, EPS, w, b, silu_mul)
+    y, new_res = norm_linear(x, res, norm_w, EPS, w, b, activation, plan=plan)
+    ref, expect_sum = _ref_norm_linear(x, res, norm_w, EPS, w, b, activation)
     assert y.dtype == dtype
     _check(y, ref, dtype)
     if res is None:
@@ -140,25 +144,30 @@ def test_linear(rows, k, n, bias, dtype, device, gen) -> None:
     assert torch.equal(x, x_before)
 
 
-# (rows, K, N, bias, residual, silu_mul); with silu_mul N is 2I (I = N // 2, odd for N = 70)
+# (rows, K, N, bias, residual, activation); with an activation N is 2I (I = N // 2, odd for
+# N = 70)
 NORM_CASES = [
-    (1, 64, 48, False, True, False),
-    (1, 100, 70, True, True, True),
-    (1, 1030, 40, True, False, False),
-    (1, 100, 70, False, False, True),
-    (1, 64, 33, True, True, False),
-    (2, 100, 70, True, True, True),
-    (4, 100, 70, False, False, True),
-    (5, 1030, 40, False, True, False),
-    (6, 100, 70, True, True, True),
-    (8, 64, 48, False, False, True),
+    (1, 64, 48, False, True, None),
+    (1, 100, 70, True, True, "silu"),
+    (1, 1030, 40, True, False, None),
+    (1, 100, 70, False, False, "silu"),
+    (1, 64, 33, True, True, None),
+    (1, 100, 70, True, True, "gelu_tanh"),
+    (1, 1030, 40, False, False, "gelu_tanh"),
+    (2, 100, 70, True, True, "silu"),
+    (4, 100, 70, False, False, "silu"),
+    (5, 1030, 40, False, True, None),
+    (6, 100, 70, True, True, "silu"),
+    (8, 64, 48, False, False, "silu"),
+    (3, 100, 70, True, True, "gelu_tanh"),
+    (6, 64, 48, False, False, "gelu_tanh"),
 ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("rows", "k", "n", "bias", "residual", "silu_mul"), NORM_CASES)
-def test_norm_linear(rows, k, n, bias, residual, silu_mul, dtype, device, gen) -> None:
-    _norm_case(gen, device, dtype, rows, k, n, bias, residual, silu_mul)
+@pytest.mark.parametrize(("rows", "k", "n", "bias", "residual", "activation"), NORM_CASES)
+def test_norm_linear(rows, k, n, bias, residual, activation, dtype, device, gen) -> None:
+    _norm_case(gen, device, dtype, rows, k, n, bias, residual, activation)
 
 
 # tilings where N and K are not multiples of the blocks, BLOCK_K > K, BLOCK_N > N, one warp
@@ -181,28 +190,30 @@ def test_explicit_plans(k, n, plan, device, gen, monkeypatch) -> None:
     x = _rand(gen, 1, k, dtype=dtype, device=device, scale=2.0)
     w, b = _weights(gen, n, k, dtype, device, bias=True)
     _check(linear(x, w, b, plan=plan), _ref_linear(x, w, b), dtype)
-    _norm_case(gen, device, dtype, 1, k, n, bias=True, residual=True, silu_mul=True, plan=plan)
+    for activation in ("silu", "gelu_tanh"):
+        _norm_case(gen, device, dtype, 1, k, n, bias=True, residual=True, activation=activation,
+                   plan=plan)
     # the kernel itself takes any row count (one row per program; the wrappers send it one)
     rows = _rand(gen, 3, k, dtype=dtype, device=device, scale=2.0)
     out = torch.full((3, n), float("nan"), dtype=dtype, device=device)
-    skinny_linear._launch(rows, None, None, 0.0, w, b, out, None, False, plan)
+    skinny_linear._launch(rows, None, None, 0.0, w, b, out, None, None, plan)
     _check(out, _ref_linear(rows, w, b), dtype)
 
 
-@pytest.mark.parametrize(("n", "k", "rows", "silu"), [
+@pytest.mark.parametrize(("n", "k", "rows", "gated"), [
     (70, 100, 1, False), (4096, 1024, 1, False), (6144, 4096, 1, False), (4096, 12288, 1, False),
     (6144, 1024, 4, False), (151936, 1024, 2, False), (12, 3, 4, False), (1, 4096, 1, False),
     (3072, 1024, 1, True), (12288, 4096, 1, True), (35, 64, 2, True)])
-def test_plan_linear(n, k, rows, silu) -> None:
+def test_plan_linear(n, k, rows, gated) -> None:
     """The measured tiling rules (plan_linear's docstring) and what the kernel needs of any
     plan: power-of-two blocks (tl.arange), a reduction step covering K when K is small."""
     num_sms = 132
-    plan = plan_linear(n, k, rows, num_sms, silu)
+    plan = plan_linear(n, k, rows, num_sms, gated)
     for size in (plan.block_n, plan.block_k):
         assert size & (size - 1) == 0
     assert plan.block_k <= 1024 and plan.block_k >= min(k, 256)
     assert 4 <= plan.block_n <= 16 and plan.num_warps in (4, 8)
-    if silu:
+    if gated:
         assert (plan.block_n, plan.num_warps) == (8, 4) and plan.block_k <= (512 if k <= 1024 else 256)
     elif n <= 2048:
         assert (plan.block_n, plan.num_warps) == (16, 8)
@@ -245,9 +256,11 @@ def test_strided_rows(rows, device, gen) -> None:
     wide_before = wide.clone()
     _check(linear(x, w, b), _ref_linear(x, w, b), dtype)
     assert torch.equal(wide, wide_before)
-    _norm_case(gen, device, dtype, rows, k, 2 * 35, bias=True, residual=True, silu_mul=True,
+    _norm_case(gen, device, dtype, rows, k, 2 * 35, bias=True, residual=True, activation="silu",
                x_pad=44)
-    _norm_case(gen, device, dtype, rows, k, 48, bias=False, residual=False, silu_mul=False,
+    _norm_case(gen, device, dtype, rows, k, 2 * 35, bias=False, residual=True,
+               activation="gelu_tanh", x_pad=44)
+    _norm_case(gen, device, dtype, rows, k, 48, bias=False, residual=False, activation=None,
                x_pad=44)
 
 
@@ -272,7 +285,7 @@ def test_new_residual_aliasing(rows, device, gen) -> None:
     y, same = norm_linear(x, None, norm_w, EPS, w)
     assert same is x
     assert torch.equal(x, x_before)
-    _check(y, _ref_norm_linear(x, None, norm_w, EPS, w, None, False)[0], dtype)
+    _check(y, _ref_norm_linear(x, None, norm_w, EPS, w, None, None)[0], dtype)
 
 
 def test_no_rows(device) -> None:
@@ -281,8 +294,9 @@ def test_no_rows(device) -> None:
     g = torch.ones(64, dtype=torch.bfloat16, device=device)
     assert linear(x, w).shape == (0, 24)
     assert linear(x, w, out_dtype=torch.float32).dtype == torch.float32
-    y, r = norm_linear(x, torch.empty_like(x), g, EPS, w, silu_mul=True)
-    assert y.shape == (0, 12) and r.shape == (0, 64)
+    for activation in ("silu", "gelu_tanh"):
+        y, r = norm_linear(x, torch.empty_like(x), g, EPS, w, activation=activation)
+        assert y.shape == (0, 12) and r.shape == (0, 64)
 
 
 @pytest.mark.parametrize("rows", [2, 6])  # the kernel path and the fallback validate alike
@@ -301,8 +315,14 @@ def test_bad_input_is_a_validation_error(rows, device) -> None:
         ("bias", lambda: norm_linear(x, res, g, EPS, w, t(25))),
         ("dtype", lambda: linear(x, t(24, 64, dtype=torch.float16))),
         ("dtype", lambda: norm_linear(x, res, g, EPS, t(24, 64, dtype=torch.float32))),
-        ("gate and up", lambda: norm_linear(x, res, g, EPS, t(23, 64), silu_mul=True)),
-        ("gate and up", lambda: norm_linear(x, None, g, EPS, t(25, 64), t(25), silu_mul=True)),
+        ("gate and up", lambda: norm_linear(x, res, g, EPS, t(23, 64), activation="silu")),
+        ("gate and up", lambda: norm_linear(x, None, g, EPS, t(25, 64), t(25), "gelu_tanh")),
+        # the old positional silu_mul flag, and activations the kernel does not have
+        ("bool", lambda: norm_linear(x, res, g, EPS, t(24, 64), None, True)),
+        ("bool", lambda: norm_linear(x, res, g, EPS, t(24, 64), None, False)),
+        ("activation", lambda: norm_linear(x, res, g, EPS, t(24, 64), None, "gelu")),
+        ("activation", lambda: norm_linear(x, res, g, EPS, t(24, 64), None, "relu")),
+        ("activation", lambda: norm_linear(x, res, g, EPS, t(24, 64), activation="")),
         ("norm_weight", lambda: norm_linear(x, res, t(63), EPS, w)),
         ("norm_weight", lambda: norm_linear(x, None, t(64, 1), EPS, w)),
         ("residual", lambda: norm_linear(x, t(rows + 1, 64), g, EPS, w)),
@@ -321,15 +341,19 @@ def test_bad_input_is_a_validation_error(rows, device) -> None:
 # ---------------------------------------------------------------------------------------------
 # CUDA only: the real decode shapes, and graph capture with and without PDL
 
-# (name, K, N, kind): "norm" = norm_linear with the residual, "silu" = norm_linear with the
-# residual and silu_mul (N = 2I), "plain" = linear, "logits" = linear with out_dtype=float32
+# (name, K, N, kind): "norm" = norm_linear with the residual, "silu" / "gelu_tanh" = norm_linear
+# with the residual and that activation (N = 2I), "plain" = linear, "logits" = linear with
+# out_dtype=float32
 QWEN3_0_6B = [("qkv", 1024, 4096, "norm"), ("o_proj", 2048, 1024, "plain"),
               ("gate_up", 1024, 6144, "silu"), ("down", 3072, 1024, "plain"),
               ("lm_head", 1024, 151936, "logits")]
 QWEN3_8B = [("qkv", 4096, 6144, "norm"), ("o_proj", 4096, 4096, "plain"),
             ("gate_up", 4096, 24576, "silu"), ("down", 12288, 4096, "plain")]
+GEMMA3 = [("1B-gate_up", 1152, 2 * 6912, "gelu_tanh"), ("4B-gate_up", 2560, 2 * 10240, "gelu_tanh"),
+          ("27B-gate_up", 5376, 2 * 21504, "gelu_tanh")]
 DECODE = [pytest.param(k, n, kind, id=f"0.6B-{name}") for name, k, n, kind in QWEN3_0_6B] + [
-    pytest.param(k, n, kind, id=f"8B-{name}") for name, k, n, kind in QWEN3_8B]
+    pytest.param(k, n, kind, id=f"8B-{name}") for name, k, n, kind in QWEN3_8B] + [
+    pytest.param(k, n, kind, id=f"gemma3-{name}") for name, k, n, kind in GEMMA3]
 
 
 @pytest.mark.gpu
@@ -354,15 +378,14 @@ def test_gpu_decode_shapes(k, n, kind, device, gen) -> None:
             assert reference.rel_error(y, ref) < tol
             assert reference.row_rel_errors(y, ref).max() < 3 * tol
             continue
-        silu_mul = kind == "silu"
-        y, new_res = norm_linear(x, res, norm_w, EPS, w, silu_mul=silu_mul)
+        activation = kind if kind in GATED else None
+        y, new_res = norm_linear(x, res, norm_w, EPS, w, activation=activation)
         summed = x + res
         _assert_sum(new_res, summed)
         normed = reference.rms_norm(summed, norm_w, EPS).to(dtype).double()
         ref = normed @ w64.T
-        if silu_mul:
-            gate, up = (h.to(dtype).double() for h in ref.chunk(2, dim=-1))
-            ref = gate * torch.sigmoid(gate) * up
+        if activation is not None:
+            ref = GATED[activation](ref.to(dtype))
         _check(y, ref, dtype)
 
 
@@ -378,7 +401,8 @@ def pdl(request, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("rows", [1, 3])  # the skinny kernels (with PDL when on); the fallback
-def test_graph_replay(rows, pdl, device, gen) -> None:
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_graph_replay(rows, activation, pdl, device, gen) -> None:
     """A decoder layer's chain of projections (each kernel reading the previous one's output)
     captured in one CUDA graph and replayed on new inputs copied in place; each stage is checked
     against the reference of its actual input, so a stage reading stale data is caught."""
@@ -400,7 +424,8 @@ def test_graph_replay(rows, pdl, device, gen) -> None:
     def step() -> None:
         outs["qkv"], outs["r1"] = norm_linear(x, res, g1, EPS, w_qkv, b_qkv)
         outs["o"] = linear(outs["qkv"], w_o)
-        outs["act"], outs["r2"] = norm_linear(outs["o"], outs["r1"], g2, EPS, w_gu, silu_mul=True)
+        outs["act"], outs["r2"] = norm_linear(outs["o"], outs["r1"], g2, EPS, w_gu, None,
+                                              activation)
         outs["down"] = linear(outs["act"], w_down)
         outs["h"], outs["r3"] = norm_linear(outs["down"], outs["r2"], g3, EPS, w_head)
         outs["logits"] = linear(outs["down"], w_head, out_dtype=torch.float32)
@@ -426,7 +451,7 @@ def test_graph_replay(rows, pdl, device, gen) -> None:
         _check(o["qkv"], ref, bf16)
         assert torch.equal(o["r1"], summed)
         _check(o["o"], _ref_linear(o["qkv"], w_o, None), bf16)
-        ref, summed = _ref_norm_linear(o["o"], o["r1"], g2, EPS, w_gu, None, True)
+        ref, summed = _ref_norm_linear(o["o"], o["r1"], g2, EPS, w_gu, None, activation)
         _check(o["act"], ref, bf16)
         assert torch.equal(o["r2"], summed)
         _check(o["down"], _ref_linear(o["act"], w_down, None), bf16)

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-OPS = ("rms_norm", "fused_add_rms_norm", "apply_rotary", "silu_and_mul", "write_kv", "paged_attention",
-       "qkv_prologue", "linear", "norm_linear")
+OPS = ("rms_norm", "fused_add_rms_norm", "apply_rotary", "silu_and_mul", "gelu_tanh_and_mul",
+       "write_kv", "paged_attention", "qkv_prologue", "linear", "norm_linear")
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -72,13 +72,15 @@ def test_signatures_match_the_model_ops_spec() -> None:
         norm.fused_add_rms_norm: ["x", "residual", "weight", "eps"],
         rotary.apply_rotary: ["q", "k", "positions", "cos_sin_cache", "is_neox"],
         activation.silu_and_mul: ["x"],
+        activation.gelu_tanh_and_mul: ["x"],
         kv_write.write_kv: ["k", "v", "k_cache", "v_cache", "slot_mapping"],
         attention.paged_attention: ["q", "k_cache", "v_cache", "meta", "scale", "sliding_window"],
         prologue.qkv_prologue: ["qkv", "q_norm", "k_norm", "eps", "positions", "cos_sin_cache",
                                     "is_neox", "k_cache", "v_cache", "slot_mapping", "num_q_heads",
                                     "num_kv_heads"],
         skinny_linear.linear: ["x", "weight", "bias"],
-        skinny_linear.norm_linear: ["x", "residual", "norm_weight", "eps", "weight", "bias", "silu_mul"],
+        skinny_linear.norm_linear: ["x", "residual", "norm_weight", "eps", "weight", "bias",
+                                    "activation"],
     }
     for fn, names in expected.items():
         positional = [
@@ -104,7 +106,7 @@ def test_every_kernel_compiles_for_sm90_without_spills() -> None:
         "print(json.dumps([[r.name, r.registers, r.stack_bytes, r.local_loads, r.mma] for r in rows]))\n"
     )
     rows = compiled_json(code)
-    assert len(rows) == 19
+    assert len(rows) == 21
     for name, registers, stack, local_loads, mma in rows:
         assert local_loads == 0 and registers <= 255, f"{name}: spills ({registers} regs, stack {stack})"
         if name.startswith("attention") and "reduce" not in name:
@@ -134,6 +136,7 @@ def test_pdl_kernels_compile_for_sm90_with_the_wait() -> None:
     names = {row[0] for row in rows}
     assert {"fused_add_rms_norm H=4096", "qkv_prologue qk-norm", "attention decode split",
             "attention split reduce", "attention decode split sliding", "norm_linear qkv M=1", "norm_linear gate_up silu M=1",
+            "norm_linear gate_up gelu_tanh M=1",
             "linear down M=1", "linear lm_head fp32 M=1"} <= names
     for name, registers, local_loads, waits in rows:
         assert local_loads == 0 and registers <= 255, f"{name}: spills ({registers} regs)"

@@ -8,13 +8,14 @@ plain-torch reference. The exported names and signatures match `model/ops.py` ex
     fused_add_rms_norm(x, residual, weight, eps) -> (normed, x + residual)
     apply_rotary(q, k, positions, cos_sin_cache, is_neox=True) -> (q, k)
     silu_and_mul(x) -> out
+    gelu_tanh_and_mul(x) -> out                                 (Gemma's gelu_pytorch_tanh)
     write_kv(k, v, k_cache, v_cache, slot_mapping) -> None     (in place)
-    paged_attention(q, k_cache, v_cache, meta, scale) -> out
+    paged_attention(q, k_cache, v_cache, meta, scale, sliding_window=0) -> out
     qkv_prologue(qkv, q_norm, k_norm, eps, positions, cos_sin_cache, is_neox, k_cache,
                  v_cache, slot_mapping, num_q_heads, num_kv_heads) -> q   (writes K/V)
     linear(x, weight, bias=None, out_dtype=None) -> out        (skinny rows; cuBLAS above)
-    norm_linear(x, residual, norm_weight, eps, weight, bias=None, silu_mul=False)
-        -> (out, new_residual)                                  (norm + projection [+ SiLU])
+    norm_linear(x, residual, norm_weight, eps, weight, bias=None, activation=None)
+        -> (out, new_residual)          (norm + projection [+ "silu" / "gelu_tanh" and mul])
 
 Each also takes keyword-only `out=` buffers (and `scratch=` for attention) so a CUDA graph can
 capture it without allocating. Triton is imported lazily: importing this package on a machine
@@ -36,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "fused_add_rms_norm": "norm",
     "apply_rotary": "rotary",
     "silu_and_mul": "activation",
+    "gelu_tanh_and_mul": "activation",
     "write_kv": "kv_write",
     "paged_attention": "attention",
     "qkv_prologue": "prologue",

@@ -2,12 +2,13 @@
 
     linear(x [M, K], weight [N, K], bias [N] | None, *, out_dtype=None) -> x W^T + b  [M, N]
     norm_linear(x [M, K], residual [M, K] | None, norm_weight [K], eps, weight [N, K],
-                bias [N] | None, silu_mul=False) -> (y, new_residual)
+                bias [N] | None, activation=None) -> (y, new_residual)
 
 `norm_linear` is `rms_norm(x + residual) @ W^T + b` (the residual add skipped when `residual`
-is None; then new_residual is x itself); with `silu_mul` the weight stacks gate and up rows
-([2I, K]) and y is silu(gate) * up [M, I]: the decoder layer's input norm + QKV projection and
-post-attention norm + gate/up projection + activation, each in one launch.
+is None; then new_residual is x itself); with a gated `activation` ("silu", "gelu_tanh") the
+weight stacks gate and up rows ([2I, K]) and y is act(gate) * up [M, I]: the decoder layer's
+input norm + QKV projection and post-attention norm + gate/up projection + activation, each in
+one launch.
 
 Why: a batch-1 decode step is a chain of ~10 launches per layer, and at the Qwen3-0.6B shape
 each is a few microseconds of launch latency and ramp rather than bandwidth (RESULTS.md: 1.44
@@ -21,7 +22,7 @@ kernel drains.
 
 Rounding matches the unfused kernels: the residual sum rounded to the input dtype, the normed
 row rounded to it before the product (as the rms_norm kernel's output), gate and up rounded to
-it before the activation (as cuBLAS's output into silu_and_mul); fp32 accumulation.
+it before the activation (as cuBLAS's output into the activation kernel); fp32 accumulation.
 
 Rows: each program handles one row (grid axis 1), so the weights are read once per row: at
 two rows the Qwen3-8B projections already ran slower than cuBLAS (bench_decode_step.py), so
@@ -38,6 +39,7 @@ import triton
 import triton.language as tl
 
 from services.common.errors import ValidationError
+from services.engine.kernels.activation import GATED_ACTIVATIONS, gated_activation
 from services.engine.kernels.common import (
     cdiv,
     check_float,
@@ -61,12 +63,13 @@ class LinearPlan:
     num_warps: int
 
 
-def plan_linear(n_out: int, k: int, rows: int, num_sms: int, silu_mul: bool = False
+def plan_linear(n_out: int, k: int, rows: int, num_sms: int, gated: bool = False
                 ) -> LinearPlan:
     """The tiling, from the H200 sweep of bench_decode_step.py at the Qwen3-0.6B and -8B
     projections, batch 1, with PDL (RESULTS.md 2026-11-29; the best of 9 tilings each):
 
-    - gate + up with SiLU: 8 rows x 512 (x 256 when K > 1024), 4 warps: 6.1 us at 0.6B
+    - gate + up with a gated activation (`gated`; measured with SiLU, GELU(tanh) streams the
+      same two weight halves): 8 rows x 512 (x 256 when K > 1024), 4 warps: 6.1 us at 0.6B
       (16 x 512 with 8 warps: 8.2), 62.4 us at 8B (73.5), against 11.5 / 65.1 us for the
       norm + cuBLAS + activation it replaces.
     - a small output (<= 2048 features: o_proj and down at 0.6B): 16 x 1024, 8 warps, so
@@ -78,7 +81,7 @@ def plan_linear(n_out: int, k: int, rows: int, num_sms: int, silu_mul: bool = Fa
       down 32.3 (35.0); 0.6B qkv 5.2 (9.3).
 
     The fp32 accumulator is tile-shaped (one reduction at the end); no tiling here spills."""
-    if silu_mul:
+    if gated:
         return LinearPlan(block_n=8, block_k=min(next_power_of_2(k), 512 if k <= 1024 else 256),
                           num_warps=4)
     if n_out <= 2048:
@@ -97,9 +100,11 @@ def _skinny_linear_kernel(
     x_ptr, res_ptr, norm_w_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
     n_out, k_dim, up_offset, eps,
     stride_x, stride_r, stride_w, stride_o, stride_ro,
-    NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+    NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
+    # ACTIVATION "none": y = the projection; "silu" / "gelu_tanh": the weight's rows [0, n_out)
+    # are the gate, rows [up_offset, up_offset + n_out) the up half, y = act(gate) * up
     pid_n = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -110,7 +115,7 @@ def _skinny_linear_kernel(
     # the first weight tiles do not depend on the previous kernel: start them before the wait
     tile_mask = n_mask[:, None] & (kk < k_dim)[None, :]
     w_next = tl.load(w_rows + kk[None, :], mask=tile_mask, other=0.0)
-    if SILU_MUL:
+    if ACTIVATION != "none":
         u_next = tl.load(up_rows + kk[None, :], mask=tile_mask, other=0.0)
     wait_for_previous_grids(PDL)
     act_dtype = x_ptr.dtype.element_ty
@@ -147,20 +152,20 @@ def _skinny_linear_kernel(
         next_mask = n_mask[:, None] & (k + BLOCK_K < k_dim)[None, :]
         w_next = tl.load(w_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
         acc += w.to(tl.float32) * a[None, :]
-        if SILU_MUL:
+        if ACTIVATION != "none":
             u = u_next
             u_next = tl.load(up_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
             acc_up += u.to(tl.float32) * a[None, :]
     y = tl.sum(acc, axis=1)                                            # [BN]
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
-    if SILU_MUL:
+    if ACTIVATION != "none":
         up = tl.sum(acc_up, axis=1)
         if HAS_BIAS:
             up += tl.load(b_ptr + up_offset + n, mask=n_mask, other=0.0).to(tl.float32)
         gate = y.to(act_dtype).to(tl.float32)
         up = up.to(act_dtype).to(tl.float32)
-        y = gate / (1.0 + tl.exp(-gate)) * up
+        y = gated_activation(gate, up, ACTIVATION)
     tl.store(out_ptr + row * stride_o + n, y.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
@@ -184,24 +189,39 @@ def _check_matrix(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     check_same_device(x=x, weight=weight)
 
 
+def check_activation(activation: object) -> str | None:
+    """norm_linear's `activation`: None (no activation) or one of GATED_ACTIVATIONS."""
+    if isinstance(activation, bool):
+        raise ValidationError(
+            f"activation: got the bool {activation!r}; norm_linear's silu_mul flag is now "
+            f"activation=None, 'silu' or 'gelu_tanh'")
+    if activation is not None and activation not in GATED_ACTIVATIONS:
+        raise ValidationError(f"activation: expected None or one of {GATED_ACTIVATIONS}, "
+                              f"got {activation!r}")
+    return activation  # type: ignore[return-value]
+
+
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
             eps: float, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
-            residual_out: torch.Tensor | None, silu_mul: bool,
+            residual_out: torch.Tensor | None, activation: str | bool | None,
             plan: LinearPlan | None = None) -> None:
+    if isinstance(activation, bool):  # benchmarks/bench_decode_step.py still passes the old flag
+        activation = "silu" if activation else None
+    activation = check_activation(activation)
     rows, k_dim = x.shape
     n_out = out.shape[1]
     if rows == 0 or n_out == 0:
         return
-    plan = plan or plan_linear(n_out, k_dim, rows, sm_count(x.device), silu_mul)
+    plan = plan or plan_linear(n_out, k_dim, rows, sm_count(x.device), activation is not None)
     res = residual if residual is not None else x
     res_out = residual_out if residual_out is not None else x
     _skinny_linear_kernel[(cdiv(n_out, plan.block_n), rows)](
         x, res, norm_weight if norm_weight is not None else weight, weight,
         bias if bias is not None else weight, out, res_out,
-        n_out, k_dim, n_out if silu_mul else 0, float(eps),
+        n_out, k_dim, n_out if activation else 0, float(eps),
         x.stride(0), res.stride(0), weight.stride(0), out.stride(0), res_out.stride(0),
         NORM=norm_weight is not None, RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
-        SILU_MUL=silu_mul, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
+        ACTIVATION=activation or "none", BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
         num_warps=plan.num_warps, **launch_options(x.device, rows),
     )
 
@@ -220,16 +240,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
         return reference_linear(x, weight, bias, out_dtype)
     out = torch.empty((x.shape[0], weight.shape[0]), dtype=out_dtype, device=x.device)
-    _launch(x, None, None, 0.0, weight, bias, out, None, False, plan)
+    _launch(x, None, None, 0.0, weight, bias, out, None, None, plan)
     return out
 
 
 def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                 eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                silu_mul: bool = False, *, plan: LinearPlan | None = None
+                activation: str | None = None, *, plan: LinearPlan | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x [+ residual]) @ W^T + b, then silu(gate) * up with `silu_mul`; the new
-    residual: x + residual, or x when residual is None)."""
+    """(rms_norm(x [+ residual]) @ W^T + b, then act(gate) * up with a gated `activation`
+    ("silu" or "gelu_tanh"; None: no activation); the new residual: x + residual, or x when
+    residual is None)."""
+    activation = check_activation(activation)
     _check_matrix(x, weight, bias)
     rows, k_dim = x.shape
     if norm_weight.shape != (k_dim,) or norm_weight.stride(0) != 1:
@@ -244,16 +266,17 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
         check_last_dim_contiguous("residual", residual)
         check_same_device(x=x, residual=residual)
     n_rows = weight.shape[0]
-    if silu_mul and n_rows % 2:
+    if activation and n_rows % 2:
         raise ValidationError(f"weight: {n_rows} rows cannot split into gate and up halves")
-    n_out = n_rows // 2 if silu_mul else n_rows
+    n_out = n_rows // 2 if activation else n_rows
     if rows > MAX_ROWS:      # the model's own composition (norm kernel, cuBLAS, activation)
         from services.engine.model.ops import composed_norm_linear
 
-        return composed_norm_linear(x, residual, norm_weight, eps, weight, bias, silu_mul)
+        return composed_norm_linear(x, residual, norm_weight, eps, weight, bias,
+                                    activation=activation)
     out = torch.empty((rows, n_out), dtype=x.dtype, device=x.device)
     residual_out = None
     if residual is not None:
         residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _launch(x, residual, norm_weight, eps, weight, bias, out, residual_out, silu_mul, plan)
+    _launch(x, residual, norm_weight, eps, weight, bias, out, residual_out, activation, plan)
     return out, (residual_out if residual_out is not None else x)
