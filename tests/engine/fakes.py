@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from services.engine.runner.layout import layout_step, verified_tokens
 from services.engine.scheduler.plan import Completion, SeqResult, Step
 from services.engine.scheduler.requests import RequestUpdate
 from services.engine.scheduler.scheduler import Scheduler, choice_seed
@@ -71,6 +72,7 @@ class FakeRunner:
         self.hold = False                 # keep completions back until release()
         self.held: deque[Completion] = deque()
         self.steps: list[Step] = []
+        self.completed: list[Completion] = []   # every completion produced, in order
         self.drain_ok = True              # what drain() reports
         self.fail_at: int | None = None   # raise inside submit of this fence
         self.gate: threading.Event | None = None   # submit waits for it (hold the loop)
@@ -90,11 +92,11 @@ class FakeRunner:
                 tail = self.snapshot_tail[s.restore.snapshot_id]
                 assert len(tail) == s.restore.num_tokens
                 self.kv[s.restore.page_id][:len(tail)] = list(tail)
-        for s in step.seqs:
-            fed = (self.last_token[s.handle.slot],) if s.feeds_pending else s.token_ids
-            for j, token in enumerate(fed):
-                pos = s.start + j
-                self.kv[s.page_ids[pos // size]][pos % size] = token
+        layout = layout_step(step, size)
+        for token, pending, kv_slot in zip(layout.token_ids, layout.pending_slots,
+                                           layout.kv_slots, strict=True):
+            self.kv[kv_slot // size][kv_slot % size] = \
+                self.last_token[pending] if pending >= 0 else token
         results = []
         for s in step.seqs:
             state = b""
@@ -106,22 +108,35 @@ class FakeRunner:
                 tail = self.kv[s.capture.page_id][:s.capture.num_tokens] \
                     if s.capture.num_tokens else []
                 self.snapshot_tail[s.capture.snapshot_id] = tuple(tail)
-            token = None
-            if s.sample:
-                if s.resume_snapshot is not None:
-                    state = self.snapshot_state[s.resume_snapshot]
-                seed = self.seeds[s.handle.slot]
-                token = next_token(state, seed, self.vocab)
-                banned = set(s.suppress_token_ids)
-                while token in banned:          # what a sampler's mask does
-                    token = (token + 1) % self.vocab
-                if s.allowed_tokens is not None and not self.ignore_grammar:
-                    token = first_allowed(s.allowed_tokens, token, banned)
-                self.last_token[s.handle.slot] = token
-            results.append(SeqResult(s.handle, s.end, token))
+            if not s.sample:
+                results.append(SeqResult(s.handle, s.end))
+                continue
+            sampled = []
+            for offset in range(s.max_emit):
+                position = s.sample_from + offset      # the row whose state samples
+                if s.resume_snapshot is not None and not s.token_ids:
+                    row_state = self.snapshot_state[s.resume_snapshot]
+                else:
+                    row_state = _fingerprint(
+                        [self.kv[s.page_ids[p // size]][p % size] for p in range(position + 1)])
+                sampled.append(self._sample(s, row_state, s.output_index + offset))
+            tokens = verified_tokens(sampled, s.draft_token_ids)
+            self.last_token[s.handle.slot] = tokens[-1]
+            results.append(SeqResult(s.handle, s.sample_from + len(tokens), tuple(tokens)))
         completion = Completion(step.fence, tuple(results), duration_s=0.001)
+        self.completed.append(completion)
         (self.held if self.hold else self.done).append(completion)
         return step.fence
+
+    def _sample(self, s, state: bytes, output_index: int) -> int:
+        seed = self.seeds[s.handle.slot]
+        token = next_token(state, seed, self.vocab)
+        banned = set(s.suppress_token_ids)   # (min_tokens: every sampled row of the step)
+        while token in banned:          # what a sampler's mask does
+            token = (token + 1) % self.vocab
+        if s.allowed_tokens is not None and not self.ignore_grammar:
+            token = first_allowed(s.allowed_tokens, token, banned)
+        return token
 
     def poll(self) -> Completion | None:
         return self.done.popleft() if self.done else None

@@ -132,7 +132,7 @@ class Telemetry:
             sequence=self.sequence, time_s=now, kind=step.kind, label=step.label,
             gpu_ms=completion.duration_s * 1e3 if completion.duration_s >= 0 else -1.0,
             requests=tuple(s.handle for s in step.seqs), prompt_tokens=prompt,
-            output_tokens=sum(1 for s in step.seqs if s.sample)))
+            output_tokens=sum(len(r.token_ids) for r in completion.results)))
 
 
 def _phase(seq: Sequence) -> str:

@@ -69,6 +69,11 @@ class KVCache:
         return self.k_caches[index], self.v_caches[index]
 
 
+def kv_slot(page_ids: Sequence[int], position: int, page_size: int) -> int:
+    """The flat KV slot of `position` in a sequence whose pages are `page_ids` (in order)."""
+    return page_ids[position // page_size] * page_size + position % page_size
+
+
 def kv_cache_bytes_per_page(model_config: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
     """Bytes one page costs across every layer (K and V), for sizing the pool."""
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -111,7 +116,7 @@ def build_metadata(query_lens: Sequence[int], seq_lens: Sequence[int],
                 f"of {page_size} (table width {width})")
         starts.append(starts[-1] + q_len)
         for pos in range(s_len - q_len, s_len):
-            slots.append(pages[pos // page_size] * page_size + pos % page_size)
+            slots.append(kv_slot(pages, pos, page_size))
     slots.extend([-1] * num_padding_rows)
     table = [list(p) + [0] * (width - len(p)) for p in page_tables]
     return AttentionMetadata(

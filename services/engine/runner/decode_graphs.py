@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +25,11 @@ import torch
 
 from services.engine.runner.cuda_driver import GraphLauncher
 from services.engine.runner.frames import DeviceViews, FramePacker, InputFrames
+from services.engine.runner.layout import StepLayout, layout_step
 from services.engine.runner.page_tables import PageTableMirror
 from services.engine.runner.slot_state import SamplingMode
 from services.engine.runner.step_body import StepBody, StepShape
-from services.engine.scheduler.plan import SeqStep
+from services.engine.scheduler.plan import Step
 
 log = logging.getLogger(__name__)
 
@@ -42,35 +42,26 @@ def capacities(max_batch: int) -> tuple[int, ...]:
     return tuple(1 << i for i in range(top.bit_length()))
 
 
-def pack_decode(packer: FramePacker, seqs: Sequence[SeqStep], capacity: int, page_size: int,
+def pack_decode(packer: FramePacker, step: Step | None, capacity: int, page_size: int,
                 mirror: PageTableMirror, padding_row: int) -> None:
-    """Pack a pure-decode step (one fed token per sequence, every one samples) at capacity."""
-    ids, pending, positions, slots, seq_slots, seq_lens = [], [], [], [], [], []
+    """Pack a pure-decode step (one fed token per sequence, every one samples; sequences
+    that only save a terminal checkpoint feed nothing and are left out) at `capacity`. None
+    packs an all-padding step (warm-up and capture inputs)."""
+    layout = layout_step(step, page_size) if step is not None else StepLayout()
+    fed = [step.seqs[i] for i in layout.forward_seqs] if step is not None else []
     update_index: list[int] = []
     update_value: list[int] = []
-    for seq in seqs:
-        slot = seq.handle.slot
-        position = seq.start
-        if seq.feeds_pending:
-            ids.append(0)
-            pending.append(slot)
-        else:
-            ids.append(seq.token_ids[0])
-            pending.append(-1)
-        positions.append(position)
-        slots.append(seq.page_ids[position // page_size] * page_size + position % page_size)
-        seq_slots.append(slot)
-        seq_lens.append(position + 1)
+    for seq in fed:
         mirror.updates(seq.handle, seq.page_ids, update_index, update_value)
-    count = len(seqs)
-    packer.i64("input_ids", ids, capacity)
-    packer.i64("positions", positions, capacity)
-    packer.i64("slot_mapping", slots, capacity, pad=-1)
-    packer.i64("pending_slot", pending, capacity, pad=-1)
-    packer.i64("seq_slots", seq_slots, capacity, pad=padding_row)
+    count = len(fed)
+    packer.i64("input_ids", layout.token_ids, capacity)
+    packer.i64("positions", layout.positions, capacity)
+    packer.i64("slot_mapping", layout.kv_slots, capacity, pad=-1)
+    packer.i64("pending_slot", layout.pending_slots, capacity, pad=-1)
+    packer.i64("seq_slots", [seq.handle.slot for seq in fed], capacity, pad=padding_row)
     packer.i64("update_index", update_index, capacity, pad=mirror.trash_cell)
-    packer.i32("query_start_loc", list(range(count + 1)), capacity + 1, pad=count)
-    packer.i32("seq_lens", seq_lens, capacity)
+    packer.i32("query_start_loc", layout.query_start_loc, capacity + 1, pad=count)
+    packer.i32("seq_lens", layout.seq_lens, capacity)
     packer.i32("update_value", update_value, capacity)
 
 
@@ -78,7 +69,7 @@ def padding_offsets(frames: InputFrames, capacity: int, mirror: PageTableMirror,
                     padding_row: int, page_size: int) -> DeviceViews:
     """Upload an all-padding step of `capacity` (warm-up and capture inputs)."""
     packer = FramePacker(frames.scratch)
-    pack_decode(packer, (), capacity, page_size, mirror, padding_row)
+    pack_decode(packer, None, capacity, page_size, mirror, padding_row)
     return frames.upload(packer)
 
 

@@ -170,6 +170,10 @@ class GraphRunner:
     # -- one step ---------------------------------------------------------------------------
     def _enqueue(self, step: Step) -> _InFlight:
         started = time.perf_counter()
+        if any(seq.max_emit > 1 for seq in step.seqs):
+            raise WorkerFailure(f"step {step.fence} verifies proposals (max_emit > 1): the graph "
+                                "runner samples one token per sequence (speculative decoding "
+                                "lands with its verification graphs)")
         state = self.state
         inits: list[tuple[SlotInfo, SamplingInit]] = []
         for seq in step.seqs:
@@ -187,8 +191,7 @@ class GraphRunner:
         capacity = self._graph_capacity(step)
         packer = FramePacker(self.frames.next_frame())
         if capacity is not None:
-            pack_decode(packer, [seq for seq in step.seqs if seq.token_ids], capacity,
-                        self.page_size, self.mirror, state.padding_row)
+            pack_decode(packer, step, capacity, self.page_size, self.mirror, state.padding_row)
             shape = None
         else:
             shape = pack_eager(packer, step, self.page_size, self.mirror, state.padding_row)
@@ -281,6 +284,12 @@ class GraphRunner:
                     zip(top_ids[row][:info.top_logprobs], top_logprobs[row][:info.top_logprobs],
                         strict=True)))
             tokens[index] = (ids[row], detail)
-        results = tuple(SeqResult(seq.handle, seq.end, *tokens.get(index, (None, None)))
-                        for index, seq in enumerate(step.seqs))
-        return Completion(step.fence, results, duration)
+        results = []
+        for index, seq in enumerate(step.seqs):
+            if index in tokens:
+                token, detail = tokens[index]
+                results.append(SeqResult(seq.handle, seq.sample_from + 1, (token,),
+                                         (detail,) if detail is not None else ()))
+            else:
+                results.append(SeqResult(seq.handle, seq.end))
+        return Completion(step.fence, tuple(results), duration)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from services.common.errors import PoisonedError, WorkerFailure
-from services.engine.model import CausalLM, ForwardBatch, KVCache
-from services.engine.runner.inputs import build_forward_inputs
+from services.engine.model import CausalLM, ForwardBatch, KVCache, build_metadata
+from services.engine.runner.layout import StepLayout, layout_step, verified_tokens
 from services.engine.runner.snapshots import SnapshotStore
 from services.engine.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow
 from services.engine.scheduler.plan import Completion, SeqResult, SeqStep, SlotHandle, Step
@@ -114,20 +114,16 @@ class TorchRunner:
             if seq.restore is not None:
                 r = seq.restore
                 self.snapshots.restore(r.snapshot_id, r.page_id, r.num_tokens)
-        last_tokens = {slot: s.output_token_ids[-1] for slot, s in self._slots.items()
-                       if s.output_token_ids}
-        inputs = build_forward_inputs(step, self.page_size, self.device, last_tokens)
+        layout = layout_step(step, self.page_size)
         hidden = None
-        last_row: dict[int, int] = {}
-        if inputs is not None:
-            hidden = self.model(ForwardBatch(inputs.input_ids, inputs.positions, inputs.meta),
-                                self.kv).hidden
-            last_row = dict(zip(inputs.seq_indices, inputs.last_rows, strict=True))
-            fed = [step.seqs[i] for i in inputs.seq_indices]
-            self.last_hidden.index_put_(                                    # [B, H] rows
+        last_row: dict[int, int] = dict(zip(layout.forward_seqs, layout.last_rows, strict=True))
+        if layout.num_tokens:
+            hidden = self.model(self._forward_batch(layout), self.kv).hidden     # [T, H]
+            fed = [step.seqs[i] for i in layout.forward_seqs]
+            self.last_hidden.index_put_(                                    # [F, H] rows
                 (torch.tensor([s.handle.slot for s in fed], device=self.device),
                  torch.tensor([(s.end - 1) % 2 for s in fed], device=self.device)),
-                hidden.index_select(0, torch.tensor(inputs.last_rows, device=self.device)))
+                hidden.index_select(0, torch.tensor(layout.last_rows, device=self.device)))
         for index, seq in enumerate(step.seqs):
             if seq.resume_snapshot is not None:
                 self.last_hidden[seq.handle.slot, (seq.start - 1) % 2].copy_(
@@ -140,9 +136,26 @@ class TorchRunner:
                 else:
                     state = self.last_hidden[seq.handle.slot, (c.endpoint - 1) % 2]
                 self.snapshots.capture(c.snapshot_id, c.page_id, c.num_tokens, state)
-        sampled = self._sample(step, hidden, last_row)
-        return tuple(SeqResult(seq.handle, seq.end, *sampled.get(index, (None, None)))
-                     for index, seq in enumerate(step.seqs))
+        emitted = self._sample(step, layout, hidden)
+        results = []
+        for index, seq in enumerate(step.seqs):
+            tokens, logprobs = emitted.get(index, ((), ()))
+            consumed = seq.sample_from + len(tokens) if seq.sample else seq.end
+            results.append(SeqResult(seq.handle, consumed, tokens, logprobs))
+        return tuple(results)
+
+    def _forward_batch(self, layout: StepLayout) -> ForwardBatch:
+        device = self.device
+        token_ids = [self._slots[slot].output_token_ids[-1] if slot >= 0 else token
+                     for token, slot in zip(layout.token_ids, layout.pending_slots,
+                                            strict=True)]
+        meta = build_metadata(
+            [b - a for a, b in zip(layout.query_start_loc, layout.query_start_loc[1:],
+                                   strict=False)],
+            layout.seq_lens, layout.page_tables, self.page_size, device)
+        return ForwardBatch(torch.tensor(token_ids, dtype=torch.int64, device=device),
+                            torch.tensor(layout.positions, dtype=torch.int64, device=device),
+                            meta)
 
     def _install(self, seq: SeqStep) -> None:
         init = seq.init
@@ -153,14 +166,17 @@ class TorchRunner:
         self._slots[seq.handle.slot] = SlotSampling(seq.handle, params, init.prompt_token_ids,
                                                     list(init.output_token_ids))
 
-    def _sample(self, step: Step, hidden: torch.Tensor | None, last_row: dict[int, int]
-                ) -> dict[int, tuple[int, SampledLogprobs | None]]:
-        indices = [i for i, seq in enumerate(step.seqs) if seq.sample]
-        if not indices:
+    def _sample(self, step: Step, layout: StepLayout, hidden: torch.Tensor | None
+                ) -> dict[int, tuple[tuple[int, ...], tuple[SampledLogprobs, ...]]]:
+        """Sample every sampled row; each sequence emits its verified prefix (one token for
+        an ordinary step). A row at offset o samples as if the o drafts before it were
+        accepted (their ids count for penalties and the random position)."""
+        if not layout.sample_rows:
             return {}
         states: list[torch.Tensor] = []
-        slots: list[SlotSampling] = []
-        for index in indices:
+        rows: list[SamplingRow] = []
+        for row, index, offset in zip(layout.sample_rows, layout.sample_seqs,
+                                      layout.sample_offsets, strict=True):
             seq = step.seqs[index]
             slot = self._slots.get(seq.handle.slot)
             if slot is None or slot.handle != seq.handle:
@@ -168,24 +184,30 @@ class TorchRunner:
             if len(slot.output_token_ids) != seq.output_index:
                 raise RuntimeError(f"slot {seq.handle} has {len(slot.output_token_ids)} tokens, "
                                    f"the step samples token {seq.output_index}")
-            if seq.resume_snapshot is not None:
+            if seq.resume_snapshot is not None and not seq.token_ids:
                 states.append(self.snapshots.hidden[seq.resume_snapshot])
             else:
                 assert hidden is not None
-                states.append(hidden[last_row[index]])
-            slots.append(slot)
-        logits = self.model.compute_logits(torch.stack(states))            # [N, V] float32
-        rows = [SamplingRow(s.params, s.output_token_ids, s.prompt_token_ids,
-                            step.seqs[i].allowed_tokens)
-                for i, s in zip(indices, slots, strict=True)]
+                states.append(hidden[row])
+            outputs = slot.output_token_ids + list(seq.draft_token_ids[:offset])
+            rows.append(SamplingRow(slot.params, outputs, slot.prompt_token_ids,
+                                    seq.allowed_tokens if offset == 0 else None))
+        logits = self.model.compute_logits(torch.stack(states))            # [S, V] float32
         batch = SamplingBatch.build(rows, self.vocab_size, self.eos_token_ids, self.device)
         out = self.sampler(logits, batch).to_lists(batch.num_top_logprobs)
-        sampled: dict[int, tuple[int, SampledLogprobs | None]] = {}
-        for index, slot, (token, logprob, top) in zip(indices, slots, out, strict=True):
-            slot.output_token_ids.append(token)
-            info = None
+        by_seq: dict[int, list[tuple[int, float, list[tuple[int, float]]]]] = {}
+        for index, sampled in zip(layout.sample_seqs, out, strict=True):
+            by_seq.setdefault(index, []).append(sampled)
+        emitted: dict[int, tuple[tuple[int, ...], tuple[SampledLogprobs, ...]]] = {}
+        for index, samples in by_seq.items():
+            seq = step.seqs[index]
+            slot = self._slots[seq.handle.slot]
+            tokens = verified_tokens([token for token, _, _ in samples], seq.draft_token_ids)
+            slot.output_token_ids.extend(tokens)
+            infos: tuple[SampledLogprobs, ...] = ()
             if slot.params.logprobs:
-                info = SampledLogprobs(token, logprob,
-                                       tuple(TokenLogprob(t, lp) for t, lp in top))
-            sampled[index] = (token, info)
-        return sampled
+                infos = tuple(SampledLogprobs(token, logprob,
+                                              tuple(TokenLogprob(t, lp) for t, lp in top))
+                              for token, logprob, top in samples[:len(tokens)])
+            emitted[index] = (tuple(tokens), infos)
+        return emitted

@@ -6,7 +6,7 @@ import time
 
 from services.engine.prefix.records import PublishOutcome
 from services.engine.scheduler.plan import Completion, SeqResult, SeqStep, Step, check
-from services.engine.scheduler.requests import ChoiceDelta, FinishReason
+from services.engine.scheduler.requests import ChoiceDelta, FinishReason, SampledLogprobs
 from services.engine.scheduler.residency import release
 from services.engine.scheduler.sequence import Phase, Sequence
 from services.engine.scheduler.state import SchedulerState
@@ -23,18 +23,24 @@ def validate(state: SchedulerState, completion: Completion) -> Step:
           f"{len(completion.results)} results for a step of {len(step.seqs)} sequences")
     vocab = state.config.vocab_size
     for result, planned in zip(completion.results, step.seqs, strict=True):
-        token = result.token_id
-        if (result.handle != planned.handle or result.consumed != planned.end or
-                (token is not None) != planned.sample or
-                (token is not None and not 0 <= token < vocab)):
-            check(result.handle == planned.handle,
-                  f"result for slot {result.handle}, the step ran {planned.handle}")
-            check(result.consumed == planned.end,
-                  f"slot {planned.handle} consumed {result.consumed}, expected {planned.end}")
-            check((token is not None) == planned.sample,
-                  f"slot {planned.handle}: a sampled token "
-                  f"{'missing' if planned.sample else 'extra'}")
-            check(False, f"slot {planned.handle}: token {token} outside the vocabulary")
+        check(result.handle == planned.handle,
+              f"result for slot {result.handle}, the step ran {planned.handle}")
+        emitted = len(result.token_ids)
+        if planned.sample:
+            check(1 <= emitted <= planned.max_emit,
+                  f"slot {planned.handle} emitted {emitted} tokens, the step may emit "
+                  f"1..{planned.max_emit}")
+            expected = planned.sample_from + emitted
+        else:
+            check(not emitted, f"slot {planned.handle}: {emitted} tokens from a step that "
+                               "samples nothing")
+            expected = planned.end
+        check(result.consumed == expected,
+              f"slot {planned.handle} consumed {result.consumed}, expected {expected}")
+        check(all(0 <= t < vocab for t in result.token_ids),
+              f"slot {planned.handle}: a token outside the vocabulary in {result.token_ids}")
+        check(not result.logprobs or len(result.logprobs) == emitted,
+              f"slot {planned.handle}: {len(result.logprobs)} logprobs for {emitted} tokens")
     return step
 
 
@@ -64,9 +70,13 @@ def apply_result(state: SchedulerState, step: Step, planned: SeqStep, result: Se
         release(state, seq)
         seq.phase = Phase.FINISHED
         return None
-    if result.token_id is None:
+    if not result.token_ids:
         return None
-    return _commit_token(state, seq, result, now)
+    delta = _commit_tokens(state, seq, result, now)
+    # the last emitted token is pending (its KV comes with the next step); tokens after a
+    # finishing one were never committed, nor is the KV of drafts behind them
+    seq.num_computed = min(seq.num_computed, seq.total_len - 1)
+    return delta
 
 
 def _publish(state: SchedulerState, seq: Sequence, fence: int) -> None:
@@ -97,40 +107,50 @@ def _publish(state: SchedulerState, seq: Sequence, fence: int) -> None:
     seq.base = publication.checkpoint
 
 
-def _commit_token(state: SchedulerState, seq: Sequence, result: SeqResult,
-                  now: float) -> ChoiceDelta:
-    token = result.token_id
-    assert token is not None
-    output_index = len(seq.output_ids)
-    seq.output_ids.append(token)
-    seq.last_progress = seq.last_output = now
-    seq.bursts += 1
-    state.counters.add_generated(1, now)
-    rules = seq.request.stop
+def _commit_tokens(state: SchedulerState, seq: Sequence, result: SeqResult,
+                   now: float) -> ChoiceDelta:
+    """Commit the emitted tokens in order, each under the finish rules; a token that ends
+    the choice drops the ones after it."""
+    committed: list[int] = []
+    logprobs: list[SampledLogprobs] = []
     reason: FinishReason | None = None
     stop_token: int | None = None
     error = ""
-    logprobs = (result.logprobs,) if result.logprobs is not None else ()
-    if seq.matcher is not None and not seq.matcher.accept(token):
-        error = (f"the output of choice {seq.index} no longer matches its grammar: "
-                 f"{seq.matcher.error or f'token {token} was not allowed'}")
+    rules = seq.request.stop
+    for position, token in enumerate(result.token_ids):
+        output_index = len(seq.output_ids)
+        seq.output_ids.append(token)
+        committed.append(token)
+        if result.logprobs:
+            logprobs.append(result.logprobs[position])
+        state.counters.add_generated(1, now)
+        if seq.matcher is not None and not seq.matcher.accept(token):
+            error = (f"the output of choice {seq.index} no longer matches its grammar: "
+                     f"{seq.matcher.error or f'token {token} was not allowed'}")
+            reason = FinishReason.ERROR
+            break
+        if output_index >= rules.min_tokens and (
+                token in rules.stop_token_ids or
+                (not rules.ignore_eos and token in state.config.eos_token_ids)):
+            reason, stop_token = FinishReason.STOP, token
+        elif seq.matcher is not None and seq.matcher.is_stopped:
+            # the grammar is complete: end here rather than spend a step on the EOS token
+            reason = FinishReason.STOP
+            stop_token = token if token in state.config.eos_token_ids else None
+        elif len(seq.output_ids) >= (rules.max_tokens or 0) or \
+                seq.total_len >= state.config.max_model_len:
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            break
+    seq.last_progress = seq.last_output = now
+    seq.bursts += 1
+    delta = ChoiceDelta(seq.request.request_id, seq.index, tuple(committed), tuple(logprobs),
+                        reason, stop_token, error)
+    if reason is FinishReason.ERROR:
         finish(state, seq, FinishReason.ERROR)
-        return ChoiceDelta(seq.request.request_id, seq.index, (token,), logprobs,
-                           FinishReason.ERROR, None, error)
-    if output_index >= rules.min_tokens and (
-            token in rules.stop_token_ids or
-            (not rules.ignore_eos and token in state.config.eos_token_ids)):
-        reason, stop_token = FinishReason.STOP, token
-    elif seq.matcher is not None and seq.matcher.is_stopped:
-        # the grammar is complete: end here rather than spend a step on the EOS token
-        reason = FinishReason.STOP
-        stop_token = token if token in state.config.eos_token_ids else None
-    elif len(seq.output_ids) >= (rules.max_tokens or 0) or \
-            seq.total_len >= state.config.max_model_len:
-        reason = FinishReason.LENGTH
-    if reason is not None and not begin_terminal_capture(state, seq, reason):
+    elif reason is not None and not begin_terminal_capture(state, seq, reason):
         finish(state, seq, reason)
-    return ChoiceDelta(seq.request.request_id, seq.index, (token,), logprobs, reason, stop_token)
+    return delta
 
 
 def finish(state: SchedulerState, seq: Sequence, reason: FinishReason | None) -> None:

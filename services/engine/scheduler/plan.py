@@ -14,8 +14,18 @@ Structured outputs: a sampling row of a choice with a grammar carries the bitmas
 its grammar allows (`SeqStep.allowed_tokens`, computed at commit from the committed tokens);
 such a choice is never planned behind its own in-flight step.
 
+One step semantics: per sequence a step consumes `num_tokens` fed tokens at positions
+start.. (writing their K/V), and may emit up to `max_emit` tokens sampled from its last
+`max_emit` rows (`sample_from` = end - max_emit is the first sampled position; a resumed
+snapshot's hidden state is position start - 1). 0 is a prefill chunk, 1 an ordinary sampling
+step (decode, the last prompt chunk, a resume), k + 1 a verification step over k proposed
+tokens fed after the known ones (`draft_token_ids`): the runner emits the sampled tokens up
+to and including the first that differs from the next draft. Its result states the tokens
+emitted and the KV length consumed (= sample_from + len(emitted): rejected drafts' KV lies
+past it and is overwritten later).
+
 Two-frame overlap: a decode may be planned behind a sequence's in-flight step that samples
-(`PlannedSeq.follows`). Its one fed token is that step's sampled token, which the host does
+one token (`PlannedSeq.follows`). Its one fed token is that step's sampled token, which the host does
 not know yet: the step carries `PENDING_TOKEN` and the runner feeds the token it sampled last
 for the slot (on the GPU straight from device memory).
 """
@@ -52,8 +62,17 @@ class PlannedSeq:
     epoch: int            # the sequence's state epoch when planned
     start: int            # tokens whose KV exists before the step
     num_tokens: int       # tokens fed this step (0: resume sampling from a snapshot)
-    sample: bool          # the step reaches the end of the known tokens: sample one
+    max_emit: int = 0     # tokens the step may emit (0: none; 1: sample; k + 1: verify k drafts)
     follows: bool = False  # a decode behind the sequence's in-flight step (feeds its token)
+    draft_token_ids: tuple[int, ...] = ()   # proposals fed after the known tokens (verify)
+
+    @property
+    def sample(self) -> bool:
+        return self.max_emit > 0
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +122,12 @@ class SeqStep:
     handle: SlotHandle
     start: int                         # KV length before the step
     token_ids: tuple[int, ...]         # fed tokens at positions start.. (() = resume sampling;
-                                       # (PENDING_TOKEN,) = the slot's last sampled token)
+                                       # (PENDING_TOKEN,) = the slot's last sampled token);
+                                       # a verification step's drafts are the last
+                                       # max_emit - 1 of them
     page_ids: tuple[int, ...]          # the sequence's page table after the step
-    sample: bool                       # sample a token after this step
-    output_index: int                  # index of the token sampled now (counter for the seed)
+    max_emit: int                      # tokens the step may emit (0: it samples nothing)
+    output_index: int                  # index of the first token sampled now (seed counter)
     suppress_token_ids: tuple[int, ...] = ()   # ids masked before sampling (min_tokens)
     resume_snapshot: int | None = None  # sample from this snapshot's hidden state
     restore: Restore | None = None
@@ -121,9 +142,24 @@ class SeqStep:
         return self.start + len(self.token_ids)
 
     @property
+    def sample(self) -> bool:
+        return self.max_emit > 0
+
+    @property
+    def sample_from(self) -> int:
+        """Position of the first sampled row (start - 1: a resumed snapshot's state)."""
+        return self.end - self.max_emit
+
+    @property
+    def draft_token_ids(self) -> tuple[int, ...]:
+        """The proposals a verification step checks (fed after the known tokens)."""
+        return self.token_ids[len(self.token_ids) - self.max_emit + 1:] if \
+            self.max_emit > 1 else ()
+
+    @property
     def feeds_pending(self) -> bool:
-        """The fed token is the slot's last sampled token (not yet known to the host)."""
-        return len(self.token_ids) == 1 and self.token_ids[0] == PENDING_TOKEN
+        """The first fed token is the slot's last sampled token (not yet known to the host)."""
+        return bool(self.token_ids) and self.token_ids[0] == PENDING_TOKEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +185,10 @@ class Step:
 @dataclass(frozen=True, slots=True)
 class SeqResult:
     handle: SlotHandle
-    consumed: int                      # KV length after the step (start + fed tokens)
-    token_id: int | None = None        # the sampled token, when the step sampled
-    logprobs: SampledLogprobs | None = None
+    consumed: int                      # KV length after the step (sample_from + emitted;
+                                       # start + fed tokens when nothing was sampled)
+    token_ids: tuple[int, ...] = ()    # emitted tokens, in order (at most max_emit)
+    logprobs: tuple[SampledLogprobs, ...] = ()   # one per emitted token, when asked
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,9 @@
    preempting younger resident sequences (youngest first). A sequence never preempts an older
    one, so the oldest request always progresses: nobody starves.
 
+With a proposer (`SchedulerConfig.proposer`), a decode also feeds the drafts it proposes and
+may emit them all plus one (a verification step, plan.py).
+
 Order is arrival time shifted by priority (state.order_key). With the cost model on
 (`SchedulerConfig.cost_model`), the prefill allowance of a step is the candidate token
 capacity with the most useful work per measured duration (costs.chunk_budget). With overlap on,
@@ -64,17 +67,19 @@ def select(state: SchedulerState) -> list[PlannedSeq]:
         if seq.handle is None or seq.handle.slot not in state.running:
             continue                                # preempted by an older sequence
         if seq.in_flight_fences:                    # behind its in-flight step (overlap)
-            planned = PlannedSeq(seq.handle, seq.epoch, seq.scheduled_end, 1, sample=True,
+            planned = PlannedSeq(seq.handle, seq.epoch, seq.scheduled_end, 1, max_emit=1,
                                  follows=True)
+        elif seq.resume_snapshot is not None:
+            planned = _planned(seq, 0)
         else:
-            planned = _planned(seq, 0 if seq.resume_snapshot is not None else 1)
+            planned = _with_drafts(state, seq, _planned(seq, 1))
         if obtain(seq, res.pages_for(planned.start + planned.num_tokens) - len(seq.page_ids)):
             chosen.append(planned)
             chosen_seqs.add(id(seq))
             budget -= planned.num_tokens
     if config.cost_model and prefilling and budget > MIN_CHUNK:
         budget = chunk_budget(state.costs, num_seqs=len(chosen),
-                              num_outputs=sum(1 for p in chosen if p.sample),
+                              num_outputs=sum(p.max_emit for p in chosen),
                               num_tokens=sum(p.num_tokens for p in chosen), budget=budget,
                               min_chunk=MIN_CHUNK,
                               output_value=config.output_token_value)
@@ -105,8 +110,9 @@ def select(state: SchedulerState) -> list[PlannedSeq]:
 def can_follow(state: SchedulerState, seq: Sequence) -> bool:
     """Two-frame overlap: may a decode be planned behind this sequence's in-flight step?
 
-    Only behind one step that samples and captures nothing, and only when that step's token
-    cannot be the last by count (max_tokens, context): a token that ends the choice by stop
+    Only behind one step that emits exactly one token and captures nothing (a verification
+    step's length is unknown until it completes), and only when that token cannot be the
+    last by count (max_tokens, context): a token that ends the choice by stop
     rule (EOS, stop ids) wastes the one decode behind it, which completion then drops. Never
     for a choice with a grammar: its next bitmask needs the in-flight token committed (the
     reference's "a grammar submission requires an empty window", per choice)."""
@@ -137,7 +143,22 @@ def _chunk(seq: Sequence, chunk_size: int, allowance: int) -> int:
 def _planned(seq: Sequence, tokens: int) -> PlannedSeq:
     assert seq.handle is not None
     return PlannedSeq(seq.handle, seq.epoch, seq.num_computed, tokens,
-                      sample=seq.num_computed + tokens == seq.total_len)
+                      max_emit=int(seq.num_computed + tokens == seq.total_len))
+
+
+def _with_drafts(state: SchedulerState, seq: Sequence, planned: PlannedSeq) -> PlannedSeq:
+    """A decode that also verifies the proposer's drafts, within the output and context the
+    choice has left (never for a grammar: its bitmask needs each token committed)."""
+    proposer = state.config.proposer
+    if proposer is None or seq.matcher is not None:
+        return planned
+    left = min((seq.request.stop.max_tokens or 0) - len(seq.output_ids),
+               state.config.max_model_len - seq.total_len) - 1
+    drafts = proposer.propose(seq.tokens(0, seq.total_len), left) if left > 0 else ()
+    if not drafts:
+        return planned
+    return PlannedSeq(planned.handle, planned.epoch, planned.start, 1 + len(drafts),
+                      max_emit=1 + len(drafts), draft_token_ids=tuple(drafts))
 
 
 def _youngest_victim(state: SchedulerState, requester: Sequence,

@@ -206,7 +206,12 @@ class Scheduler:
 
     def _commit_seq(self, seq: Sequence, planned: PlannedSeq, fence: int,
                     allowed_tokens: Any = None) -> SeqStep:
-        start, num_tokens, sample = planned.start, planned.num_tokens, planned.sample
+        start, num_tokens, max_emit = planned.start, planned.num_tokens, planned.max_emit
+        drafts = planned.draft_token_ids
+        if drafts and (planned.follows or max_emit != len(drafts) + 1 or
+                       num_tokens < len(drafts) + 1 or seq.matcher is not None):
+            raise PlanInvalidated(f"slot {planned.handle}: a verification step needs its "
+                                  "known token, max_emit = drafts + 1, and no grammar")
         # a decode behind the in-flight step: its token is that step's, one output later
         outputs = len(seq.output_ids) + (1 if planned.follows else 0)
         res = self.state.resources
@@ -235,7 +240,7 @@ class Scheduler:
             seq.needs_init = False
         rules = seq.request.stop
         suppress: tuple[int, ...] = ()
-        if sample and outputs < rules.min_tokens:
+        if max_emit and outputs < rules.min_tokens:
             ids = set(rules.stop_token_ids)
             if not rules.ignore_eos:
                 ids |= self.state.config.eos_token_ids
@@ -245,12 +250,15 @@ class Scheduler:
         seq.in_flight_fences.append(fence)
         seq.last_fence = fence
         seq.scheduled_end = end
-        seq.can_follow = sample and capture is None
+        seq.can_follow = max_emit == 1 and capture is None
         seq.bump()
-        token_ids = (PENDING_TOKEN,) if planned.follows else seq.tokens(start, end)
+        if planned.follows:
+            token_ids: tuple[int, ...] = (PENDING_TOKEN,)
+        else:
+            token_ids = seq.tokens(start, end - len(drafts)) + drafts
         return SeqStep(
-            handle=seq.handle, start=start, token_ids=token_ids,  # type: ignore[arg-type]
-            page_ids=tuple(seq.page_ids), sample=sample, output_index=outputs,
+            handle=seq.handle, start=start, token_ids=token_ids,
+            page_ids=tuple(seq.page_ids), max_emit=max_emit, output_index=outputs,
             suppress_token_ids=suppress,
             resume_snapshot=seq.resume_snapshot if num_tokens == 0 else None,
             restore=restore, capture=capture, init=init, allowed_tokens=allowed_tokens)
@@ -311,12 +319,15 @@ class Scheduler:
 
 
 def _step_kind(seqs: tuple[SeqStep, ...]) -> str:
-    """decode, prefill or mixed by the fed tokens; resume (sampling from snapshots only) and
-    snapshot (terminal captures only) for steps that feed none."""
+    """decode, prefill or mixed by the fed tokens (verify when a sequence checks drafts);
+    resume (sampling from snapshots only) and snapshot (terminal captures only) for steps
+    that feed none."""
     fed = [s for s in seqs if s.token_ids]
     if not fed:
         return "resume" if any(s.sample for s in seqs) else "snapshot"
     decode = sum(1 for s in fed if s.sample and len(s.token_ids) == 1 and s.output_index > 0)
+    if any(s.max_emit > 1 for s in fed):
+        return "verify"
     if decode == len(fed):
         return "decode"
     return "prefill" if decode == 0 else "mixed"

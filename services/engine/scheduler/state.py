@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from services.engine.scheduler.costs import DurationEstimator
 from services.engine.scheduler.plan import SlotHandle, Step
+from services.engine.scheduler.proposals import Proposer
 from services.engine.scheduler.resources import KVResources
 from services.engine.scheduler.sequence import RequestState, Sequence
 from services.engine.scheduler.slots import SlotTable
@@ -31,6 +32,7 @@ class SchedulerConfig:
     overlap: bool = False                 # plan a decode behind a sequence's in-flight step
     cost_model: bool = False              # size prefill chunks by measured step durations
     output_token_value: float = 64.0      # an output token's value in prompt tokens (costs)
+    proposer: Proposer | None = None      # drafts for verification steps (None: decode 1)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_waiting < 0:

@@ -127,8 +127,11 @@ def test_completions_are_validated_before_they_mutate_state():
         dataclasses.replace(good, fence=good.fence + 1),
         dataclasses.replace(good, results=()),
         dataclasses.replace(good, results=(dataclasses.replace(result, consumed=19),)),
-        dataclasses.replace(good, results=(dataclasses.replace(result, token_id=None),)),
-        dataclasses.replace(good, results=(dataclasses.replace(result, token_id=VOCAB),)),
+        dataclasses.replace(good, results=(dataclasses.replace(result, token_ids=()),)),
+        dataclasses.replace(good, results=(dataclasses.replace(result, token_ids=(VOCAB,)),)),
+        # two tokens from a step that may emit one (consumed would say so too)
+        dataclasses.replace(good, results=(dataclasses.replace(
+            result, token_ids=(1, 2), consumed=result.consumed + 1),)),
         dataclasses.replace(good, results=(dataclasses.replace(
             result, handle=dataclasses.replace(result.handle, generation=9)),)),
     ]

@@ -1,0 +1,44 @@
+"""Proposals for verification steps: tokens a decode may check in one step (plan.py's step
+semantics: a sequence feeding its pending token plus k drafts may emit up to k + 1).
+
+    drafts = proposer.propose(tokens, limit)     # tuple of at most `limit` token ids
+
+`NgramProposer` is prompt lookup (copy proposals): the longest recent n-gram of the sequence
+that occurred earlier in it proposes the tokens that followed that occurrence. A proposer
+sees only the sequence's known tokens; the policy bounds `limit` by the output and context
+left. Off unless `SchedulerConfig.proposer` is set (the CUDA graph runner does not verify
+yet: see runner/graph_runner.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class Proposer(Protocol):
+    def propose(self, tokens: Sequence[int], limit: int) -> tuple[int, ...]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NgramProposer:
+    num_tokens: int = 4        # drafts per step at most
+    max_ngram: int = 3         # longest suffix looked up
+    min_ngram: int = 1
+    window: int = 4096         # how far back the lookup reaches
+
+    def propose(self, tokens: Sequence[int], limit: int) -> tuple[int, ...]:
+        limit = min(limit, self.num_tokens)
+        if limit <= 0:
+            return ()
+        recent = list(tokens[-self.window:])
+        for n in range(min(self.max_ngram, len(recent) - 1), self.min_ngram - 1, -1):
+            suffix = recent[-n:]
+            # the latest earlier occurrence (its continuation is likelier to repeat)
+            for start in range(len(recent) - n - 1, -1, -1):
+                if recent[start:start + n] == suffix:
+                    follow = recent[start + n:start + n + limit]
+                    if follow:
+                        return tuple(follow)
+        return ()
