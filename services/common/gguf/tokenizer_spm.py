@@ -43,7 +43,7 @@ def _spelled_tokens(vocab: GGUFVocab) -> list[str]:
 def sentencepiece_merges(spelled: list[str], priority: list[float]) -> list[tuple[str, str]]:
     """Every (left, right) split of a piece into two pieces, best-ranked joined piece first;
     between equal ranks the longer left half first, then the file's order."""
-    ids = {}
+    ids: dict[str, int] = {}
     for token_id, token in enumerate(spelled):
         ids.setdefault(token, token_id)
     candidates = []
