@@ -87,12 +87,13 @@ def qwen3_8b_calls() -> list[str]:
 
 
 def eager_step_variants(count: int = 60, seed: int = 1, windows: tuple[int, ...] = (0,)
-                        ) -> dict[str, int]:
+                        ) -> dict[str, dict[str, int]]:
     """Distinct Triton compilations (`sm90_compile.compile_key`) that `count` random eager
     steps need: a token budget split between decode rows and prefill chunks, contexts up to
     2,304, the engine's fixed page-table width; attention once per sliding window in `windows`
     (0: full attention; Gemma 3 runs both). Run with kernels compiled (not interpreted):
-    launches are recorded, nothing runs."""
+    launches are recorded, nothing runs. Returns the counts by kernel name for all launches
+    ("all") and for those of the full-attention calls and the other ops alone ("full")."""
     import dataclasses
     import random
 
@@ -117,6 +118,7 @@ def eager_step_variants(count: int = 60, seed: int = 1, windows: tuple[int, ...]
             left = max(1, left - q)
         steps.append((q_lens, [q + rng.randint(0, max_len - q) for q in q_lens]))
     bf16 = torch.bfloat16
+    windowed = []  # (first, end) launch indices of the windowed attention calls
     with capture_launches() as launches:
         for q_lens, seq_lens in steps:
             tokens = sum(q_lens)
@@ -127,7 +129,10 @@ def eager_step_variants(count: int = 60, seed: int = 1, windows: tuple[int, ...]
             table[:, : batch.meta.page_table.shape[1]] = batch.meta.page_table
             meta = dataclasses.replace(batch.meta, page_table=table)
             for window in windows:
+                first = len(launches)
                 paged_attention(batch.q, batch.k_cache, batch.v_cache, meta, 0.088, window)
+                if window:
+                    windowed.append((first, len(launches)))
             x = torch.randn(tokens, HIDDEN, dtype=bf16)
             fused_add_rms_norm(x, x.clone(), torch.ones(HIDDEN, dtype=bf16), 1e-6)
             qkv = torch.randn(tokens, (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM, dtype=bf16)
@@ -135,8 +140,11 @@ def eager_step_variants(count: int = 60, seed: int = 1, windows: tuple[int, ...]
                          1e-6, torch.arange(tokens), torch.randn(4096, HEAD_DIM), True,
                          batch.k_cache, batch.v_cache, meta.slot_mapping, NUM_Q_HEADS,
                          NUM_KV_HEADS)
-    variants: dict[str, set] = {}
-    for launch in launches:
+    of_windows = {i for first, end in windowed for i in range(first, end)}
+    variants: dict[str, dict[str, set]] = {"all": {}, "full": {}}
+    for index, launch in enumerate(launches):
         key = compile_key(launch)
-        variants.setdefault(key[0], set()).add(key)
-    return {name: len(keys) for name, keys in variants.items()}
+        for part in ("all",) if index in of_windows else ("all", "full"):
+            variants[part].setdefault(key[0], set()).add(key)
+    return {part: {name: len(keys) for name, keys in counts.items()}
+            for part, counts in variants.items()}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.engine.kernels.activation import silu_and_mul
+from services.engine.kernels.activation import gelu_tanh_and_mul, silu_and_mul
 from services.engine.kernels.kv_write import write_kv
 from services.engine.kernels.norm import fused_add_rms_norm, rms_norm
 from services.engine.kernels.rotary import apply_rotary
@@ -35,6 +35,7 @@ def test_ops_replay_in_a_graph(device, gen) -> None:
     outs = {
         "norm": torch.empty_like(x), "fused": torch.empty_like(x), "sum": torch.empty_like(x),
         "q": torch.empty_like(q), "k": torch.empty_like(k), "act": torch.empty(tokens, inter, dtype=bf16, device=device),
+        "gelu": torch.empty(tokens, inter, dtype=bf16, device=device),
     }
 
     def step() -> None:
@@ -43,6 +44,7 @@ def test_ops_replay_in_a_graph(device, gen) -> None:
         apply_rotary(q, k, positions, cache, out_q=outs["q"], out_k=outs["k"])
         write_kv(outs["k"], v, k_cache, v_cache, slots)
         silu_and_mul(gate_up, out=outs["act"])
+        gelu_tanh_and_mul(gate_up, out=outs["gelu"])
 
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -68,6 +70,7 @@ def test_ops_replay_in_a_graph(device, gen) -> None:
         assert reference.rel_error(outs["q"], reference.rotary(q, positions, cache, True)) < 1e-2
         assert reference.rel_error(outs["k"], reference.rotary(k, positions, cache, True)) < 1e-2
         assert reference.rel_error(outs["act"], reference.silu_and_mul(gate_up)) < 1e-2
+        assert reference.rel_error(outs["gelu"], reference.gelu_tanh_and_mul(gate_up)) < 1e-2
         real = slots >= 0
         assert torch.equal(k_cache.view(-1, hk, d)[slots[real]], outs["k"][real])
         assert torch.equal(v_cache.view(-1, hk, d)[slots[real]], v[real])
