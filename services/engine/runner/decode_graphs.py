@@ -2,7 +2,7 @@
 memory pool, largest capacity first, and replayed for every pure-decode step that fits.
 
 A decode step of n sequences runs in the graph of the smallest capacity c >= n. Its input
-frame holds each field padded to c (`pack_decode`), so every step of capacity c lands at the
+frame holds each graph field padded to c (`pack_decode`, uploaded with `GraphPacking`), so every step of capacity c lands at the
 offsets the graph read when it was captured; padding rows feed token 0 at position 0 into slot
 -1 (nothing written), belong to padding sequences of length 0 (attention writes zeros) and
 sample into the padding state row. Graphs are captured with `max_seq_len` set to the context
@@ -24,11 +24,12 @@ from typing import Any
 import torch
 
 from services.engine.runner.cuda_driver import GraphLauncher
-from services.engine.runner.frames import DeviceViews, FramePacker, InputFrames
+from services.engine.runner.frames import GraphPacking, InputFrames, PackedStep
 from services.engine.runner.layout import StepLayout, layout_step
 from services.engine.runner.page_tables import PageTableMirror
 from services.engine.runner.slot_state import SamplingMode
 from services.engine.runner.step_body import StepBody, StepShape
+from services.engine.runner.step_inputs import GraphPads, StepInputs
 from services.engine.scheduler.plan import Step
 
 log = logging.getLogger(__name__)
@@ -42,35 +43,31 @@ def capacities(max_batch: int) -> tuple[int, ...]:
     return tuple(1 << i for i in range(top.bit_length()))
 
 
-def pack_decode(packer: FramePacker, step: Step | None, capacity: int, page_size: int,
-                mirror: PageTableMirror, padding_row: int) -> None:
+def pack_decode(values: StepInputs, step: Step | None, page_size: int,
+                mirror: PageTableMirror) -> None:
     """Pack a pure-decode step (one fed token per sequence, every one samples; sequences
-    that only save a terminal checkpoint feed nothing and are left out) at `capacity`. None
-    packs an all-padding step (warm-up and capture inputs)."""
+    that only save a terminal checkpoint feed nothing and are left out); the upload pads it
+    to the graph's capacity (frames.GraphPacking). None packs an all-padding step (warm-up
+    and capture inputs)."""
     layout = layout_step(step, page_size) if step is not None else StepLayout()
     fed = [step.seqs[i] for i in layout.forward_seqs] if step is not None else []
-    update_index: list[int] = []
-    update_value: list[int] = []
     for seq in fed:
-        mirror.updates(seq.handle, seq.page_ids, update_index, update_value)
-    count = len(fed)
-    packer.i64("input_ids", layout.token_ids, capacity)
-    packer.i64("positions", layout.positions, capacity)
-    packer.i64("slot_mapping", layout.kv_slots, capacity, pad=-1)
-    packer.i64("pending_slot", layout.pending_slots, capacity, pad=-1)
-    packer.i64("seq_slots", [seq.handle.slot for seq in fed], capacity, pad=padding_row)
-    packer.i64("update_index", update_index, capacity, pad=mirror.trash_cell)
-    packer.i32("query_start_loc", layout.query_start_loc, capacity + 1, pad=count)
-    packer.i32("seq_lens", layout.seq_lens, capacity)
-    packer.i32("update_value", update_value, capacity)
+        mirror.updates(seq.handle, seq.page_ids, values.update_index, values.update_value)
+    values.input_ids = layout.token_ids
+    values.positions = layout.positions
+    values.slot_mapping = layout.kv_slots
+    values.pending_slot = layout.pending_slots
+    values.seq_slots = [seq.handle.slot for seq in fed]
+    values.query_start_loc = layout.query_start_loc
+    values.seq_lens = layout.seq_lens
 
 
-def padding_offsets(frames: InputFrames, capacity: int, mirror: PageTableMirror,
-                    padding_row: int, page_size: int) -> DeviceViews:
+def padding_step(frames: InputFrames, capacity: int, mirror: PageTableMirror,
+                 pads: GraphPads, page_size: int) -> PackedStep:
     """Upload an all-padding step of `capacity` (warm-up and capture inputs)."""
-    packer = FramePacker(frames.scratch)
-    pack_decode(packer, None, capacity, page_size, mirror, padding_row)
-    return frames.upload(packer)
+    values = StepInputs.empty()
+    pack_decode(values, None, page_size, mirror)
+    return frames.upload(values, GraphPacking(capacity, pads), scratch=True)
 
 
 @dataclass(slots=True)
@@ -82,6 +79,7 @@ class DecodeGraphs:
     max_seq_len: int
     page_size: int
     stream: torch.cuda.Stream | None
+    pads: GraphPads
     graphs: dict[tuple[int, SamplingMode, bool, bool], GraphLauncher] | None = None
     pool: Any = None              # torch's graph pool handle (one pool for all)
     capture_seconds: float = 0.0
@@ -108,19 +106,19 @@ class DecodeGraphs:
         for capacity in reversed(self.capacities):
             self._capture(capacity, SamplingMode.GREEDY, False, False)
 
-    def replay(self, packer: FramePacker, views: DeviceViews, capacity: int,
-               mode: SamplingMode, logprobs: bool, grammar: bool = False) -> None:
-        """Run the capacity's decode on the step just uploaded from `packer` (its offsets are
-        the capture's: `pack_decode` at this capacity). A graph missing for this mode is
+    def replay(self, packed: PackedStep, capacity: int, mode: SamplingMode, logprobs: bool,
+               grammar: bool = False) -> None:
+        """Run the capacity's decode on the step just uploaded (`packed`: its offsets are
+        the capture's, `pack_decode` at this capacity). A graph missing for this mode is
         captured first (synchronising once), then the step's inputs are uploaded again."""
         if not self.is_cuda:
-            self.body.run(views, self.shape(capacity), mode, logprobs, grammar)
+            self.body.run(packed.views, self.shape(capacity), mode, logprobs, grammar)
             return
         graph = (self.graphs or {}).get((capacity, mode, logprobs, grammar))
         if graph is None:
             graph = self._capture(capacity, mode, logprobs, grammar)
             with torch.cuda.stream(self.stream):
-                self.frames.upload(packer)
+                self.frames.copy(packed)
         graph.launch()
 
     def _capture(self, capacity: int, mode: SamplingMode, logprobs: bool,
@@ -132,8 +130,8 @@ class DecodeGraphs:
             self.pool = torch.cuda.graph_pool_handle()
         torch.cuda.synchronize()
         with torch.cuda.stream(self.stream):
-            views = padding_offsets(self.frames, capacity, self.mirror,
-                                    self.body.state.padding_row, self.page_size)
+            views = padding_step(self.frames, capacity, self.mirror, self.pads,
+                                 self.page_size).views
             self.body.run(views, self.shape(capacity), mode, logprobs, grammar)   # warm-up
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()

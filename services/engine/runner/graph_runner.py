@@ -34,11 +34,12 @@ from services.engine.model import CausalLM, KVCache
 from services.engine.runner.completions import CompletionFrames
 from services.engine.runner.decode_graphs import DecodeGraphs, capacities, pack_decode
 from services.engine.runner.eager_pack import pack_eager
-from services.engine.runner.frames import BulkStaging, FramePacker, InputFrames
+from services.engine.runner.frames import BulkStaging, GraphPacking, InputFrames
 from services.engine.runner.page_tables import PageTableMirror
 from services.engine.runner.slot_sampler import SampleOutputs
-from services.engine.runner.slot_state import SlotInfo, SlotState
+from services.engine.runner.slot_state import FLOAT_FIELDS, INT_FIELDS, SlotInfo, SlotState
 from services.engine.runner.snapshots import SnapshotStore
+from services.engine.runner.step_inputs import GraphPads, StepInputs, StepLimits
 from services.engine.runner.step_body import StepBody
 from services.engine.scheduler.plan import Completion, SamplingInit, SeqResult, Step
 from services.engine.scheduler.requests import SampledLogprobs, TokenLogprob
@@ -86,21 +87,20 @@ class GraphRunner:
         self.state = SlotState(config.num_slots, model.config.vocab_size, hidden_size,
                                snapshots.hidden.dtype, device, config.eos_token_ids)
         self.outputs = SampleOutputs.allocate(max_rows, device)
-        # a step feeds at most the token budget, or one decode per slot plus the oldest
-        # prefill's minimum chunk; every field is bounded by tokens, rows or table cells
-        tokens = max(config.max_num_batched_tokens, max_rows) + 64
-        updates = (config.num_slots + 1) * width
-        # grammar rows: one bitmask of ceil(V / 32) words per sampled slot at most
-        bitmasks = config.num_slots * ((model.config.vocab_size + 31) // 32)
-        self.frames = InputFrames({"i64": 4 * tokens + 18 * max_rows + updates + 8,
-                                   "i32": 2 * max_rows + updates + bitmasks + 8,
-                                   "f32": 6 * max_rows + 8}, device)
+        self.frames = InputFrames(StepLimits.for_runner(
+            num_slots=config.num_slots, max_num_batched_tokens=config.max_num_batched_tokens,
+            max_graph_batch=max_rows, table_width=width,
+            vocab_size=model.config.vocab_size, init_ints=len(INT_FIELDS),
+            init_floats=len(FLOAT_FIELDS)), device)
         self.bulk = BulkStaging(device)
         self.model_stream = torch.cuda.Stream(device) if self.is_cuda else None
         self.copy_stream = torch.cuda.Stream(device) if self.is_cuda else None
         self.body = StepBody(model, kv, snapshots, self.state, self.page_table, self.outputs)
+        self.pads = GraphPads(padding_row=self.state.padding_row,
+                              trash_cell=self.mirror.trash_cell)
         self.graphs = DecodeGraphs(self.body, self.frames, self.mirror, caps,
-                                   config.max_model_len, self.page_size, self.model_stream)
+                                   config.max_model_len, self.page_size, self.model_stream,
+                                   self.pads)
         self.completions = CompletionFrames(self.outputs, device, self.model_stream,
                                             self.copy_stream)
         self._in_flight: deque[_InFlight] = deque()
@@ -189,18 +189,20 @@ class GraphRunner:
         released = state.released_bitmasks(inits, {slot for slot, _ in bitmasks})
         grammar = bool(bitmasks)
         capacity = self._graph_capacity(step)
-        packer = FramePacker(self.frames.next_frame())
+        values = StepInputs.empty()
         if capacity is not None:
-            pack_decode(packer, step, capacity, self.page_size, self.mirror, state.padding_row)
+            pack_decode(values, step, self.page_size, self.mirror)
             shape = None
         else:
-            shape = pack_eager(packer, step, self.page_size, self.mirror, state.padding_row)
-        state.pack_inits(packer, inits)
-        state.pack_bitmasks(packer, bitmasks, released)
+            shape = pack_eager(values, step, self.page_size, self.mirror)
+        state.pack_inits(values, inits)
+        state.pack_bitmasks(values, bitmasks, released)
         stream = torch.cuda.stream(self.model_stream) if self.model_stream else nullcontext()
         with stream:
             frame = self.completions.start()
-            views = self.frames.upload(packer)
+            packed = self.frames.upload(
+                values, GraphPacking(capacity, self.pads) if capacity is not None else None)
+            views = packed.views
             state.install(views)
             state.install_bitmasks(views)
             state.install_rows(self.bulk, inits)
@@ -209,7 +211,7 @@ class GraphRunner:
                     r = seq.restore
                     self.snapshots.restore(r.snapshot_id, r.page_id, r.num_tokens)
             if capacity is not None:
-                self.graphs.replay(packer, views, capacity, mode, logprobs, grammar)
+                self.graphs.replay(packed, capacity, mode, logprobs, grammar)
                 self._captures(step, None)         # zero-token terminal captures ride along
                 self.graph_steps += 1
                 rows = capacity

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from services.engine.runner.frames import BulkStaging, DeviceViews, FramePacker
+from services.engine.runner.frames import BulkStaging
+from services.engine.runner.step_inputs import StepInputs
 from services.engine.sampling import SamplingParams
 from services.engine.sampling.random_stream import split_seed
 from services.engine.scheduler.plan import SamplingInit, SlotHandle
@@ -147,9 +148,9 @@ class SlotState:
         self.info[handle.slot] = info
         return info
 
-    def pack_inits(self, packer: FramePacker, inits: list[tuple[SlotInfo, SamplingInit]]
+    def pack_inits(self, values: StepInputs, inits: list[tuple[SlotInfo, SamplingInit]]
                    ) -> None:
-        """The scalar rows of `inits` into the step's input frame (fields init_*)."""
+        """The scalar rows of `inits` into the step's inputs (init_slots / _ints / _floats)."""
         slots: list[int] = []
         ints: list[int] = []
         floats: list[float] = []
@@ -157,51 +158,48 @@ class SlotState:
             params = info.params
             lo, hi = split_seed(params.seed or 0)
             outputs = init.output_token_ids
-            values = {"seed_lo": lo, "seed_hi": hi,
-                      "top_k": params.top_k if params.top_k_enabled else self.vocab_size,
-                      "min_tokens": params.min_tokens, "output_pos": len(outputs),
-                      "last_token": outputs[-1] if outputs else 0}
+            row = {"seed_lo": lo, "seed_hi": hi,
+                   "top_k": params.top_k if params.top_k_enabled else self.vocab_size,
+                   "min_tokens": params.min_tokens, "output_pos": len(outputs),
+                   "last_token": outputs[-1] if outputs else 0}
             reals = {"temperature": 0.0 if params.is_greedy else params.temperature,
                      "top_p": params.top_p, "min_p": params.min_p,
                      "presence": params.presence_penalty,
                      "frequency": params.frequency_penalty,
                      "repetition": params.repetition_penalty}
             slots.append(info.handle.slot)
-            ints.extend(values[name] for name in INT_FIELDS)
+            ints.extend(row[name] for name in INT_FIELDS)
             floats.extend(reals[name] for name in FLOAT_FIELDS)
-        packer.i64("init_slots", slots)
-        packer.i64("init_ints", ints)
-        packer.f32("init_floats", floats)
+        values.init_slots = slots
+        values.init_ints = ints
+        values.init_floats = floats
 
-    def install(self, views: DeviceViews) -> None:
+    def install(self, views: StepInputs[torch.Tensor]) -> None:
         """Write the staged scalar rows (device ops on the current stream)."""
-        slots = views.get("init_slots")
+        slots = views.init_slots
         count = slots.shape[0]
         if not count:
             return
-        ints = views.get("init_ints").view(count, len(INT_FIELDS))
-        floats = views.get("init_floats").view(count, len(FLOAT_FIELDS))
+        ints = views.init_ints.view(count, len(INT_FIELDS))
+        floats = views.init_floats.view(count, len(FLOAT_FIELDS))
         for k, name in enumerate(INT_FIELDS):
             self.ints[name].index_copy_(0, slots, ints[:, k])
         for k, name in enumerate(FLOAT_FIELDS):
             self.floats[name].index_copy_(0, slots, floats[:, k])
 
     # -- structured outputs -----------------------------------------------------------------
-    def pack_bitmasks(self, packer: FramePacker, rows: list[tuple[int, object]],
+    def pack_bitmasks(self, values: StepInputs, rows: list[tuple[int, object]],
                       released: list[int]) -> None:
-        """The step's grammar rows (slot, int32 bitmask) into its input frame (fields
-        bitmask_slots / bitmask_words), and the slots to reset to all ones (a constrained
-        choice left them: bitmask_reset). Fields stay empty in steps without grammars."""
+        """The step's grammar rows (slot, int32 bitmask) into its inputs (bitmask_slots /
+        bitmask_words), and the slots to reset to all ones (a constrained choice left them:
+        bitmask_reset). The fields stay empty in steps without grammars."""
         slots = [slot for slot, _ in rows]
-        words = [mask for _, mask in rows]
-        packer.i64("bitmask_slots", slots)
-        if words:
+        values.bitmask_slots = slots
+        if rows:
             import numpy as np
 
-            packer.i32("bitmask_words", np.concatenate(words))   # type: ignore[arg-type]
-        else:
-            packer.i32("bitmask_words", [])
-        packer.i64("bitmask_reset", released)
+            values.bitmask_words = np.concatenate([mask for _, mask in rows])  # type: ignore
+        values.bitmask_reset = released
         self._constrained.update(slots)
         self._constrained.difference_update(released)
 
@@ -212,15 +210,15 @@ class SlotState:
                 if info.handle.slot in self._constrained
                 and info.handle.slot not in grammar_slots]
 
-    def install_bitmasks(self, views: DeviceViews) -> None:
+    def install_bitmasks(self, views: StepInputs[torch.Tensor]) -> None:
         """Write the staged bitmask rows (device ops on the current stream, before the
         step's graph or body: a graph reads the persistent rows)."""
-        reset = views.get("bitmask_reset")
+        reset = views.bitmask_reset
         if reset.shape[0]:
             self.token_bitmask.index_fill_(0, reset, -1)
-        slots = views.get("bitmask_slots")
+        slots = views.bitmask_slots
         if slots.shape[0]:
-            words = views.get("bitmask_words").view(slots.shape[0], -1)
+            words = views.bitmask_words.view(slots.shape[0], -1)
             self.token_bitmask.index_copy_(0, slots, words)
 
     def needs_rows(self, info: SlotInfo) -> bool:
@@ -247,29 +245,25 @@ class SlotState:
             stops = (sorted({*self.eos_token_ids, *params.stop_token_ids})
                      if params.min_tokens > len(init.output_token_ids) else [])
             lists.append((info.handle.slot, outputs, prompt, bias_ids, bias_values, stops))
-        need_i64 = sum(len(o) + len(p) + len(b) + len(st) for _, o, p, b, _, st in lists)
-        packer = staging.packer({"i64": need_i64 + 1, "f32": sum(len(v) for *_, v, _ in lists)
-                                 + 1})
-        for n, (_, outputs, prompt, bias_ids, bias_values, stops) in enumerate(lists):
-            packer.i64(f"out{n}", outputs)
-            packer.i64(f"prompt{n}", prompt)
-            packer.i64(f"bias_ids{n}", bias_ids)
-            packer.f32(f"bias_values{n}", bias_values)
-            packer.i64(f"stops{n}", stops)
-        views = staging.upload(packer)
+        i64_lists: list[list[int]] = []
+        f32_lists: list[list[float]] = []
+        for _, outputs, prompt, bias_ids, bias_values, stops in lists:
+            i64_lists += [outputs, prompt, bias_ids, stops]
+            f32_lists.append(bias_values)
+        i64, f32 = staging.upload(i64_lists, f32_lists)
         for n, (slot, outputs, prompt, bias_ids, _, stops) in enumerate(lists):
+            out_ids, prompt_ids, bias_idx, stop_ids = i64[4 * n:4 * n + 4]
             for tensor in (self.counts, self.prompt_mask, self.bias, self.stop_mask):
                 tensor[slot].zero_()
             if outputs:
-                ids = views.get(f"out{n}")
-                self.counts[slot].index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+                self.counts[slot].index_add_(0, out_ids,
+                                             torch.ones_like(out_ids, dtype=torch.int32))
             if prompt:
-                self.prompt_mask[slot].index_fill_(0, views.get(f"prompt{n}"), True)
+                self.prompt_mask[slot].index_fill_(0, prompt_ids, True)
             if bias_ids:
-                self.bias[slot].index_copy_(0, views.get(f"bias_ids{n}"),
-                                            views.get(f"bias_values{n}"))
+                self.bias[slot].index_copy_(0, bias_idx, f32[n])
             if stops:
-                self.stop_mask[slot].index_fill_(0, views.get(f"stops{n}"), True)
+                self.stop_mask[slot].index_fill_(0, stop_ids, True)
             # counts and prompt mask only matter to rows with penalties (which install
             # them); the bias and stop rows apply to every row of a FULL step: clear later
             if bias_ids or stops:

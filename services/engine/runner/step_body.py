@@ -21,17 +21,11 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.model import AttentionMetadata, CausalLM, ForwardBatch, KVCache
-from services.engine.runner.frames import DeviceViews
+from services.engine.runner.step_inputs import StepInputs
 from services.engine.runner.slot_sampler import SampleOutputs, sample_rows
 from services.engine.runner.slot_state import SamplingMode, SlotState
 from services.engine.runner.snapshots import SnapshotStore
 
-# Field names of a step's input frame (int64 unless noted), in packing order.
-#   tokens [T]: input_ids, positions, slot_mapping, pending_slot
-#   sequences [B]: seq_slots; int32: query_start_loc [B + 1], seq_lens [B]
-#   page updates [U]: update_index; int32 update_value
-#   eager only: hidden_rows [F], hidden_cells [F], sample_rows [S], sample_slots [S],
-#   resume_ids [Z], resume_cells [Z]; inits: init_slots, init_ints, float32 init_floats
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,24 +49,24 @@ class StepBody:
         self.page_table = page_table          # int32 [slots + 1, width]
         self.outputs = outputs
 
-    def run(self, views: DeviceViews, shape: StepShape, mode: SamplingMode,
+    def run(self, views: StepInputs[torch.Tensor], shape: StepShape, mode: SamplingMode,
             logprobs: bool, grammar: bool = False) -> torch.Tensor | None:
         state = self.state
-        pending = views.get("pending_slot")
+        pending = views.pending_slot
         input_ids = torch.where(pending >= 0,
                                 state.last_token.index_select(0, pending.clamp(min=0)),
-                                views.get("input_ids"))                            # [T]
-        if views.get("update_index").shape[0]:
-            self.page_table.view(-1).index_copy_(0, views.get("update_index"),
-                                                 views.get("update_value"))
-        seq_slots = views.get("seq_slots")
-        positions = views.get("positions")
+                                views.input_ids)                            # [T]
+        if views.update_index.shape[0]:
+            self.page_table.view(-1).index_copy_(0, views.update_index,
+                                                 views.update_value)
+        seq_slots = views.seq_slots
+        positions = views.positions
         hidden = None
         if shape.num_tokens:
             meta = AttentionMetadata(
-                query_start_loc=views.get("query_start_loc"), seq_lens=views.get("seq_lens"),
+                query_start_loc=views.query_start_loc, seq_lens=views.seq_lens,
                 page_table=self.page_table.index_select(0, seq_slots),            # [B, W]
-                slot_mapping=views.get("slot_mapping"), max_query_len=shape.max_query_len,
+                slot_mapping=views.slot_mapping, max_query_len=shape.max_query_len,
                 max_seq_len=shape.max_seq_len)
             hidden = self.model(ForwardBatch(input_ids, positions, meta), self.kv).hidden  # [T, H]
         if shape.is_decode_graph:
@@ -82,24 +76,24 @@ class StepBody:
             sample_hidden = hidden
             sample_slots = seq_slots
         else:
-            if hidden is not None and views.get("hidden_rows").shape[0]:
-                state.last_hidden.index_copy_(0, views.get("hidden_cells"),
-                                              hidden.index_select(0, views.get("hidden_rows")))
-            sample_slots = views.get("sample_slots")
-            resume_ids = views.get("resume_ids")
+            if hidden is not None and views.hidden_rows.shape[0]:
+                state.last_hidden.index_copy_(0, views.hidden_cells,
+                                              hidden.index_select(0, views.hidden_rows))
+            sample_slots = views.sample_slots
+            resume_ids = views.resume_ids
             if not sample_slots.shape[0]:
                 if resume_ids.shape[0]:
                     state.last_hidden.index_copy_(
-                        0, views.get("resume_cells"),
+                        0, views.resume_cells,
                         self.snapshots.hidden.index_select(0, resume_ids))
                 return hidden
             source = hidden
             if resume_ids.shape[0]:
                 saved = self.snapshots.hidden.index_select(0, resume_ids)
-                state.last_hidden.index_copy_(0, views.get("resume_cells"), saved)
+                state.last_hidden.index_copy_(0, views.resume_cells, saved)
                 source = saved if hidden is None else torch.cat((hidden, saved))
             assert source is not None
-            sample_hidden = source.index_select(0, views.get("sample_rows"))
+            sample_hidden = source.index_select(0, views.sample_rows)
         logits = self.model.compute_logits(sample_hidden)                         # [S, V]
         sample_rows(logits, sample_slots, state, mode, logprobs, self.outputs, grammar)
         return hidden

@@ -1,0 +1,79 @@
+"""Typed step inputs: buffers sized from the limits, decode-graph offsets fixed per capacity,
+padding values, eager fields as long as their values, overflow named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.engine.runner.frames import GraphPacking, InputFrames
+from services.engine.runner.step_inputs import (
+    FIELDS,
+    GraphPads,
+    StepInputs,
+    StepLimits,
+    buffer_sizes,
+)
+
+LIMITS = StepLimits.for_runner(num_slots=4, max_num_batched_tokens=64, max_graph_batch=4,
+                               table_width=9, vocab_size=100, init_ints=6, init_floats=6)
+PADS = GraphPads(padding_row=4, trash_cell=44)
+
+
+def _decode(n: int) -> StepInputs:
+    values = StepInputs.empty()
+    values.input_ids = list(range(10, 10 + n))
+    values.positions = list(range(n))
+    values.slot_mapping = list(range(100, 100 + n))
+    values.pending_slot = [-1] * n
+    values.seq_slots = list(range(n))
+    values.query_start_loc = list(range(n + 1))
+    values.seq_lens = [p + 1 for p in range(n)]
+    values.init_slots = [0]
+    values.init_ints = list(range(6))
+    values.init_floats = [0.5] * 6
+    return values
+
+
+def test_buffers_hold_every_field_at_its_bound():
+    frames = InputFrames(LIMITS, torch.device("cpu"))
+    sizes = buffer_sizes(LIMITS)
+    for kind, size in sizes.items():
+        assert frames.buffers[kind].numel() == size
+        assert size == sum(spec.bound(LIMITS) for _, spec in FIELDS if spec.kind == kind)
+    assert LIMITS.tokens == 64 + 64 and LIMITS.table_cells == 5 * 9
+    assert LIMITS.bitmask_words == 4 * 4
+
+
+def test_graph_packing_lands_at_the_capture_offsets():
+    frames = InputFrames(LIMITS, torch.device("cpu"))
+    first = frames.upload(_decode(1), GraphPacking(4, PADS)).views
+    second = frames.upload(_decode(3), GraphPacking(4, PADS)).views
+    for name, spec in FIELDS:
+        a, b = getattr(first, name), getattr(second, name)
+        if spec.graph is not None:                     # the graph's fields: same place
+            assert a.data_ptr() == b.data_ptr() and a.numel() == b.numel() == spec.graph(4)
+    assert second.slot_mapping.tolist() == [100, 101, 102, -1]
+    assert second.seq_slots.tolist() == [0, 1, 2, PADS.padding_row]
+    assert second.query_start_loc.tolist() == [0, 1, 2, 3, 3]
+    assert second.update_index.tolist() == [PADS.trash_cell] * 4
+    assert second.init_ints.tolist() == list(range(6))           # after the graph's fields
+
+
+def test_eager_fields_are_as_long_as_their_values():
+    frames = InputFrames(LIMITS, torch.device("cpu"))
+    values = _decode(3)
+    values.sample_rows = [2]
+    values.sample_slots = [1]
+    views = frames.upload(values).views
+    assert views.input_ids.tolist() == [10, 11, 12] and views.sample_rows.tolist() == [2]
+    assert views.hidden_rows.numel() == 0 and views.init_floats.dtype == torch.float32
+    assert views.query_start_loc.dtype == torch.int32
+
+
+def test_a_field_past_its_bound_is_named():
+    frames = InputFrames(LIMITS, torch.device("cpu"))
+    values = StepInputs.empty()
+    values.resume_ids = list(range(LIMITS.resumes + 1))
+    with pytest.raises(OverflowError, match="resume_ids"):
+        frames.upload(values)
