@@ -447,7 +447,7 @@ def test_graph_replay(rows, activation, pdl, device, gen) -> None:
         graph.replay()
         torch.cuda.synchronize()
         o = captured
-        ref, summed = _ref_norm_linear(x, res, g1, EPS, w_qkv, b_qkv, False)
+        ref, summed = _ref_norm_linear(x, res, g1, EPS, w_qkv, b_qkv, None)
         _check(o["qkv"], ref, bf16)
         assert torch.equal(o["r1"], summed)
         _check(o["o"], _ref_linear(o["qkv"], w_o, None), bf16)
@@ -455,7 +455,7 @@ def test_graph_replay(rows, activation, pdl, device, gen) -> None:
         _check(o["act"], ref, bf16)
         assert torch.equal(o["r2"], summed)
         _check(o["down"], _ref_linear(o["act"], w_down, None), bf16)
-        ref, summed = _ref_norm_linear(o["down"], o["r2"], g3, EPS, w_head, None, False)
+        ref, summed = _ref_norm_linear(o["down"], o["r2"], g3, EPS, w_head, None, None)
         _check(o["h"], ref, bf16)
         assert torch.equal(o["r3"], summed)
         logits_ref = _ref_linear(o["down"], w_head, None)
