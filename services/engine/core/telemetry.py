@@ -137,7 +137,8 @@ class Telemetry:
 
 def _phase(seq: Sequence) -> str:
     if seq.phase is Phase.RUNNING:
-        return "decode" if seq.is_decoding or seq.resume_snapshot is not None else "prefill"
+        return "decode" if seq.is_decoding or seq.progress.resume_snapshot is not None \
+            else "prefill"
     return seq.phase.value
 
 
@@ -166,9 +167,9 @@ def snapshot(scheduler: Scheduler, telemetry: Telemetry, query: LoadQuery, *,
             generation=seq.handle.generation if seq.handle and seq.is_resident else 0,
             phase=_phase(seq), prompt_consumed=min(seq.num_computed, seq.prompt_len),
             prompt_len=seq.prompt_len, output_tokens=len(seq.output_ids),
-            gap_ms=(now - seq.last_progress) * 1e3,
-            out_ms=(now - seq.last_output) * 1e3 if seq.last_output >= 0 else -1.0,
-            bursts=seq.bursts) for seq in live[:128])
+            gap_ms=(now - seq.progress.last_progress) * 1e3,
+            out_ms=(now - seq.output.last_output) * 1e3 if seq.output.last_output >= 0 else -1.0,
+            bursts=seq.output.bursts) for seq in live[:128])
     completions: tuple[CompletionRecord, ...] = ()
     if query.completions_after is not None:
         telemetry.enabled_until = now + TELEMETRY_WINDOW_S

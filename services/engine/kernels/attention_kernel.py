@@ -77,13 +77,15 @@ def _attend_tile(
     acc, m_i, l_i, q, start, seq,
     k_cache_ptr, v_cache_ptr, page_table_ptr,
     stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
-    kv_end, row_pos, window, qk_scale,
+    kv_lo, kv_end, row_pos, window, qk_scale,
     offs_d, d_mask,
     MASKED: tl.constexpr, SLIDING: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     offs_n = start + tl.arange(0, BLOCK_N)
-    if MASKED:  # noqa: SIM108 (Triton kernels branch on constexprs with if-statements)
+    if MASKED:
         n_mask = offs_n < kv_end
+        if SLIDING:  # a tile may start below the window: nothing there is loaded
+            n_mask = n_mask & (offs_n >= kv_lo)
     else:
         n_mask = offs_n >= 0  # all true; keeps one code path for the loads
     page = tl.load(page_table_ptr + seq * stride_pt + offs_n // PAGE_SIZE, mask=n_mask, other=0)
@@ -143,26 +145,26 @@ def _attend_block(
     # KV range of this program: its split, clipped by the causal end of its last row
     kv_end = tl.minimum(seq_len, pos0 + n_rows)
     if SLIDING:
-        # ...and by its first row's window: [kv_lo, kv_end) is all any row of the block sees
+        # ...and by its first row's window: [kv_lo, kv_end) is all any row of the block sees.
+        # Tiles stay on multiples of BLOCK_N (the compiler then knows their alignment, as in
+        # full attention): they start at the one holding kv_lo, loads masked below kv_lo.
         kv_lo = tl.maximum(pos0 - window + 1, 0)
+        base = (kv_lo // BLOCK_N) * BLOCK_N
         if IS_SPLIT:  # the splits divide this range as the unwindowed ones divide [0, kv_end)
-            length = tl.cdiv(tl.cdiv(kv_end - kv_lo, num_splits), BLOCK_N) * BLOCK_N
+            length = tl.cdiv(tl.cdiv(kv_end - base, num_splits), BLOCK_N) * BLOCK_N
             length = tl.minimum(split_len, tl.maximum(min_split_len, length))
-            lo = kv_lo + split * length
+            lo = base + split * length
             kv_end = tl.minimum(kv_end, lo + length)
         else:
-            lo = kv_lo
-        # Tiles start at lo + i * BLOCK_N: those below `low_full` hold keys out of the last
-        # row's window (masked; none for a one-token block), those from `full_end` on keys
-        # past the first row's position (masked); every row sees the ones in between.
-        if BLOCK_Q > 1:
-            below = tl.maximum(pos0 + n_rows - window - lo, 0)  # last row's window start - lo
-            low_full = tl.minimum(lo + tl.cdiv(below, BLOCK_N) * BLOCK_N, kv_end)
-            low_full = tl.maximum(low_full, lo)
-        else:
-            low_full = lo
-        seen_by_all = tl.maximum(tl.minimum(pos0 + 1, kv_end) - lo, 0)
-        full_end = tl.maximum(lo + (seen_by_all // BLOCK_N) * BLOCK_N, low_full)
+            lo = base
+        # Tiles below `low_full` hold keys out of the last row's window (masked), those from
+        # `full_end` on keys past the first row's position (masked); every row sees the
+        # ones in between.
+        below = tl.maximum(pos0 + n_rows - window - lo, 0)  # last row's window start - lo
+        low_full = tl.minimum(lo + tl.cdiv(below, BLOCK_N) * BLOCK_N, kv_end)
+        low_full = tl.maximum(low_full, lo)
+        full_end = tl.minimum(((pos0 + 1) // BLOCK_N) * BLOCK_N, kv_end)
+        full_end = tl.maximum(full_end, low_full)
     else:
         if IS_SPLIT:
             # The splits share this block's actual KV range (not the launch's max_seq_len,
@@ -178,6 +180,7 @@ def _attend_block(
         full_end = tl.minimum(((pos0 + 1) // BLOCK_N) * BLOCK_N, kv_end)
         full_end = tl.maximum(full_end, lo)
         low_full = lo
+        kv_lo = 0
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -185,13 +188,13 @@ def _attend_block(
     kv_head_off_k = kv_head.to(tl.int64) * stride_kh
     kv_head_off_v = kv_head.to(tl.int64) * stride_vh
     seq64 = seq.to(tl.int64)
-    if SLIDING and BLOCK_Q > 1:
+    if SLIDING:
         for start in range(lo, low_full, BLOCK_N):
             acc, m_i, l_i = _attend_tile(
                 acc, m_i, l_i, q, start, seq64,
                 k_cache_ptr, v_cache_ptr, page_table_ptr,
                 stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
-                kv_end, row_pos, window, qk_scale, offs_d, d_mask,
+                kv_lo, kv_end, row_pos, window, qk_scale, offs_d, d_mask,
                 True, True, PAGE_SIZE, BLOCK_N,
             )
     for start in range(low_full, full_end, BLOCK_N):
@@ -199,7 +202,7 @@ def _attend_block(
             acc, m_i, l_i, q, start, seq64,
             k_cache_ptr, v_cache_ptr, page_table_ptr,
             stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
-            kv_end, row_pos, window, qk_scale, offs_d, d_mask,
+            kv_lo, kv_end, row_pos, window, qk_scale, offs_d, d_mask,
             False, SLIDING, PAGE_SIZE, BLOCK_N,
         )
     for start in range(full_end, kv_end, BLOCK_N):
@@ -207,7 +210,7 @@ def _attend_block(
             acc, m_i, l_i, q, start, seq64,
             k_cache_ptr, v_cache_ptr, page_table_ptr,
             stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
-            kv_end, row_pos, window, qk_scale, offs_d, d_mask,
+            kv_lo, kv_end, row_pos, window, qk_scale, offs_d, d_mask,
             True, SLIDING, PAGE_SIZE, BLOCK_N,
         )
 

@@ -140,7 +140,7 @@ class CausalLM(nn.Module):
         aux: list[torch.Tensor] = []
         for index, layer in enumerate(self.model.layers):
             k_cache, v_cache = kv_cache.layer(index)
-            table = self.rope_tables[layer.self_attn.rope_index]
+            table = self.rope_tables[layer.self_attn.rope_index]  # type: ignore[union-attr,index]
             x, residual = layer(x, residual, positions, table, k_cache, v_cache, batch.meta)
             if index in self.aux_hidden_layers:
                 aux.append(x + residual)

@@ -16,7 +16,7 @@ How it differs from the Llama family:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -143,9 +143,9 @@ class Gemma3ForCausalLM(CausalLM):
 
 class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
     # transformers 5 saves `model.language_model.*`, earlier releases `language_model.model.*`
-    checkpoint_prefixes = {"model.language_model.": "model.",
-                           "language_model.model.": "model.",
-                           "language_model.lm_head.": "lm_head."}
+    checkpoint_prefixes: ClassVar[dict[str, str]] = {"model.language_model.": "model.",
+                                                     "language_model.model.": "model.",
+                                                     "language_model.lm_head.": "lm_head."}
     ignored_checkpoint_prefixes = ("model.vision_tower.", "model.multi_modal_projector.",
                                    "vision_tower.", "multi_modal_projector.")
 

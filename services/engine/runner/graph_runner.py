@@ -39,8 +39,8 @@ from services.engine.runner.page_tables import PageTableMirror
 from services.engine.runner.slot_sampler import SampleOutputs
 from services.engine.runner.slot_state import FLOAT_FIELDS, INT_FIELDS, SlotInfo, SlotState
 from services.engine.runner.snapshots import SnapshotStore
-from services.engine.runner.step_inputs import GraphPads, StepInputs, StepLimits
 from services.engine.runner.step_body import StepBody
+from services.engine.runner.step_inputs import GraphPads, StepInputs, StepLimits
 from services.engine.scheduler.plan import Completion, SamplingInit, SeqResult, Step
 from services.engine.scheduler.requests import SampledLogprobs, TokenLogprob
 

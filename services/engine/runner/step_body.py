@@ -21,11 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.model import AttentionMetadata, CausalLM, ForwardBatch, KVCache
-from services.engine.runner.step_inputs import StepInputs
 from services.engine.runner.slot_sampler import SampleOutputs, sample_rows
 from services.engine.runner.slot_state import SamplingMode, SlotState
 from services.engine.runner.snapshots import SnapshotStore
-
+from services.engine.runner.step_inputs import StepInputs
 
 
 @dataclass(frozen=True, slots=True)

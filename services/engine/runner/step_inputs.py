@@ -87,34 +87,34 @@ def _same(c: int) -> int:
 @dataclass(slots=True)
 class StepInputs(Generic[V]):
     # -- read by decode graphs (fixed offsets at each capacity) -----------------------------
-    input_ids: V = _input(I64, lambda l: l.tokens, _same)          # [T] fed ids (pending: 0)
-    positions: V = _input(I64, lambda l: l.tokens, _same)          # [T]
-    slot_mapping: V = _input(I64, lambda l: l.tokens, _same,       # [T] KV slot, -1: padding
+    input_ids: V = _input(I64, lambda lim: lim.tokens, _same)          # [T] fed ids (pending: 0)
+    positions: V = _input(I64, lambda lim: lim.tokens, _same)          # [T]
+    slot_mapping: V = _input(I64, lambda lim: lim.tokens, _same,       # [T] KV slot, -1: padding
                              lambda pads, count: -1)
-    pending_slot: V = _input(I64, lambda l: l.tokens, _same,       # [T] slot feeding the row
+    pending_slot: V = _input(I64, lambda lim: lim.tokens, _same,       # [T] slot feeding the row
                              lambda pads, count: -1)
-    seq_slots: V = _input(I64, lambda l: l.seqs, _same,            # [B] slot of each sequence
+    seq_slots: V = _input(I64, lambda lim: lim.seqs, _same,            # [B] slot of each sequence
                           lambda pads, count: pads.padding_row)
-    update_index: V = _input(I64, lambda l: l.table_cells, _same,  # [U] page-table cells
+    update_index: V = _input(I64, lambda lim: lim.table_cells, _same,  # [U] page-table cells
                              lambda pads, count: pads.trash_cell)
-    query_start_loc: V = _input(I32, lambda l: l.seqs + 1,         # [B + 1]
+    query_start_loc: V = _input(I32, lambda lim: lim.seqs + 1,         # [B + 1]
                                 lambda c: c + 1, lambda pads, count: count)
-    seq_lens: V = _input(I32, lambda l: l.seqs, _same)             # [B] KV length after
-    update_value: V = _input(I32, lambda l: l.table_cells, _same)  # [U] page ids
+    seq_lens: V = _input(I32, lambda lim: lim.seqs, _same)             # [B] KV length after
+    update_value: V = _input(I32, lambda lim: lim.table_cells, _same)  # [U] page ids
     # -- eager steps only -------------------------------------------------------------------
-    hidden_rows: V = _input(I64, lambda l: l.seqs)                  # [F] last fed row
-    hidden_cells: V = _input(I64, lambda l: l.seqs)                 # [F] slot * 2 + parity
-    sample_rows: V = _input(I64, lambda l: l.samples)               # [S] row (T + k: resumed)
-    sample_slots: V = _input(I64, lambda l: l.samples)              # [S]
-    resume_ids: V = _input(I64, lambda l: l.resumes)                # [Z] snapshot rows
-    resume_cells: V = _input(I64, lambda l: l.resumes)              # [Z] slot * 2 + parity
+    hidden_rows: V = _input(I64, lambda lim: lim.seqs)                  # [F] last fed row
+    hidden_cells: V = _input(I64, lambda lim: lim.seqs)                 # [F] slot * 2 + parity
+    sample_rows: V = _input(I64, lambda lim: lim.samples)               # [S] row (T + k: resumed)
+    sample_slots: V = _input(I64, lambda lim: lim.samples)              # [S]
+    resume_ids: V = _input(I64, lambda lim: lim.resumes)                # [Z] snapshot rows
+    resume_cells: V = _input(I64, lambda lim: lim.resumes)              # [Z] slot * 2 + parity
     # -- installed before the graph or body runs --------------------------------------------
-    init_slots: V = _input(I64, lambda l: l.inits)                  # [N] slots initialised
-    init_ints: V = _input(I64, lambda l: l.inits * l.init_ints)     # [N * ints]
-    init_floats: V = _input(F32, lambda l: l.inits * l.init_floats)  # [N * floats]
-    bitmask_slots: V = _input(I64, lambda l: l.inits)               # [G] grammar rows' slots
-    bitmask_words: V = _input(I32, lambda l: l.bitmask_words)       # [G * words]
-    bitmask_reset: V = _input(I64, lambda l: l.inits)               # [R] slots back to all 1
+    init_slots: V = _input(I64, lambda lim: lim.inits)                  # [N] slots initialised
+    init_ints: V = _input(I64, lambda lim: lim.inits * lim.init_ints)     # [N * ints]
+    init_floats: V = _input(F32, lambda lim: lim.inits * lim.init_floats)  # [N * floats]
+    bitmask_slots: V = _input(I64, lambda lim: lim.inits)               # [G] grammar rows' slots
+    bitmask_words: V = _input(I32, lambda lim: lim.bitmask_words)       # [G * words]
+    bitmask_reset: V = _input(I64, lambda lim: lim.inits)               # [R] slots back to all 1
 
     @classmethod
     def empty(cls) -> StepInputs[Any]:

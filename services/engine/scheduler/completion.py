@@ -1,11 +1,12 @@
-"""Applying a validated step completion to sequence state: tokens, checkpoints, finish rules."""
+"""Validating a step completion and applying it to sequence state: progress, tokens,
+finish rules (checkpoint publication: publication.py)."""
 
 from __future__ import annotations
 
 import time
 
-from services.engine.prefix.records import PublishOutcome
 from services.engine.scheduler.plan import Completion, SeqResult, SeqStep, Step, check
+from services.engine.scheduler.publication import begin_terminal_capture, publish
 from services.engine.scheduler.requests import ChoiceDelta, FinishReason, SampledLogprobs
 from services.engine.scheduler.residency import release
 from services.engine.scheduler.sequence import Phase, Sequence
@@ -47,24 +48,22 @@ def validate(state: SchedulerState, completion: Completion) -> Step:
 def apply_result(state: SchedulerState, step: Step, planned: SeqStep, result: SeqResult,
                  now: float) -> ChoiceDelta | None:
     seq = state.resident(result.handle)
-    if seq is None or not seq.in_flight_fences or seq.in_flight_fences[0] != step.fence:
+    if seq is None or not seq.progress.owns_completion(step.fence):
         return None                    # cancelled or preempted while in flight: discard
-    seq.in_flight_fences.pop(0)
+    progress = seq.progress
     if planned.feeds_pending and seq.finish_reason is not None:
         # a decode that ran behind the token that finished this choice: drop what it made
         # (its KV lies past the terminal endpoint; its pages retire with the sequence)
+        progress.discarded()
         seq.bump()
         return None
+    progress.completed(result.consumed, fed=bool(planned.token_ids),
+                       resumed=planned.resume_snapshot is not None, now=now)
     prompt_len = seq.prompt_len
     state.counters.prompt_tokens += max(0, min(result.consumed, prompt_len) -
                                         min(planned.start, prompt_len))
-    seq.num_computed = result.consumed
-    if planned.resume_snapshot is not None:
-        seq.resume_snapshot = None
-    if planned.token_ids:
-        seq.last_progress = now
     if planned.capture is not None:
-        _publish(state, seq, step.fence)
+        publish(state, seq, step.fence)
     seq.bump()
     if seq.phase is Phase.CAPTURING:          # its terminal state is saved: retire it
         release(state, seq)
@@ -73,38 +72,8 @@ def apply_result(state: SchedulerState, step: Step, planned: SeqStep, result: Se
     if not result.token_ids:
         return None
     delta = _commit_tokens(state, seq, result, now)
-    # the last emitted token is pending (its KV comes with the next step); tokens after a
-    # finishing one were never committed, nor is the KV of drafts behind them
-    seq.num_computed = min(seq.num_computed, seq.total_len - 1)
+    progress.pending_last(seq.total_len)
     return delta
-
-
-def _publish(state: SchedulerState, seq: Sequence, fence: int) -> None:
-    res = state.resources
-    endpoint = seq.num_computed
-    row = seq.target_snapshots.pop(endpoint)
-    seq.targets.remove(endpoint)
-    start = seq.base.endpoint if seq.base else 0
-    size = res.page_size
-    tail = seq.page_ids[start // size:endpoint // size]
-    if any(page not in seq.private_pages for page in tail):   # never expected: skip it
-        res.retire_snapshots([row], fence)
-        return
-    publication = res.cache.publish(seq.request.history, endpoint, seq.base, tail, row, fence)
-    if publication.outcome is PublishOutcome.EXISTING:
-        # An equal checkpoint serves lookups already. The sequence keeps its own pages (no
-        # remapping) and its base: pinning the duplicate would hold pages it never reads, and
-        # its next checkpoint can chain from its base over its still-private pages.
-        res.retire_snapshots([row], fence)
-        return
-    seq.private_pages.difference_update(tail)
-    new_pin = res.cache.pin(publication.checkpoint)
-    res.cache.mark_used(publication.checkpoint, fence)
-    for pin in seq.pins:
-        res.cache.mark_used(pin.checkpoint, fence)
-        res.cache.unpin(pin)
-    seq.pins = [new_pin]
-    seq.base = publication.checkpoint
 
 
 def _commit_tokens(state: SchedulerState, seq: Sequence, result: SeqResult,
@@ -119,7 +88,7 @@ def _commit_tokens(state: SchedulerState, seq: Sequence, result: SeqResult,
     rules = seq.request.stop
     for position, token in enumerate(result.token_ids):
         output_index = len(seq.output_ids)
-        seq.output_ids.append(token)
+        seq.output.append(token)
         committed.append(token)
         if result.logprobs:
             logprobs.append(result.logprobs[position])
@@ -142,8 +111,7 @@ def _commit_tokens(state: SchedulerState, seq: Sequence, result: SeqResult,
             reason = FinishReason.LENGTH
         if reason is not None:
             break
-    seq.last_progress = seq.last_output = now
-    seq.bursts += 1
+    seq.output.published(now)
     delta = ChoiceDelta(seq.request.request_id, seq.index, tuple(committed), tuple(logprobs),
                         reason, stop_token, error)
     if reason is FinishReason.ERROR:
@@ -161,36 +129,8 @@ def finish(state: SchedulerState, seq: Sequence, reason: FinishReason | None) ->
     elif seq in state.waiting:
         state.waiting.remove(seq)
     seq.phase = Phase.FINISHED
-    if seq.finish_reason is None:
-        seq.finish_reason = reason
-    seq.matcher = None
+    seq.output.finish(reason)
     seq.bump()
-
-
-def begin_terminal_capture(state: SchedulerState, seq: Sequence, reason: FinishReason) -> bool:
-    """Checkpoint a finished choice's exact consumed state (prompt + output but the last,
-    pending token): the next turn of the conversation starts with those tokens. Only choice 0,
-    only beyond the prompt, only when a snapshot row is obtainable; the caller is told the
-    choice finished now, and one zero-token step saves the state before the slot retires."""
-    res = state.resources
-    endpoint = seq.total_len - 1
-    start = seq.base.endpoint if seq.base else 0
-    size = res.page_size
-    if seq.index or seq.request.cancelled or endpoint <= max(start, seq.prompt_len):
-        return False
-    if any(page not in seq.private_pages for page in seq.page_ids[start // size:endpoint // size]):
-        return False
-    if not res.reclaim(snapshots=1):
-        return False
-    (row,) = res.snapshots.allocate(1)
-    history = seq.request.history
-    history.extend(seq.tokens(len(history), endpoint))
-    seq.target_snapshots[endpoint] = row
-    seq.targets = [endpoint]
-    seq.phase = Phase.CAPTURING
-    seq.finish_reason = reason
-    seq.bump()
-    return True
 
 
 def observe_duration(state: SchedulerState, step: Step, completion: Completion) -> None:

@@ -35,12 +35,12 @@ def select(state: SchedulerState) -> list[PlannedSeq]:
     config = state.config
     res = state.resources
     candidates = sorted((s for s in state.running.values()
-                         if not s.in_flight_fences or can_follow(state, s)), key=order_key)
+                         if not s.in_flight or can_follow(state, s)), key=order_key)
     # finished choices saving their terminal state: zero tokens, no pages, free a slot soon
     chosen = [_planned(s, 0) for s in candidates if s.phase is Phase.CAPTURING]
     candidates = [s for s in candidates if s.phase is Phase.RUNNING]
     decoding = [s for s in candidates
-                if s.in_flight_fences or s.resume_snapshot is not None or s.is_decoding]
+                if s.in_flight or s.progress.resume_snapshot is not None or s.is_decoding]
     prefilling = [s for s in candidates if s not in decoding]
     chosen_seqs: set[int] = {id(state.running[p.handle.slot]) for p in chosen}
     budget = config.max_num_batched_tokens
@@ -66,10 +66,10 @@ def select(state: SchedulerState) -> list[PlannedSeq]:
     for seq in decoding:
         if seq.handle is None or seq.handle.slot not in state.running:
             continue                                # preempted by an older sequence
-        if seq.in_flight_fences:                    # behind its in-flight step (overlap)
-            planned = PlannedSeq(seq.handle, seq.epoch, seq.scheduled_end, 1, max_emit=1,
-                                 follows=True)
-        elif seq.resume_snapshot is not None:
+        if seq.in_flight:                           # behind its in-flight step (overlap)
+            planned = PlannedSeq(seq.handle, seq.epoch, seq.progress.scheduled_end, 1,
+                                 max_emit=1, follows=True)
+        elif seq.progress.resume_snapshot is not None:
             planned = _planned(seq, 0)
         else:
             planned = _with_drafts(state, seq, _planned(seq, 1))
@@ -116,7 +116,9 @@ def can_follow(state: SchedulerState, seq: Sequence) -> bool:
     rule (EOS, stop ids) wastes the one decode behind it, which completion then drops. Never
     for a choice with a grammar: its next bitmask needs the in-flight token committed (the
     reference's "a grammar submission requires an empty window", per choice)."""
-    if not state.config.overlap or len(seq.in_flight_fences) != 1 or not seq.can_follow:
+    progress = seq.progress
+    if not state.config.overlap or len(progress.in_flight_fences) != 1 or \
+            not progress.can_follow:
         return False
     if seq.matcher is not None:
         return False
@@ -127,13 +129,13 @@ def can_follow(state: SchedulerState, seq: Sequence) -> bool:
         return False
     if seq.prompt_len + outputs >= state.config.max_model_len:
         return False
-    return seq.scheduled_end + 1 not in seq.target_snapshots
+    return progress.scheduled_end + 1 not in seq.cache.target_snapshots
 
 
 def _chunk(seq: Sequence, chunk_size: int, allowance: int) -> int:
     """Tokens to feed: up to the chunk size and allowance, stopping at the next checkpoint."""
     limit = seq.total_len
-    for target in seq.targets:
+    for target in seq.cache.targets:
         if target > seq.num_computed:
             limit = min(limit, target)
             break

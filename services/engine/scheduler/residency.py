@@ -10,6 +10,7 @@ snapshot rows retire, and the slot retires until that fence completes.
 
 from __future__ import annotations
 
+from services.engine.prefix.records import PrefixHit
 from services.engine.scheduler.checkpoints import select_checkpoint_ends
 from services.engine.scheduler.sequence import Phase, Sequence
 from services.engine.scheduler.state import SchedulerState
@@ -48,28 +49,25 @@ def admit_waiting(state: SchedulerState) -> None:
         make_resident(state, seq, hit)
 
 
-def make_resident(state: SchedulerState, seq: Sequence, hit) -> None:
+def make_resident(state: SchedulerState, seq: Sequence, hit: PrefixHit) -> None:
     res = state.resources
     handle = state.slots.acquire()
     assert handle is not None
     seq.handle = handle
     seq.phase = Phase.RUNNING
     seq.bump()
-    seq.needs_init = True
-    if hit.checkpoint is not None:
-        seq.base = hit.checkpoint
-        seq.pins.append(res.cache.pin(hit.checkpoint))
+    pin = res.cache.pin(hit.checkpoint) if hit.checkpoint is not None else None
     request = seq.request
     if seq.index == 0 and request.admission_pin is not None:
         res.cache.unpin(request.admission_pin)      # replaced by the residency pin
         request.admission_pin = None
-    seq.page_ids = list(hit.page_ids)
-    seq.private_pages = set()
-    seq.num_computed = hit.endpoint
+    seq.cache.hold(hit, pin)
+    restore = resume = None
     if hit.checkpoint is not None and hit.endpoint % res.page_size:
-        seq.restore = (hit.checkpoint.snapshot_id, hit.endpoint % res.page_size)
+        restore = (hit.checkpoint.snapshot_id, hit.endpoint % res.page_size)
     if hit.checkpoint is not None and hit.endpoint == seq.total_len:
-        seq.resume_snapshot = hit.checkpoint.snapshot_id
+        resume = hit.checkpoint.snapshot_id
+    seq.progress.start(hit.endpoint, restore, resume)
     if seq.index == 0:
         _reserve_checkpoints(state, seq)
     state.running[handle.slot] = seq
@@ -80,14 +78,11 @@ def _reserve_checkpoints(state: SchedulerState, seq: Sequence) -> None:
     wanted = select_checkpoint_ends(
         prompt_len=seq.prompt_len, message_ends=seq.request.request.checkpoint_token_ends,
         reused=seq.num_computed, extra_fraction=state.config.checkpoint_extra_fraction)
-    kept: list[int] = []
     for endpoint in wanted:               # most important first; keep what rows allow
         if not res.reclaim(snapshots=1):
             break
         (row,) = res.snapshots.allocate(1)
-        seq.target_snapshots[endpoint] = row
-        kept.append(endpoint)
-    seq.targets = sorted(kept)
+        seq.cache.reserve(endpoint, row)
 
 
 def drop_waiting_pins(state: SchedulerState) -> bool:
@@ -104,20 +99,14 @@ def drop_waiting_pins(state: SchedulerState) -> bool:
 def release(state: SchedulerState, seq: Sequence) -> None:
     """Give back a resident sequence's slot, pins, pages and rows behind its last use."""
     res = state.resources
-    fence = seq.last_fence
-    for pin in seq.pins:
+    fence = seq.progress.last_fence
+    pins, pages, rows = seq.cache.release()
+    for pin in pins:
         res.cache.mark_used(pin.checkpoint, fence)
         res.cache.unpin(pin)
-    seq.pins.clear()
-    res.retire_pages(seq.private_pages, fence)
-    res.retire_snapshots(list(seq.target_snapshots.values()), fence)
-    seq.private_pages = set()
-    seq.target_snapshots.clear()
-    seq.targets.clear()
-    seq.page_ids.clear()
-    seq.base = None
-    seq.restore = None
-    seq.resume_snapshot = None
+    res.retire_pages(pages, fence)
+    res.retire_snapshots(rows, fence)
+    seq.progress.released()
     if seq.handle is not None:
         state.running.pop(seq.handle.slot, None)
         state.slots.release(seq.handle, fence, res.completed)
@@ -129,8 +118,6 @@ def preempt(state: SchedulerState, seq: Sequence) -> None:
     release(state, seq)
     seq.handle = None
     seq.phase = Phase.PREEMPTED
-    seq.num_computed = 0
-    seq.in_flight_fences.clear()
-    seq.needs_init = True
+    seq.progress.reset()
     state.counters.preemptions += 1
     state.enqueue(seq)

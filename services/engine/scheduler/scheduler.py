@@ -48,7 +48,7 @@ from services.engine.scheduler.requests import (
 )
 from services.engine.scheduler.residency import admit_waiting
 from services.engine.scheduler.resources import KVResources
-from services.engine.scheduler.sequence import Phase, RequestState, Sequence
+from services.engine.scheduler.sequence import Choice, Output, Phase, RequestState, Sequence
 from services.engine.scheduler.slots import SlotTable
 from services.engine.scheduler.state import PRIORITY_STEP_S, SchedulerConfig, SchedulerState
 
@@ -112,9 +112,9 @@ class Scheduler:
             record.admission_pin = state.resources.cache.pin(hit.checkpoint)
             record.cached_tokens = hit.endpoint
         seed = request.seed if request.seed is not None else secrets.randbits(63)
-        record.seqs = [Sequence(record, i, choice_seed(seed, i),
-                                matcher=grammar.matcher() if grammar is not None else None)
-                       for i in range(request.n)]
+        record.seqs = [Sequence(Choice(record, i, choice_seed(seed, i)), output=Output(
+            matcher=grammar.matcher() if grammar is not None else None))
+            for i in range(request.n)]
         state.requests[request.request_id] = record
         if grammar is not None:
             self.num_constrained += 1
@@ -169,7 +169,7 @@ class Scheduler:
         for planned in plan.seqs:
             seq = state.resident(planned.handle)
             if seq is None or seq.epoch != planned.epoch or (
-                    seq.in_flight_fences and not planned.follows):
+                    seq.in_flight and not planned.follows):
                 raise PlanInvalidated(f"slot {planned.handle} changed after planning")
             seqs.append(seq)
         if fence != res.fences.next_fence:
@@ -216,28 +216,25 @@ class Scheduler:
         outputs = len(seq.output_ids) + (1 if planned.follows else 0)
         res = self.state.resources
         size = res.page_size
-        first_new = len(seq.page_ids)
-        new_pages = res.pages.allocate(max(0, res.pages_for(start + num_tokens) - first_new))
-        seq.page_ids.extend(new_pages)
-        seq.private_pages.update(new_pages)
+        cache, progress = seq.cache, seq.progress
+        cache.grow(res.pages.allocate(max(0, res.pages_for(start + num_tokens) -
+                                          len(cache.page_ids))))
         restore = None
-        if seq.restore is not None and num_tokens:
-            snapshot_id, rows = seq.restore
-            restore = Restore(snapshot_id, seq.page_ids[start // size], rows)
-            seq.restore = None
+        if num_tokens and progress.restore is not None:
+            snapshot_id, rows = progress.take_restore()  # type: ignore[misc]
+            restore = Restore(snapshot_id, cache.page_ids[start // size], rows)
         end = start + num_tokens
         capture = None
-        if end in seq.target_snapshots and (num_tokens or seq.phase is Phase.CAPTURING):
-            capture = Capture(seq.target_snapshots[end],
-                              seq.page_ids[end // size] if end % size else -1, end % size,
+        if end in cache.target_snapshots and (num_tokens or seq.phase is Phase.CAPTURING):
+            capture = Capture(cache.target_snapshots[end],
+                              cache.page_ids[end // size] if end % size else -1, end % size,
                               end)
         init = None
-        if seq.needs_init:
+        if progress.take_init():
             request = seq.request.request
             init = SamplingInit(request.sampling, request.prompt_token_ids,
                                 tuple(seq.output_ids), seq.seed, request.logprobs,
                                 request.top_logprobs)
-            seq.needs_init = False
         rules = seq.request.stop
         suppress: tuple[int, ...] = ()
         if max_emit and outputs < rules.min_tokens:
@@ -245,22 +242,20 @@ class Scheduler:
             if not rules.ignore_eos:
                 ids |= self.state.config.eos_token_ids
             suppress = tuple(sorted(ids))
-        for pin in seq.pins:
+        for pin in cache.pins:
             res.cache.mark_used(pin.checkpoint, fence)
-        seq.in_flight_fences.append(fence)
-        seq.last_fence = fence
-        seq.scheduled_end = end
-        seq.can_follow = max_emit == 1 and capture is None
+        progress.submitted(fence, end, can_follow=max_emit == 1 and capture is None)
         seq.bump()
         if planned.follows:
             token_ids: tuple[int, ...] = (PENDING_TOKEN,)
         else:
             token_ids = seq.tokens(start, end - len(drafts)) + drafts
+        assert seq.handle is not None
         return SeqStep(
             handle=seq.handle, start=start, token_ids=token_ids,
-            page_ids=tuple(seq.page_ids), max_emit=max_emit, output_index=outputs,
+            page_ids=tuple(cache.page_ids), max_emit=max_emit, output_index=outputs,
             suppress_token_ids=suppress,
-            resume_snapshot=seq.resume_snapshot if num_tokens == 0 else None,
+            resume_snapshot=progress.resume_snapshot if num_tokens == 0 else None,
             restore=restore, capture=capture, init=init, allowed_tokens=allowed_tokens)
 
     def complete(self, completion: Completion) -> list[RequestUpdate]:

@@ -1,15 +1,28 @@
-"""Live state of one request and of each of its choices (sequences). Mutated only by the
-scheduler; every mutation that invalidates plans bumps `Sequence.epoch`."""
+"""Live state of one request and of each of its choices (sequences), in parts with owners.
+
+A `Sequence` is one choice: its `Choice` (request, index, seed: never changes), its
+lifecycle (phase, slot handle, epoch), and three parts, each changed only through its own
+methods, by one stage of the scheduler:
+
+| part | holds | changed by |
+|---|---|---|
+| `Progress` | KV tokens computed, steps in flight, restore / resume / init owed to the runner | the step verbs: `commit` (scheduler.py) submits, `complete` (completion.py) completes, residency.py starts and resets |
+| `CacheHold` | the page table, private pages, pins, the base checkpoint, checkpoint targets and their snapshot rows | residency.py (hold, reserve, release), commit (pages), publication.py (publish, terminal capture) |
+| `Output` | generated tokens, the finish reason, the grammar matcher, output timing | completion.py (commit tokens, finish) |
+
+Every change that invalidates plans bumps `Sequence.epoch`.
+"""
 
 from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from services.engine.grammar.matcher import GrammarMatcher
 from services.engine.prefix.history import PrefixHistory
-from services.engine.prefix.records import CheckpointRef, Pin
+from services.engine.prefix.records import CheckpointRef, Pin, PrefixHit
 from services.engine.scheduler.plan import SlotHandle
 from services.engine.scheduler.requests import EngineRequest, FinishReason, StopRules
 
@@ -22,36 +35,214 @@ class Phase(enum.Enum):
     FINISHED = "finished"      # done; resources retire behind `last_fence`
 
 
-@dataclass(eq=False, slots=True)
-class Sequence:
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """Which request and choice this is, and its sampling seed."""
+
     request: RequestState
-    index: int                          # choice index
+    index: int
     seed: int
-    phase: Phase = Phase.QUEUED
-    epoch: int = 0
-    handle: SlotHandle | None = None
-    output_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(eq=False, slots=True)
+class Progress:
+    """How far the choice's KV got and what the runner still owes it."""
+
     num_computed: int = 0               # tokens whose KV is in the page table
+    in_flight_fences: list[int] = field(default_factory=list)  # submitted, not completed
+    last_fence: int = 0                 # fence of the last submitted step using it
+    scheduled_end: int = 0              # KV length after the last submitted step
+    can_follow: bool = False            # the last submitted step emits one token, captures none
+    needs_init: bool = True             # the runner must (re)initialise sampling state
+    resume_snapshot: int | None = None  # full hit: sample from this snapshot next
+    restore: tuple[int, int] | None = None   # (snapshot id, tokens) to restore before prefill
+    last_progress: float = field(default_factory=time.monotonic)
+
+    def start(self, computed: int, restore: tuple[int, int] | None,
+              resume_snapshot: int | None) -> None:
+        """Resident again (residency): KV from a prefix hit, sampling state to install."""
+        self.num_computed = computed
+        self.restore = restore
+        self.resume_snapshot = resume_snapshot
+        self.needs_init = True
+
+    def released(self) -> None:
+        """Out of its slot: nothing is owed to the runner any more."""
+        self.restore = self.resume_snapshot = None
+
+    def reset(self) -> None:
+        """Preempted: the KV is gone; in-flight steps will be discarded."""
+        self.num_computed = 0
+        self.in_flight_fences.clear()
+        self.restore = self.resume_snapshot = None
+        self.needs_init = True
+
+    def take_restore(self) -> tuple[int, int] | None:
+        restore, self.restore = self.restore, None
+        return restore
+
+    def take_init(self) -> bool:
+        needs, self.needs_init = self.needs_init, False
+        return needs
+
+    def submitted(self, fence: int, end: int, can_follow: bool) -> None:
+        self.in_flight_fences.append(fence)
+        self.last_fence = fence
+        self.scheduled_end = end
+        self.can_follow = can_follow
+
+    def owns_completion(self, fence: int) -> bool:
+        """The oldest in-flight step is `fence` (else the result is stale: discard it)."""
+        return bool(self.in_flight_fences) and self.in_flight_fences[0] == fence
+
+    def discarded(self) -> None:
+        """The oldest in-flight step's result is dropped (it ran behind the finishing token)."""
+        self.in_flight_fences.pop(0)
+
+    def completed(self, consumed: int, *, fed: bool, resumed: bool, now: float) -> None:
+        self.in_flight_fences.pop(0)
+        self.num_computed = consumed
+        if resumed:
+            self.resume_snapshot = None
+        if fed:
+            self.last_progress = now
+
+    def pending_last(self, total_len: int) -> None:
+        """After emitted tokens: the last one's KV comes with the next step (and KV of drafts
+        behind a finishing token is never used)."""
+        self.num_computed = min(self.num_computed, total_len - 1)
+
+    @property
+    def in_flight(self) -> int:
+        """Fence of the latest submitted step still running (0: none)."""
+        return self.in_flight_fences[-1] if self.in_flight_fences else 0
+
+
+@dataclass(eq=False, slots=True)
+class CacheHold:
+    """The pages and checkpoints a resident choice holds."""
+
     page_ids: list[int] = field(default_factory=list)
     private_pages: set[int] = field(default_factory=set)   # pages this sequence owns
     pins: list[Pin] = field(default_factory=list)
     base: CheckpointRef | None = None   # deepest checkpoint on this sequence's history
-    resume_snapshot: int | None = None  # full hit: sample from this snapshot next
-    restore: tuple[int, int] | None = None   # (snapshot id, tokens) to restore before prefill
-    targets: list[int] = field(default_factory=list)        # checkpoint endpoints to capture
+    targets: list[int] = field(default_factory=list)       # checkpoint endpoints to capture
     target_snapshots: dict[int, int] = field(default_factory=dict)   # endpoint -> snapshot row
-    needs_init: bool = True             # the runner must (re)initialise sampling state
-    in_flight_fences: list[int] = field(default_factory=list)  # submitted, not completed
-    last_fence: int = 0                 # fence of the last submitted step using it
-    scheduled_end: int = 0              # KV length after the last submitted step
-    can_follow: bool = False            # the last submitted step samples and captures nothing
+
+    def hold(self, hit: PrefixHit, pin: Pin | None) -> None:
+        """Start from a prefix hit: its pages (shared, read-only) front the page table."""
+        self.page_ids = list(hit.page_ids)
+        self.private_pages = set()
+        self.base = hit.checkpoint
+        self.pins = [pin] if pin is not None else []
+
+    def grow(self, pages: Iterable[int]) -> None:
+        pages = list(pages)
+        self.page_ids.extend(pages)
+        self.private_pages.update(pages)
+
+    def reserve(self, endpoint: int, row: int) -> None:
+        self.target_snapshots[endpoint] = row
+        self.targets = sorted(self.target_snapshots)
+
+    def take_target(self, endpoint: int) -> int:
+        """The snapshot row reserved for `endpoint`, which is no longer a target."""
+        self.targets.remove(endpoint)
+        return self.target_snapshots.pop(endpoint)
+
+    def published(self, tail: list[int], pin: Pin, checkpoint: CheckpointRef) -> list[Pin]:
+        """The tail pages moved to a new checkpoint that the sequence now pins (as its base);
+        returns the pins it held before."""
+        self.private_pages.difference_update(tail)
+        previous, self.pins = self.pins, [pin]
+        self.base = checkpoint
+        return previous
+
+    def owns(self, start: int, end: int, page_size: int) -> bool:
+        """Whether the pages over positions [start, end) are all private."""
+        return all(page in self.private_pages
+                   for page in self.page_ids[start // page_size:end // page_size])
+
+    def release(self) -> tuple[list[Pin], set[int], list[int]]:
+        """Give everything back: (pins, private pages, snapshot rows) for the caller to
+        retire behind the last fence."""
+        held = (list(self.pins), self.private_pages, list(self.target_snapshots.values()))
+        self.pins = []
+        self.private_pages = set()
+        self.target_snapshots = {}
+        self.targets = []
+        self.page_ids = []
+        self.base = None
+        return held
+
+
+@dataclass(eq=False, slots=True)
+class Output:
+    """What the choice generated and how it ended."""
+
+    token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
-    last_progress: float = field(default_factory=time.monotonic)
-    last_output: float = -1.0
-    bursts: int = 0
     matcher: GrammarMatcher | None = None   # structured output: this choice's grammar state
+    last_output: float = -1.0
+    bursts: int = 0                     # completed steps whose tokens were published
+
+    def append(self, token: int) -> None:
+        self.token_ids.append(token)
+
+    def published(self, now: float) -> None:
+        self.last_output = now
+        self.bursts += 1
+
+    def finish(self, reason: FinishReason | None) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+        self.matcher = None
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    choice: Choice
+    phase: Phase = Phase.QUEUED
+    epoch: int = 0
+    handle: SlotHandle | None = None
+    progress: Progress = field(default_factory=Progress)
+    cache: CacheHold = field(default_factory=CacheHold)
+    output: Output = field(default_factory=Output)
+
+    # -- identity -----------------------------------------------------------------------------
+    @property
+    def request(self) -> RequestState:
+        return self.choice.request
+
+    @property
+    def index(self) -> int:
+        return self.choice.index
+
+    @property
+    def seed(self) -> int:
+        return self.choice.seed
 
     # -- token arithmetic -------------------------------------------------------------------
+    @property
+    def num_computed(self) -> int:
+        return self.progress.num_computed
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.output.token_ids
+
+    @property
+    def page_ids(self) -> list[int]:
+        return self.cache.page_ids
+
+    @property
+    def matcher(self) -> GrammarMatcher | None:
+        return self.output.matcher
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return self.output.finish_reason
+
     @property
     def prompt_len(self) -> int:
         return len(self.request.request.prompt_token_ids)
@@ -59,32 +250,33 @@ class Sequence:
     @property
     def total_len(self) -> int:
         """Prompt plus generated tokens: the sequence's known tokens."""
-        return self.prompt_len + len(self.output_ids)
+        return self.prompt_len + len(self.output.token_ids)
 
     def token_at(self, index: int) -> int:
         prompt = self.request.request.prompt_token_ids
-        return prompt[index] if index < len(prompt) else self.output_ids[index - len(prompt)]
+        return prompt[index] if index < len(prompt) else \
+            self.output.token_ids[index - len(prompt)]
 
     def tokens(self, start: int, end: int) -> tuple[int, ...]:
         prompt = self.request.request.prompt_token_ids
         if end <= len(prompt):
             return tuple(prompt[start:end])
         head = tuple(prompt[start:]) if start < len(prompt) else ()
-        return head + tuple(self.output_ids[max(0, start - len(prompt)):end - len(prompt)])
+        outputs = self.output.token_ids
+        return head + tuple(outputs[max(0, start - len(prompt)):end - len(prompt)])
 
     @property
     def in_flight(self) -> int:
-        """Fence of the latest submitted step still running (0: none)."""
-        return self.in_flight_fences[-1] if self.in_flight_fences else 0
+        return self.progress.in_flight
 
     @property
     def is_decoding(self) -> bool:
-        return bool(self.output_ids) and self.num_computed >= self.total_len - 1
+        return bool(self.output.token_ids) and self.progress.num_computed >= self.total_len - 1
 
     @property
     def is_finished(self) -> bool:
         """Finished for the caller (its last token and finish reason were reported)."""
-        return self.finish_reason is not None
+        return self.output.finish_reason is not None
 
     @property
     def is_resident(self) -> bool:

@@ -62,7 +62,7 @@ def test_cancel_in_flight_releases_only_after_the_last_use(phase):
     if phase == "resume":
         assert seq_step.resume_snapshot is not None
     seq = scheduler.state.running[seq_step.handle.slot]
-    private = set(seq.private_pages)
+    private = set(seq.cache.private_pages)
     update = scheduler.cancel("a")
     assert update.finished and update.deltas[0].finish_reason is FinishReason.CANCELLED
     res = scheduler.state.resources
@@ -71,7 +71,7 @@ def test_cancel_in_flight_releases_only_after_the_last_use(phase):
     # a new request now cannot get those pages while the step is in flight
     scheduler.admit(request("b", prompt_of(30, 2), 3))
     run_step(scheduler, runner)                         # b's first step, also held
-    taken = {p for s in scheduler.state.running.values() for p in s.private_pages}
+    taken = {p for s in scheduler.state.running.values() for p in s.cache.private_pages}
     assert taken and not taken & private
     runner.hold = False
     runner.release()

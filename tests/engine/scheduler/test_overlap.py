@@ -122,7 +122,7 @@ def test_cancel_with_a_followed_decode_in_flight_retires_after_both():
     assert len(scheduler.state.in_flight) == 2
     assert list(scheduler.state.in_flight.values())[-1].seqs[0].feeds_pending
     (seq,) = scheduler.state.running.values()
-    private = set(seq.private_pages)
+    private = set(seq.cache.private_pages)
     scheduler.cancel("a")
     res = scheduler.state.resources
     assert scheduler.state.slots.num_retiring == 1 and res.pages.num_retiring == len(private)

@@ -44,7 +44,7 @@ def packed_loader(shards: Mapping[str, tuple[int, int]]) -> WeightLoader:
     """Rows [start, start + size) of the parameter come from shard `name` (dim 0)."""
 
     def load(param: nn.Parameter, tensor: torch.Tensor, shard: str | None) -> None:
-        if shard not in shards:
+        if shard is None or shard not in shards:
             raise KeyError(f"no shard {shard!r} (shards: {', '.join(shards)})")
         start, size = shards[shard]
         _check_shape(tensor, (size, *param.shape[1:]))
