@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from services.engine.model.attention import kv_slot
 from services.engine.runner.layout import layout_step, verified_tokens
 from services.engine.scheduler.plan import Completion, SeqResult, Step
 from services.engine.scheduler.requests import RequestUpdate
@@ -101,8 +102,7 @@ class FakeRunner:
         for s in step.seqs:
             state = b""
             if s.token_ids or (s.capture is not None and s.resume_snapshot is None):
-                prefix = [self.kv[s.page_ids[p // size]][p % size] for p in range(s.end)]
-                state = _fingerprint(prefix)
+                state = _fingerprint(self._read(s.page_ids, s.end))
             if s.capture is not None:
                 self.snapshot_state[s.capture.snapshot_id] = state
                 tail = self.kv[s.capture.page_id][:s.capture.num_tokens] \
@@ -117,8 +117,7 @@ class FakeRunner:
                 if s.resume_snapshot is not None and not s.token_ids:
                     row_state = self.snapshot_state[s.resume_snapshot]
                 else:
-                    row_state = _fingerprint(
-                        [self.kv[s.page_ids[p // size]][p % size] for p in range(position + 1)])
+                    row_state = _fingerprint(self._read(s.page_ids, position + 1))
                 sampled.append(self._sample(s, row_state, s.output_index + offset))
             tokens = verified_tokens(sampled, s.draft_token_ids)
             self.last_token[s.handle.slot] = tokens[-1]
@@ -127,6 +126,12 @@ class FakeRunner:
         self.completed.append(completion)
         (self.held if self.hold else self.done).append(completion)
         return step.fence
+
+    def _read(self, page_ids, end: int) -> list[int | None]:
+        """Positions [0, end) of a sequence, read back through its page table."""
+        size = self.page_size
+        return [self.kv[slot // size][slot % size]
+                for slot in (kv_slot(page_ids, p, size) for p in range(end))]
 
     def _sample(self, s, state: bytes, output_index: int) -> int:
         seed = self.seeds[s.handle.slot]

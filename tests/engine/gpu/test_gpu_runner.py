@@ -71,7 +71,29 @@ def _run(engine, requests):
     return tokens, logprobs
 
 
+# architectures beyond the Llama family's full attention: Gemma 3 (sliding + full layers with
+# their own ropes, sandwich norms, gelu_tanh, soft-capped logits), Mistral and Qwen2 windows
+OTHER_ARCHITECTURES = ("gemma3", "mistral-sliding", "qwen2-sliding")
+
+
+@pytest.fixture(scope="module", params=OTHER_ARCHITECTURES)
+def other_checkpoint(request, tmp_path_factory):
+    return build_checkpoint(SPECS[request.param], tmp_path_factory.mktemp(request.param))
+
+
 def test_float32_graphs_and_overlap_match_the_cpu_path(checkpoint):
+    _check_float32_matches_the_cpu(checkpoint)
+
+
+def test_other_architectures_in_float32_match_the_cpu_path(other_checkpoint):
+    _check_float32_matches_the_cpu(other_checkpoint)
+
+
+def test_other_architectures_in_bf16_against_a_float32_reference(other_checkpoint):
+    _check_bf16_against_float32(other_checkpoint)
+
+
+def _check_float32_matches_the_cpu(checkpoint):
     want, want_lp = _run(_engine(checkpoint, "cpu", "float32", runner="torch"), _requests())
     engine = _engine(checkpoint, "cuda", "float32")
     assert isinstance(engine.runner, GraphRunner) and engine.runner.window == 2
@@ -106,6 +128,10 @@ def test_seeded_sampling_on_the_gpu_is_reproducible(checkpoint):
 
 
 def test_bf16_logprobs_against_a_float32_reference(checkpoint):
+    _check_bf16_against_float32(checkpoint)
+
+
+def _check_bf16_against_float32(checkpoint):
     import transformers
 
     engine = _engine(checkpoint, "cuda", "bfloat16")

@@ -101,3 +101,39 @@ def test_build_metadata_layout_and_validation() -> None:
         build_metadata([3], [2], [[0]], page_size=4)          # more new tokens than KV
     with pytest.raises(ValidationError):
         build_metadata([1], [9], [[0, 1]], page_size=4)       # pages do not cover the KV
+
+
+@pytest.mark.parametrize("name", ["qwen3-qknorm-sharded", "gemma3"])
+def test_aux_hidden_states_are_the_reference_layers_outputs(name, engine_models,
+                                                            reference_models) -> None:
+    """Selected layers' outputs (what a drafter reads) equal transformers' hidden states."""
+    model = engine_models[name]
+    layers = tuple(range(model.config.num_hidden_layers - 1))   # the last one: normed there
+    prompt = [5, 9, 31, 7, 2, 88, 41, 13, 64, 3, 17]
+    meta = build_metadata([len(prompt)], [len(prompt)], [[1, 2, 3]], page_size=4)
+    cache = allocate_kv_cache(model.config, 8, 4, "cpu", torch.float32)
+    model.set_aux_hidden_layers(layers)
+    try:
+        out = model(ForwardBatch(torch.tensor(prompt), torch.arange(len(prompt)), meta), cache)
+    finally:
+        model.set_aux_hidden_layers(())
+    with torch.no_grad():
+        ref = reference_models[name](torch.tensor([prompt]), output_hidden_states=True)
+    assert len(out.aux_hidden) == len(layers) >= 1
+    for got, layer in zip(out.aux_hidden, layers, strict=True):
+        want = ref.hidden_states[layer + 1][0]        # hidden_states[0] is the embedding
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out.hidden, ref.hidden_states[-1][0], rtol=1e-4, atol=1e-4)
+    plain = model(ForwardBatch(torch.tensor(prompt), torch.arange(len(prompt)), meta),
+                  allocate_kv_cache(model.config, 8, 4, "cpu", torch.float32))
+    assert plain.aux_hidden == ()
+    with pytest.raises(ValueError, match="outside"):
+        model.set_aux_hidden_layers((model.config.num_hidden_layers,))
+
+
+def test_text_models_take_one_row_of_positions(engine_models) -> None:
+    model = engine_models[MODEL]
+    input_ids, positions, meta = _step_inputs()
+    cache = allocate_kv_cache(model.config, 16, 4, "cpu", torch.float32)
+    with pytest.raises(ValueError, match="positions of 1 row"):
+        model(ForwardBatch(input_ids, positions.expand(3, -1), meta), cache)
