@@ -53,3 +53,12 @@ def gemma3_gguf() -> Path:
     from services.common.model_assets import fetch_model
 
     return fetch_model("gemma3_270m")
+
+
+@pytest.fixture(scope="session")
+def transformers_gguf(request):
+    """transformers' own loading of the pinned GGUF files (config, tokenizer, float32 model),
+    each built once per session: the reference of the GGUF and real-model tests."""
+    from tests.support.transformers_gguf import TransformersGGUF
+
+    return TransformersGGUF(lambda name: request.getfixturevalue(f"{name}_gguf"))

@@ -24,27 +24,13 @@ GEMMA3_FIELDS = ("sliding_window", "layer_types", "query_pre_attn_scalar",
 PROVENANCE = {"_name_or_path", "_model_name_or_path", "architectures", "dtype", "unk_token_id"}
 
 
-@pytest.fixture(scope="module")
-def transformers_configs(real_ggufs):
-    from transformers import AutoConfig
-
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            path = real_ggufs.path(name)
-            cache[name] = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-        return cache[name]
-    return get
-
-
 @pytest.mark.parametrize("name", REAL_MODELS)
-def test_config_matches_transformers_field_by_field(name, real_ggufs, transformers_configs):
+def test_config_matches_transformers_field_by_field(name, real_ggufs, transformers_gguf):
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     ours = hf_config(real_ggufs.file(name))
-    theirs = transformers_configs(name)
+    theirs = transformers_gguf.config(name)
     fields = ENGINE_FIELDS + (GEMMA3_FIELDS if name == "gemma3" else ("hidden_act",))
     for key in fields:
         assert ours[key] == getattr(theirs, key), key

@@ -22,15 +22,11 @@ from tests.support.gguf_files import (
 
 
 @pytest.mark.parametrize("name", REAL_MODELS)
-def test_tensors_equal_transformers_state_dict(name, real_ggufs):
+def test_tensors_equal_transformers_state_dict(name, real_ggufs, transformers_gguf):
     """Same names (transformers also lists the tied lm_head), shapes and values, exactly: both
     dequantize with gguf.quants and undo the conversion in float32, so there is no rounding
     difference to allow for."""
-    from transformers import AutoModelForCausalLM
-
-    path = real_ggufs.path(name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                 dtype=torch.float32)
+    model = transformers_gguf.model(name)
     expected = model.state_dict()
     gguf_file = real_ggufs.file(name)
     names = []

@@ -58,18 +58,15 @@ CONVERSATIONS = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer_pairs(real_ggufs):
+def tokenizer_pairs(real_ggufs, transformers_gguf):
     """name -> (our tokenizers.Tokenizer, our TokenizerFiles, transformers' tokenizer)."""
-    from transformers import AutoTokenizer
-
     cache = {}
 
     def get(name):
         if name not in cache:
-            path = real_ggufs.path(name)
             files = hf_tokenizer(real_ggufs.file(name))
-            theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-            cache[name] = (tokenizers.Tokenizer.from_str(files.tokenizer_json), files, theirs)
+            cache[name] = (tokenizers.Tokenizer.from_str(files.tokenizer_json), files,
+                           transformers_gguf.tokenizer(name))
         return cache[name]
     return get
 
