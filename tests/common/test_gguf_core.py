@@ -185,3 +185,25 @@ def test_helios_prepare_command(tmp_path, tiny_gguf):
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert failed.returncode == 2
     assert "unsupported" in failed.stderr and "'phi3'" in failed.stderr
+
+
+def test_engine_serves_a_gguf_file_directly(tmp_path, tiny_gguf):
+    """`helios serve engine --model x.gguf`: the engine opens the file's cached core."""
+    import grpc
+
+    from services.common.pb import engine_pb2, engine_pb2_grpc
+    from tests.support.processes import ServiceProcess
+
+    address = f"unix://{tmp_path}/engine.sock"
+    args = ["serve", "engine", "--listen", address, "--model", str(tiny_gguf),
+            "--kv-cache-bytes", str(4 << 20), "--max-num-seqs", "2", "--cpu-threads", "1"]
+    env = {"HELIOS_CACHE_DIR": str(tmp_path / "cache")}
+    with ServiceProcess.start(args, tmp_path / "engine.log", env=env) as engine:
+        engine.wait_grpc_serving(address, timeout=180)
+        with grpc.insecure_channel(address) as channel:
+            info = engine_pb2_grpc.EngineStub(channel).GetModelInfo(
+                engine_pb2.GetModelInfoRequest(), timeout=10)
+        assert (info.model_id, info.architecture) == ("tiny-chat", "LlamaForCausalLM")
+        assert info.vocab_size == 273 and info.num_parameters > 0
+        assert engine.terminate() == 0, engine.output()[-4000:]
+    assert len(list((tmp_path / "cache" / "gguf-cores").iterdir())) == 1
