@@ -135,9 +135,11 @@ def _check_extent(path: Path, gguf_file: GGUFFile) -> None:
 def is_gguf_file(path: Path | str) -> bool:
     """True when `path` is a regular file starting with the GGUF magic."""
     path = Path(path)
+    if not path.is_file():
+        return False
     try:
         with path.open("rb") as handle:
-            return path.is_file() and handle.read(4) == GGUF_MAGIC
+            return handle.read(4) == GGUF_MAGIC
     except OSError:
         return False
 
