@@ -179,7 +179,7 @@ def test_window_splits_divide_the_window_not_the_context(device, dot_dtype, gen)
     run_and_check(batch, window, scratch=scratch)
     lse = scratch.partial_lse[: 4 * 4 * plan.num_splits].view(4, 4, plan.num_splits)
     used = torch.isfinite(lse) & (lse > float("-inf"))
-    for row, seq_len in enumerate(seq_lens):
+    for row, seq_len in enumerate(seq_lens):  # the splits divide [seq_len - W, seq_len)
         expect = -(-min(seq_len, window) // MIN_SPLIT_TOKENS)
         assert used[row].sum(dim=-1).tolist() == [expect] * 4
 

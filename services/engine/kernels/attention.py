@@ -143,10 +143,10 @@ def plan_attention(
     num_blocks = num_tokens if block_q == 1 else cdiv(num_tokens, block_q) + num_seqs
     kv_span = max(1, max_seq_len)
     if sliding_window > 0:
-        # a block's rows [pos0, pos0 + n) see [pos0 - W + 1, pos0 + n): W + n - 1 positions,
-        # read from the tile boundary below them (up to block_n - 1 more)
+        # a block's rows [pos0, pos0 + n) see [pos0 - W + 1, pos0 + n): W + n - 1 positions
+        # (split launches read them from the first one)
         rows_per_block = min(block_q, max(1, max_query_len))
-        kv_span = min(kv_span, sliding_window + rows_per_block - 1 + block_n - 1)
+        kv_span = min(kv_span, sliding_window + rows_per_block - 1)
     if num_splits is None:
         programs = max(1, num_blocks * num_kv_heads)
         if programs >= NO_SPLIT_PROGRAMS_PER_SM * num_sms:
