@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu/run_engine.sh          # writes logs and JSON under $OUT
 # Carried paths (device tool): .whl (wheels the GPU image lacks), services/common/pb (stubs),
 # .device/cache (pinned tokenizer files: the machine reaches no registry).
-# Env: SKIP_TESTS=1, SKIP_STEP=1, SKIP_DECODE=1, SKIP_SERVING=1, DECODE_SHAPES, DECODE_ARGS,
+# Env: SKIP_TESTS=1, TEST_PATHS (default: tests/engine/gpu tests/kernels), SKIP_STEP=1, SKIP_DECODE=1, SKIP_SERVING=1, DECODE_SHAPES, DECODE_ARGS,
 #      STEP_ARGS, SERVING_ARGS, TEST_TIMEOUT_S, STEP_TIMEOUT_S, DECODE_TIMEOUT_S,
 #      SERVING_TIMEOUT_S, TEST_WORKERS, SKIP_HF=1 (no HF generate rows after the serving levels).
 # Prints the machine, the test summary and the benchmark tables last.
@@ -34,7 +34,8 @@ cat /tmp/helios-machine.txt
 test_rc=skipped
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   start=$(date +%s)
-  timeout "${TEST_TIMEOUT_S:-300}" "$PY" -m pytest tests/engine/gpu tests/kernels -q \
+  # shellcheck disable=SC2086
+  timeout "${TEST_TIMEOUT_S:-300}" "$PY" -m pytest ${TEST_PATHS:-tests/engine/gpu tests/kernels} -q \
     -p no:cacheprovider -n "${TEST_WORKERS:-8}" -o addopts="" -rfE > "$OUT/tests.log" 2>&1
   test_rc=$?
   echo "== GPU tests: rc=$test_rc in $(( $(date +%s) - start )) s"

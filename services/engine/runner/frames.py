@@ -35,6 +35,7 @@ from services.engine.runner.step_inputs import (
     buffer_sizes,
 )
 
+VIEW_CACHE_SIZE = 4096     # distinct step shapes whose device views are kept
 _DTYPES = {I64: (np.int64, torch.int64), I32: (np.int32, torch.int32),
            F32: (np.float32, torch.float32)}
 
@@ -83,6 +84,7 @@ class InputFrames:
         self.buffers = {kind: torch.zeros(max(1, size), dtype=_DTYPES[kind][1], device=device)
                         for kind, size in self.sizes.items()}
         self._next = 0
+        self._view_cache: dict[tuple[int, ...], StepInputs[torch.Tensor]] = {}
 
     @property
     def num_bytes(self) -> int:
@@ -98,7 +100,7 @@ class InputFrames:
             frame = self.frames[self._next]
             self._next ^= 1
         used = dict.fromkeys(KINDS, 0)
-        views: dict[str, torch.Tensor] = {}
+        capacities: list[int] = []
         count = len(values.seq_slots)            # sequences (a graph's query_start_loc pad)
         for (name, spec), bound in zip(FIELDS, self.bounds, strict=True):
             data = getattr(values, name)
@@ -109,18 +111,34 @@ class InputFrames:
             if length > capacity or capacity > bound:
                 raise OverflowError(f"step input {name}: {length} values (capacity "
                                     f"{capacity}) exceed its bound of {bound}")
-            array = frame.arrays[spec.kind]
             start = used[spec.kind]
             if length:
-                array[start:start + length] = data
+                frame.arrays[spec.kind][start:start + length] = data
             if capacity > length:
                 assert graph is not None
-                array[start + length:start + capacity] = spec.pad(graph.pads, count)
-            views[name] = self.buffers[spec.kind][start:start + capacity]
+                frame.arrays[spec.kind][start + length:start + capacity] = \
+                    spec.pad(graph.pads, count)
+            capacities.append(capacity)
             used[spec.kind] = start + capacity
-        packed = PackedStep(frame, used, StepInputs(**views))
+        packed = PackedStep(frame, used, self._views(tuple(capacities)))
         self.copy(packed)
         return packed
+
+    def _views(self, capacities: tuple[int, ...]) -> StepInputs[torch.Tensor]:
+        """Device views for fields of these capacities, in order (cached: steps of one shape
+        repeat, and slicing tensors costs more than packing them)."""
+        views = self._view_cache.get(capacities)
+        if views is None:
+            if len(self._view_cache) >= VIEW_CACHE_SIZE:
+                self._view_cache.clear()
+            offsets = dict.fromkeys(KINDS, 0)
+            fields: dict[str, torch.Tensor] = {}
+            for (name, spec), capacity in zip(FIELDS, capacities, strict=True):
+                start = offsets[spec.kind]
+                fields[name] = self.buffers[spec.kind][start:start + capacity]
+                offsets[spec.kind] = start + capacity
+            views = self._view_cache[capacities] = StepInputs(**fields)
+        return views
 
     def copy(self, packed: PackedStep) -> None:
         """Upload a packed frame's bytes (again, e.g. after a graph capture used the buffers)."""
