@@ -14,12 +14,11 @@ class Embedding(nn.Module):
                  dtype: torch.dtype, multiplier: float = 1.0) -> None:
         super().__init__()
         self.weight = parameter(vocab_size, hidden_size, device=device, dtype=dtype)
-        self.multiplier = multiplier
+        # the multiplier rounded to the table's dtype first, as the reference models do (a
+        # Python scalar: no tensor is made in forward, which a CUDA graph captures)
+        self.multiplier = float(torch.tensor(multiplier, dtype=dtype))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """int64 [T] -> [T, H] in the table's dtype (the multiplier rounded to it first, as
-        the reference models do)."""
+        """int64 [T] -> [T, H] in the table's dtype."""
         x = F.embedding(input_ids, self.weight)
-        if self.multiplier != 1.0:
-            x = x * torch.tensor(self.multiplier, dtype=x.dtype, device=x.device)
-        return x
+        return x * self.multiplier if self.multiplier != 1.0 else x
