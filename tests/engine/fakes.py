@@ -94,9 +94,9 @@ class FakeRunner:
                 assert len(tail) == s.restore.num_tokens
                 self.kv[s.restore.page_id][:len(tail)] = list(tail)
         layout = layout_step(step, size)
-        for token, pending, kv_slot in zip(layout.token_ids, layout.pending_slots,
-                                           layout.kv_slots, strict=True):
-            self.kv[kv_slot // size][kv_slot % size] = \
+        for token, pending, slot in zip(layout.token_ids, layout.pending_slots,
+                                        layout.kv_slots, strict=True):
+            self.kv[slot // size][slot % size] = \
                 self.last_token[pending] if pending >= 0 else token
         results = []
         for s in step.seqs:

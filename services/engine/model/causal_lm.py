@@ -14,7 +14,7 @@ Python branches on tensor values (on CUDA; the CPU attention path may read lengt
 runner can capture it in a CUDA graph. Positions must be below `max_positions` (the rotary
 tables' length).
 
-An architecture family subclasses CausalLM with its `make_layer` (one decoder layer: any
+An architecture family subclasses CausalLM with its `layer_class` (one decoder layer: any
 module with the `(x, residual, positions, cos_sin_cache, k_cache, v_cache, meta) -> (x,
 residual)` call of layers/decoder.py) and, where its checkpoints differ, the name mapping
 (`packed_modules`, `checkpoint_prefixes`, `ignored_checkpoint_*`). Parameter names mirror
@@ -23,6 +23,7 @@ the Hugging Face module names (`model.layers.3.self_attn.qkv_proj.weight`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -75,6 +76,8 @@ class CausalLM(nn.Module):
     ignored_checkpoint_prefixes: ClassVar[tuple[str, ...]] = ()
     norm_offset: ClassVar[float] = 0.0   # what norm weights are stored without (Gemma: 1)
     position_rows: ClassVar[int] = 1
+    # the family's decoder layer: (config, layer_index, *, device, dtype) -> module
+    layer_class: ClassVar[Callable[..., nn.Module] | None] = None
 
     def __init__(self, config: ModelConfig, device: torch.device | str, dtype: torch.dtype,
                  max_positions: int) -> None:
@@ -101,7 +104,9 @@ class CausalLM(nn.Module):
 
     def make_layer(self, config: ModelConfig, index: int, device: torch.device | str,
                    dtype: torch.dtype) -> nn.Module:
-        raise NotImplementedError(f"{type(self).__name__} does not define its decoder layer")
+        if self.layer_class is None:
+            raise NotImplementedError(f"{type(self).__name__} does not name its decoder layer")
+        return self.layer_class(config, index, device=device, dtype=dtype)
 
     # -- reading ----------------------------------------------------------------------------
     @property

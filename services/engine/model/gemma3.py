@@ -135,10 +135,7 @@ class Gemma3DecoderLayer(nn.Module):
 
 class Gemma3ForCausalLM(CausalLM):
     norm_offset = 1.0
-
-    def make_layer(self, config: ModelConfig, index: int, device: torch.device | str,
-                   dtype: torch.dtype) -> nn.Module:
-        return Gemma3DecoderLayer(config, index, device=device, dtype=dtype)
+    layer_class = Gemma3DecoderLayer
 
 
 class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):

@@ -7,9 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-from torch import nn
-
 from services.engine.model.architecture import Architecture
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.config import (
@@ -46,9 +43,7 @@ def parse_mistral(config: Mapping[str, Any]) -> ModelConfig:
 
 
 class LlamaForCausalLM(CausalLM):
-    def make_layer(self, config: ModelConfig, index: int, device: torch.device | str,
-                   dtype: torch.dtype) -> nn.Module:
-        return PreNormDecoderLayer(config, index, device=device, dtype=dtype)
+    layer_class = PreNormDecoderLayer
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -7,9 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-from torch import nn
-
 from services.engine.model.architecture import Architecture
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.config import (
@@ -52,9 +49,7 @@ def parse_qwen3(config: Mapping[str, Any]) -> ModelConfig:
 
 
 class Qwen2ForCausalLM(CausalLM):
-    def make_layer(self, config: ModelConfig, index: int, device: torch.device | str,
-                   dtype: torch.dtype) -> nn.Module:
-        return PreNormDecoderLayer(config, index, device=device, dtype=dtype)
+    layer_class = PreNormDecoderLayer
 
 
 class Qwen3ForCausalLM(Qwen2ForCausalLM):

@@ -24,8 +24,9 @@ from typing import Any
 import torch
 
 from services.engine.runner.cuda_driver import GraphLauncher
+from services.engine.runner.eager_pack import pack_rows
 from services.engine.runner.frames import GraphPacking, InputFrames, PackedStep
-from services.engine.runner.layout import StepLayout, layout_step
+from services.engine.runner.layout import layout_step
 from services.engine.runner.page_tables import PageTableMirror
 from services.engine.runner.slot_state import SamplingMode
 from services.engine.runner.step_body import StepBody, StepShape
@@ -49,17 +50,10 @@ def pack_decode(values: StepInputs, step: Step | None, page_size: int,
     that only save a terminal checkpoint feed nothing and are left out); the upload pads it
     to the graph's capacity (frames.GraphPacking). None packs an all-padding step (warm-up
     and capture inputs)."""
-    layout = layout_step(step, page_size) if step is not None else StepLayout()
-    fed = [step.seqs[i] for i in layout.forward_seqs] if step is not None else []
-    for seq in fed:
-        mirror.updates(seq.handle, seq.page_ids, values.update_index, values.update_value)
-    values.input_ids = layout.token_ids
-    values.positions = layout.positions
-    values.slot_mapping = layout.kv_slots
-    values.pending_slot = layout.pending_slots
-    values.seq_slots = [seq.handle.slot for seq in fed]
-    values.query_start_loc = layout.query_start_loc
-    values.seq_lens = layout.seq_lens
+    if step is None:
+        values.query_start_loc = [0]
+        return
+    pack_rows(values, step, layout_step(step, page_size), mirror)
 
 
 def padding_step(frames: InputFrames, capacity: int, mirror: PageTableMirror,

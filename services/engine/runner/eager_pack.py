@@ -9,33 +9,44 @@ is missing (a whole table when it starts in a slot).
 
 from __future__ import annotations
 
-from services.engine.runner.layout import layout_step
+from services.engine.runner.layout import StepLayout, layout_step
 from services.engine.runner.page_tables import PageTableMirror
 from services.engine.runner.step_body import StepShape
 from services.engine.runner.step_inputs import StepInputs
-from services.engine.scheduler.plan import Step
+from services.engine.scheduler.plan import SeqStep, Step
 
 
-def pack_eager(values: StepInputs, step: Step, page_size: int,
-               mirror: PageTableMirror) -> StepShape:
-    layout = layout_step(step, page_size)
-    for seq in step.seqs:
-        mirror.updates(seq.handle, seq.page_ids, values.update_index, values.update_value)
+def pack_rows(values: StepInputs, step: Step, layout: StepLayout,
+              mirror: PageTableMirror) -> list[SeqStep]:
+    """The fields every step packs alike (a decode graph's too): the fed rows, the forward
+    sequences and their page-table uploads. Returns the forward sequences."""
     fed = [step.seqs[i] for i in layout.forward_seqs]
-    resumed = [step.seqs[i] for i in layout.resumed_seqs]
+    for seq in fed:
+        mirror.updates(seq.handle, seq.page_ids, values.update_index, values.update_value)
     values.input_ids = layout.token_ids
     values.positions = layout.positions
     values.slot_mapping = layout.kv_slots
     values.pending_slot = layout.pending_slots
     values.seq_slots = [seq.handle.slot for seq in fed]
+    values.query_start_loc = layout.query_start_loc
+    values.seq_lens = layout.seq_lens
+    return fed
+
+
+def pack_eager(values: StepInputs, step: Step, page_size: int,
+               mirror: PageTableMirror) -> StepShape:
+    layout = layout_step(step, page_size)
+    for seq in step.seqs:                 # resumed sequences upload their tables too
+        if not seq.token_ids:
+            mirror.updates(seq.handle, seq.page_ids, values.update_index, values.update_value)
+    fed = pack_rows(values, step, layout, mirror)
+    resumed = [step.seqs[i] for i in layout.resumed_seqs]
     values.hidden_rows = layout.last_rows
     values.hidden_cells = [seq.handle.slot * 2 + (seq.end - 1) % 2 for seq in fed]
     values.sample_rows = layout.sample_rows
     values.sample_slots = [step.seqs[i].handle.slot for i in layout.sample_seqs]
     values.resume_ids = [seq.resume_snapshot for seq in resumed]
     values.resume_cells = [seq.handle.slot * 2 + (seq.start - 1) % 2 for seq in resumed]
-    values.query_start_loc = layout.query_start_loc
-    values.seq_lens = layout.seq_lens
     return StepShape(num_tokens=layout.num_tokens, num_seqs=len(fed),
                      max_query_len=layout.max_query_len, max_seq_len=layout.max_seq_len,
                      is_decode_graph=False)
