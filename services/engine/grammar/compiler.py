@@ -133,11 +133,22 @@ class GrammarCompiler:
         return found if found is not None else self._compile(spec)
 
     def start(self, spec: GrammarSpec) -> concurrent.futures.Future[CompiledGrammar]:
-        """Compile on the background thread; one job per spec however many requests wait."""
+        """Compile on the background thread; one job per spec however many requests wait (a
+        spec already compiled, or refused, comes back as a finished future of that result:
+        a job that finished between two starts is not run again)."""
         with self._lock:
             running = self._running.get(spec)
             if running is not None:
                 return running
+            cached = self._cache.get(spec)
+            if cached is not None:
+                self._cache.move_to_end(spec)
+                done: concurrent.futures.Future[CompiledGrammar] = concurrent.futures.Future()
+                if isinstance(cached, HeliosError):
+                    done.set_exception(cached)
+                else:
+                    done.set_result(cached)
+                return done
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     max_workers=1, thread_name_prefix="grammar-compile")

@@ -180,3 +180,20 @@ def test_an_unreadable_tokenizer_makes_grammars_unsupported_not_fatal(tmp_path):
     eager = EngineConfig(model=str(directory), structured_outputs="eager")
     with pytest.raises(UnsupportedError):
         build_grammars(eager, source, 320, torch.device("cpu"))
+
+
+def test_a_start_after_the_job_finished_returns_the_cached_result(grammars):
+    """The race the test above could lose under load: the first job finished (and left the
+    running table) before the second start; the second must not compile again."""
+    spec = schema_spec({"type": "array", "items": {"type": "boolean"}, "maxItems": 3})
+    compiled = grammars.start(spec).result(timeout=30)
+    before = grammars.num_compiled
+    again = grammars.start(spec)
+    assert again.done() and again.result() is compiled and grammars.num_compiled == before
+    bad = schema_spec({"type": "objekt"})
+    with pytest.raises(GrammarError):
+        grammars.start(bad).result(timeout=30)
+    failed = grammars.num_failed
+    with pytest.raises(GrammarError):
+        grammars.start(bad).result(timeout=1)
+    assert grammars.num_failed == failed
