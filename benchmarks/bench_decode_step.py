@@ -218,7 +218,7 @@ class LinearCase:
         for w in self.weights:
             _launch(self.x, self.res if self.normed else None,
                     self.norm_w if self.normed else None, 1e-6, w, None, self.out,
-                    self.res_out if self.normed else None, self.silu, plan)
+                    self.res_out if self.normed else None, "silu" if self.silu else None, plan)
 
 
 def bench_linear(shape: str, device: torch.device, args) -> list[dict]:

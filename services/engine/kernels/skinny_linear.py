@@ -203,10 +203,8 @@ def check_activation(activation: object) -> str | None:
 
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
             eps: float, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
-            residual_out: torch.Tensor | None, activation: str | bool | None,
+            residual_out: torch.Tensor | None, activation: str | None,
             plan: LinearPlan | None = None) -> None:
-    if isinstance(activation, bool):  # benchmarks/bench_decode_step.py still passes the old flag
-        activation = "silu" if activation else None
     activation = check_activation(activation)
     rows, k_dim = x.shape
     n_out = out.shape[1]

@@ -77,7 +77,7 @@ class CausalLM(nn.Module):
     norm_offset: ClassVar[float] = 0.0   # what norm weights are stored without (Gemma: 1)
     position_rows: ClassVar[int] = 1
     # the family's decoder layer: (config, layer_index, *, device, dtype) -> module
-    layer_class: ClassVar[Callable[..., nn.Module] | None] = None
+    layer_class: ClassVar[Callable[..., nn.Module]]
 
     def __init__(self, config: ModelConfig, device: torch.device | str, dtype: torch.dtype,
                  max_positions: int) -> None:
@@ -87,7 +87,7 @@ class CausalLM(nn.Module):
         self.max_positions = max_positions
         embed = Embedding(config.vocab_size, config.hidden_size, device=device, dtype=dtype,
                           multiplier=config.embedding_multiplier)
-        layers = [self.make_layer(config, i, device, dtype)
+        layers = [self.layer_class(config, i, device=device, dtype=dtype)
                   for i in range(config.num_hidden_layers)]
         norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device=device, dtype=dtype,
                        offset=self.norm_offset)
@@ -101,12 +101,6 @@ class CausalLM(nn.Module):
             self.register_buffer(f"cos_sin_cache_{index}", table, persistent=False)
             self.rope_tables.append(table)
         self.aux_hidden_layers: tuple[int, ...] = ()   # layers whose output forward returns
-
-    def make_layer(self, config: ModelConfig, index: int, device: torch.device | str,
-                   dtype: torch.dtype) -> nn.Module:
-        if self.layer_class is None:
-            raise NotImplementedError(f"{type(self).__name__} does not name its decoder layer")
-        return self.layer_class(config, index, device=device, dtype=dtype)
 
     # -- reading ----------------------------------------------------------------------------
     @property

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 import logging
 import os
 from collections.abc import Callable
@@ -53,15 +52,6 @@ def kernel_ops() -> dict[str, Callable[..., Any]]:
 
 def _kernel(name: str, tensor: torch.Tensor) -> Callable[..., Any] | None:
     return kernel_ops().get(name) if tensor.is_cuda else None
-
-
-@functools.cache
-def _accepts(kernel: Callable[..., Any], parameter: str) -> bool:
-    """Whether a kernel's signature has `parameter` (features kernels gained later)."""
-    try:
-        return parameter in inspect.signature(kernel).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,10 +128,8 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
     CUDA for decode-sized T; elsewhere the composition of the ops above (the same order and
     roundings)."""
     kernel = _kernel("norm_linear", x)
-    if kernel and (activation in (None, "silu") or _accepts(kernel, "activation")):
-        if _accepts(kernel, "activation"):
-            return kernel(x, residual, norm_weight, eps, weight, bias, activation)
-        return kernel(x, residual, norm_weight, eps, weight, bias, activation == "silu")
+    if kernel:
+        return kernel(x, residual, norm_weight, eps, weight, bias, activation)
     return composed_norm_linear(x, residual, norm_weight, eps, weight, bias, activation)
 
 
@@ -149,10 +137,7 @@ def composed_norm_linear(x: torch.Tensor, residual: torch.Tensor | None,
                          norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
                          bias: torch.Tensor | None = None, activation: str | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor]:
-    """norm_linear as separate (dispatching) ops: the norm, the projection, the activation.
-    (A bool `activation` is the older `silu_mul` flag: True means silu.)"""
-    if activation is True:
-        activation = "silu"
+    """norm_linear as separate (dispatching) ops: the norm, the projection, the activation."""
     if residual is None:
         normed, residual = rms_norm(x, norm_weight, eps), x
     else:
@@ -217,10 +202,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     new rows' K/V must already be written (write_kv). Padding rows return finite garbage.
     """
     kernel = _kernel("paged_attention", q)
-    if kernel and (not sliding_window or _accepts(kernel, "sliding_window")):
-        if sliding_window:
-            return kernel(q, k_cache, v_cache, meta, scale, sliding_window)
-        return kernel(q, k_cache, v_cache, meta, scale)
+    if kernel:
+        return kernel(q, k_cache, v_cache, meta, scale, sliding_window)
     if q.is_cuda:
         return reference_paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
     return varlen_paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)

@@ -26,7 +26,7 @@ import torch
 from services.engine.runner.cuda_driver import GraphLauncher
 from services.engine.runner.eager_pack import pack_rows
 from services.engine.runner.frames import GraphPacking, InputFrames, PackedStep
-from services.engine.runner.layout import layout_step
+from services.engine.runner.layout import StepLayout
 from services.engine.runner.page_tables import PageTableMirror
 from services.engine.runner.slot_state import SamplingMode
 from services.engine.runner.step_body import StepBody, StepShape
@@ -44,23 +44,23 @@ def capacities(max_batch: int) -> tuple[int, ...]:
     return tuple(1 << i for i in range(top.bit_length()))
 
 
-def pack_decode(values: StepInputs, step: Step | None, page_size: int,
+def pack_decode(values: StepInputs, step: Step | None, layout: StepLayout | None,
                 mirror: PageTableMirror) -> None:
     """Pack a pure-decode step (one fed token per sequence, every one samples; sequences
     that only save a terminal checkpoint feed nothing and are left out); the upload pads it
     to the graph's capacity (frames.GraphPacking). None packs an all-padding step (warm-up
     and capture inputs)."""
-    if step is None:
+    if step is None or layout is None:
         values.query_start_loc = [0]
         return
-    pack_rows(values, step, layout_step(step, page_size), mirror)
+    pack_rows(values, step, layout, mirror)
 
 
 def padding_step(frames: InputFrames, capacity: int, mirror: PageTableMirror,
-                 pads: GraphPads, page_size: int) -> PackedStep:
+                 pads: GraphPads) -> PackedStep:
     """Upload an all-padding step of `capacity` (warm-up and capture inputs)."""
     values = StepInputs.empty()
-    pack_decode(values, None, page_size, mirror)
+    pack_decode(values, None, None, mirror)
     return frames.upload(values, GraphPacking(capacity, pads), scratch=True)
 
 
@@ -71,7 +71,6 @@ class DecodeGraphs:
     mirror: PageTableMirror
     capacities: tuple[int, ...]
     max_seq_len: int
-    page_size: int
     stream: torch.cuda.Stream | None
     pads: GraphPads
     graphs: dict[tuple[int, SamplingMode, bool, bool], GraphLauncher] | None = None
@@ -124,8 +123,7 @@ class DecodeGraphs:
             self.pool = torch.cuda.graph_pool_handle()
         torch.cuda.synchronize()
         with torch.cuda.stream(self.stream):
-            views = padding_step(self.frames, capacity, self.mirror, self.pads,
-                                 self.page_size).views
+            views = padding_step(self.frames, capacity, self.mirror, self.pads).views
             self.body.run(views, self.shape(capacity), mode, logprobs, grammar)   # warm-up
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()

@@ -9,7 +9,7 @@ is missing (a whole table when it starts in a slot).
 
 from __future__ import annotations
 
-from services.engine.runner.layout import StepLayout, layout_step
+from services.engine.runner.layout import StepLayout
 from services.engine.runner.page_tables import PageTableMirror
 from services.engine.runner.step_body import StepShape
 from services.engine.runner.step_inputs import StepInputs
@@ -33,9 +33,8 @@ def pack_rows(values: StepInputs, step: Step, layout: StepLayout,
     return fed
 
 
-def pack_eager(values: StepInputs, step: Step, page_size: int,
+def pack_eager(values: StepInputs, step: Step, layout: StepLayout,
                mirror: PageTableMirror) -> StepShape:
-    layout = layout_step(step, page_size)
     for seq in step.seqs:                 # resumed sequences upload their tables too
         if not seq.token_ids:
             mirror.updates(seq.handle, seq.page_ids, values.update_index, values.update_value)

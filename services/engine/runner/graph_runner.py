@@ -35,6 +35,7 @@ from services.engine.runner.completions import CompletionFrames
 from services.engine.runner.decode_graphs import DecodeGraphs, capacities, pack_decode
 from services.engine.runner.eager_pack import pack_eager
 from services.engine.runner.frames import BulkStaging, GraphPacking, InputFrames
+from services.engine.runner.layout import StepLayout, layout_step
 from services.engine.runner.page_tables import PageTableMirror
 from services.engine.runner.slot_sampler import SampleOutputs
 from services.engine.runner.slot_state import FLOAT_FIELDS, INT_FIELDS, SlotInfo, SlotState
@@ -99,7 +100,7 @@ class GraphRunner:
         self.pads = GraphPads(padding_row=self.state.padding_row,
                               trash_cell=self.mirror.trash_cell)
         self.graphs = DecodeGraphs(self.body, self.frames, self.mirror, caps,
-                                   config.max_model_len, self.page_size, self.model_stream,
+                                   config.max_model_len, self.model_stream,
                                    self.pads)
         self.completions = CompletionFrames(self.outputs, device, self.model_stream,
                                             self.copy_stream)
@@ -189,12 +190,13 @@ class GraphRunner:
         released = state.released_bitmasks(inits, {slot for slot, _ in bitmasks})
         grammar = bool(bitmasks)
         capacity = self._graph_capacity(step)
+        layout = layout_step(step, self.page_size)
         values = StepInputs.empty()
         if capacity is not None:
-            pack_decode(values, step, self.page_size, self.mirror)
+            pack_decode(values, step, layout, self.mirror)
             shape = None
         else:
-            shape = pack_eager(values, step, self.page_size, self.mirror)
+            shape = pack_eager(values, step, layout, self.mirror)
         state.pack_inits(values, inits)
         state.pack_bitmasks(values, bitmasks, released)
         stream = torch.cuda.stream(self.model_stream) if self.model_stream else nullcontext()
@@ -212,13 +214,13 @@ class GraphRunner:
                     self.snapshots.restore(r.snapshot_id, r.page_id, r.num_tokens)
             if capacity is not None:
                 self.graphs.replay(packed, capacity, mode, logprobs, grammar)
-                self._captures(step, None)         # zero-token terminal captures ride along
+                self._captures(step, layout, None)   # zero-token terminal captures ride along
                 self.graph_steps += 1
                 rows = capacity
             else:
                 assert shape is not None
                 hidden = self.body.run(views, shape, mode, logprobs, grammar)
-                self._captures(step, hidden)
+                self._captures(step, layout, hidden)
                 self.eager_steps += 1
                 rows = len(sampled)
             self.completions.record(frame, rows, logprobs)
@@ -246,13 +248,8 @@ class GraphRunner:
             return None
         return self.graphs.capacity_for(fed)
 
-    def _captures(self, step: Step, hidden: torch.Tensor | None) -> None:
-        row = -1
-        last_rows: dict[int, int] = {}
-        for index, seq in enumerate(step.seqs):
-            if seq.token_ids:
-                row += len(seq.token_ids)
-                last_rows[index] = row
+    def _captures(self, step: Step, layout: StepLayout, hidden: torch.Tensor | None) -> None:
+        last_rows = dict(zip(layout.forward_seqs, layout.last_rows, strict=True))
         for index, seq in enumerate(step.seqs):
             capture = seq.capture
             if capture is None:
