@@ -184,43 +184,6 @@ def bench_decode(device: torch.device, timer: Timer, batches: list[int], ctxs: l
     return rows
 
 
-def bench_window(device: torch.device, timer: Timer, points: list[tuple[int, int]],
-                 windows: list[int], dtype: torch.dtype, max_sets: int) -> list[dict]:
-    """Sliding-window decode attention (`sliding_window=W`; 0 = full) at each (batch, ctx):
-    the time follows the positions a window reads (min(W, ctx) per row)."""
-    from services.engine.kernels.attention import paged_attention
-
-    gen = torch.Generator().manual_seed(1)
-    scale = D**-0.5
-    rows = []
-    for batch, ctx in points:
-        per_set = 2 * batch * ctx * HK * D * 2
-        sets = DecodeSets(batch, ctx, num_sets(per_set, max_sets), device, gen, dtype)
-        k, v = sets.gathered(0)
-        full_us = None
-        for window in windows:
-            def run(sets: DecodeSets = sets, window: int = window) -> None:
-                for s in range(sets.n):
-                    paged_attention(sets.qs[s], sets.k_cache, sets.v_cache, sets.metas[s], scale,
-                                    window, out=sets.outs[s], scratch=sets.scratch)
-
-            t = timer(run, sets.n)
-            full_us = t * 1e6 if window == 0 else full_us
-            seen = min(window, ctx) if window else ctx
-            ref = F.scaled_dot_product_attention(sets.qs[0][:, :, None, :], k[:, :, ctx - seen:],
-                                                 v[:, :, ctx - seen:], scale=scale,
-                                                 enable_gqa=True)[:, :, 0]
-            paged_attention(sets.qs[0], sets.k_cache, sets.v_cache, sets.metas[0], scale, window,
-                            out=sets.outs[0])
-            read = 2 * batch * seen * HK * D * 2
-            rows.append(dict(batch=batch, ctx=ctx, window=window, us=t * 1e6,
-                             of_full=(t * 1e6 / full_us) if full_us else 1.0,
-                             tb_s=read / t / 1e12, rel_err_vs_sdpa=rel_error(sets.outs[0], ref)))
-        del sets, k, v
-        torch.cuda.empty_cache() if device.type == "cuda" else None
-    return rows
-
-
 def bench_decode_sweep(device: torch.device, timer: Timer, points: list[tuple[int, int]],
                        dtype: torch.dtype, max_sets: int, only: set[str] | None = None) -> list[dict]:
     """Time launch plans around the default one at a few (batch, ctx) points."""
@@ -439,7 +402,7 @@ def measure_copy(device: torch.device, timer: Timer) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "out"))
-    parser.add_argument("--sections", default="copy,decode,window,sweep,prefill,prefill_sweep,ops")
+    parser.add_argument("--sections", default="copy,decode,sweep,prefill,prefill_sweep,ops")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (checks the script itself)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
     args = parser.parse_args()
@@ -481,14 +444,6 @@ def main() -> int:
         emit("", "decode attention (Qwen3-8B: 32 q / 8 kv heads, D=128, page 16)",
                       table(results["decode"], ["batch", "ctx", "us", "tb_s", "frac_limit", "sdpa_us",
                                                 "speedup_vs_sdpa", "rel_err_vs_sdpa"]))
-    if "window" in sections:
-        points = [(2, 40)] if args.smoke else [(1, 32768), (64, 8192), (256, 2048)]
-        windows = [0, 16] if args.smoke else [0, 4096, 1024, 512]
-        results["window"] = bench_window(device, timer, points, windows, dtype,
-                                         1 if args.smoke else 16)
-        emit("", "sliding-window decode attention (window 0 = full; tb_s over the positions read)",
-             table(results["window"], ["batch", "ctx", "window", "us", "of_full", "tb_s",
-                                       "rel_err_vs_sdpa"]))
     if "sweep" in sections:
         points = [(1, 70)] if args.smoke else [
             (1, 512), (1, 2048), (1, 8192), (16, 512), (16, 2048), (64, 1024), (256, 4096)]
