@@ -29,6 +29,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from services.common.config import ServiceConfig
+from services.common.errors import ValidationError
 from services.common.grpc_errors import ErrorInterceptor
 from services.common.metrics import MetricsEndpoint, service_registry
 
@@ -39,12 +40,67 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 # Generous message limits: prepared pixel tensors and long prompts travel over these channels.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-CHANNEL_OPTIONS = (
+_MESSAGE_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_permit_without_calls", 1),
 )
+# Keepalive: clients ping every channel (idle ones too) at this interval, and servers accept
+# pings that often. Both sides read the one value, so they cannot disagree: a server left at
+# gRPC's default (pings at most every 5 minutes) counts every 30 s ping as a strike and answers
+# GOAWAY too_many_pings, which ends every stream on the connection (the health watches) and
+# fails requests racing the reconnect. `HELIOS_GRPC_KEEPALIVE_MS` changes it for a whole
+# deployment (tests use 1 s); every service and the gateway must see the same value.
+KEEPALIVE_ENV = "HELIOS_GRPC_KEEPALIVE_MS"
+DEFAULT_KEEPALIVE_MS = 30_000
+KEEPALIVE_TIMEOUT_MS = 20_000
+
+
+def keepalive_ms() -> int:
+    """The ping interval: `HELIOS_GRPC_KEEPALIVE_MS` if set (a positive integer), else 30 s."""
+    raw = os.environ.get(KEEPALIVE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_KEEPALIVE_MS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ValidationError(f"{KEEPALIVE_ENV} must be a positive integer (milliseconds), "
+                              f"got {raw!r}", param=KEEPALIVE_ENV)
+    return value
+
+
+def channel_options(interval_ms: int | None = None) -> tuple[tuple[str, int], ...]:
+    """Client channel options: message limits and keepalive pings every `interval_ms`."""
+    interval = interval_ms or keepalive_ms()
+    return (
+        *_MESSAGE_OPTIONS,
+        ("grpc.keepalive_time_ms", interval),
+        ("grpc.keepalive_timeout_ms", min(KEEPALIVE_TIMEOUT_MS, interval * 2)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # Keep pinging an idle connection (gRPC's default stops after 2 pings without data).
+        ("grpc.http2.max_pings_without_data", 0),
+    )
+
+
+def server_options(interval_ms: int | None = None) -> tuple[tuple[str, int], ...]:
+    """Server options: message limits, and pings accepted as often as the clients send them.
+
+    The accepted interval is half the clients' so that timer and scheduling jitter (a ping a
+    few milliseconds early) never counts as a strike."""
+    interval = interval_ms or keepalive_ms()
+    return (
+        *_MESSAGE_OPTIONS,
+        ("grpc.keepalive_time_ms", interval),          # servers ping too: dead peers show
+        ("grpc.keepalive_timeout_ms", min(KEEPALIVE_TIMEOUT_MS, interval * 2)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", max(1, interval // 2)),
+        ("grpc.http2.max_pings_without_data", 0),
+    )
+
+
+# The options at the default interval (for code that opens a channel without open_channel).
+CHANNEL_OPTIONS = channel_options(DEFAULT_KEEPALIVE_MS)
 
 
 @dataclass(frozen=True)
@@ -125,7 +181,7 @@ async def serve(
 
     With `config.metrics_listen` set, `registry` (default: a registry with only the uptime
     gauge) is served as Prometheus text from the moment the listener is bound."""
-    server = grpc.aio.server(interceptors=[ErrorInterceptor(service)], options=CHANNEL_OPTIONS)
+    server = grpc.aio.server(interceptors=[ErrorInterceptor(service)], options=server_options())
     for binding in bindings:
         binding.add_to_server(binding.servicer, server)
     health_servicer = health.aio.HealthServicer()
