@@ -11,9 +11,11 @@ import json
 from dataclasses import dataclass, field
 
 from services.common.api.events import (
+    Embedding,
     Finish,
     FinishReason,
     GenerationEvent,
+    PromptLogprobs,
     ReasoningDelta,
     Started,
     TextDelta,
@@ -67,6 +69,8 @@ class Collector:
         self.starts: dict[int, Started] = {}     # choice index -> started (one per prompt)
         self.usage: Usage | None = None
         self._choices: dict[int, ChoiceResult] = {}
+        self.prompt_logprobs: dict[int, PromptLogprobs] = {}   # a prompt's first choice ->
+        self.embeddings: dict[int, tuple[float, ...]] = {}     # choice -> embedding
 
     def choice(self, index: int) -> ChoiceResult:
         result = self._choices.get(index)
@@ -84,6 +88,10 @@ class Collector:
             self.starts[event.index] = event
         elif isinstance(event, UsageReport):
             self.usage = event.usage
+        elif isinstance(event, PromptLogprobs):
+            self.prompt_logprobs[event.index] = event
+        elif isinstance(event, Embedding):
+            self.embeddings[event.index] = event.values
         elif isinstance(event, TextDelta):
             choice = self.choice(event.index)
             choice.text += event.text
@@ -103,7 +111,9 @@ class Collector:
             call.arguments += event.arguments
             choice.logprobs.extend(event.logprobs)
         elif isinstance(event, Finish):
-            self.choice(event.index).finish = event
+            choice = self.choice(event.index)
+            choice.finish = event
+            choice.logprobs.extend(event.logprobs)   # tokens that produced no text (an EOS)
 
     def final_usage(self) -> Usage:
         """The reported usage, or one derived from `started` when none arrived."""

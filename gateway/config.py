@@ -35,6 +35,9 @@ class GatewayConfig(CommonConfig):
     responses_ttl_s: int = option(7 * 24 * 3600, "lifetime of stored /v1/responses objects")
     responses_max_entries: int = option(10_000, "stored responses kept in memory (no Redis)")
     ollama_version: str = option("0.12.0", "version reported by /api/version")
+    thinking_signature_key: str = option(
+        "", "HMAC key signing Anthropic thinking blocks ('' = a random per-process key; set "
+            "one shared key when several gateways or restarts must verify each other's)")
     metrics_upstreams: tuple[str, ...] = option(
         (), "other services' /metrics URLs that /metrics appends (single-node picture)")
 

@@ -16,7 +16,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from gateway.anthropic.schema import CountTokensRequest, MessagesRequest
+from gateway.anthropic.schema import CountTokensRequest, MessagesRequest, ThinkingBlock
+from gateway.anthropic.signature import ThinkingSigner, thinking_signer
 from gateway.collector import Collector
 from gateway.errors import anthropic_error_object
 from gateway.generation import KEEPALIVE, EventStream
@@ -36,7 +37,7 @@ from services.common.api.events import (
     UsageReport,
 )
 from services.common.api.generate import GenerateRequest, Sampling
-from services.common.errors import HeliosError
+from services.common.errors import HeliosError, ValidationError
 
 router = APIRouter()
 
@@ -53,10 +54,27 @@ def stop_reason(finish: Finish | None, has_tool_calls: bool) -> tuple[str, str |
 
 
 def usage_object(usage: Usage) -> dict[str, Any]:
-    return {"input_tokens": max(0, usage.prompt_tokens - usage.cached_tokens),
+    """Anthropic's split: input_tokens + cache_read_input_tokens = the prompt. The last prompt
+    token is always computed (its logits start the output), so it counts as input even when
+    the prefix cache held the whole prompt."""
+    cached = min(usage.cached_tokens, max(0, usage.prompt_tokens - 1))
+    return {"input_tokens": usage.prompt_tokens - cached,
             "output_tokens": usage.completion_tokens,
             "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": usage.cached_tokens}
+            "cache_read_input_tokens": cached}
+
+
+def check_signatures(body: MessagesRequest, signer: ThinkingSigner) -> None:
+    """A thinking block sent back with a signature must carry the one Helios gave it."""
+    for i, message in enumerate(body.messages):
+        if isinstance(message.content, str):
+            continue
+        for j, block in enumerate(message.content):
+            if isinstance(block, ThinkingBlock) and block.signature and \
+                    not signer.verify(block.thinking, block.signature):
+                raise ValidationError("Invalid `signature` in `thinking` block: it does not "
+                                      "match the thinking text (or was issued under another "
+                                      "key)", param=f"messages[{i}].content[{j}].signature")
 
 
 def to_generation(body: MessagesRequest, message_id: str) -> GenerateRequest:
@@ -75,12 +93,14 @@ def to_generation(body: MessagesRequest, message_id: str) -> GenerateRequest:
 @router.post("/v1/messages", tags=["anthropic"])
 async def create_message(request: Request, body: MessagesRequest):
     message_id = new_id("msg_")
+    state = gateway_state(request)
+    signer = thinking_signer(state.config.thinking_signature_key)
+    check_signatures(body, signer)
     stream = await start_generation(request, [to_generation(body, message_id)],
                                     wait_first=bool(body.stream))
     if body.stream:
-        return event_stream(MessageStream(gateway_state(request), body, message_id)
-                            .render(stream))
-    return JSONResponse(whole_message(await stream.collect(), body, message_id))
+        return event_stream(MessageStream(state, body, message_id, signer).render(stream))
+    return JSONResponse(whole_message(await stream.collect(), body, message_id, signer))
 
 
 @router.post("/v1/messages/count_tokens", tags=["anthropic"])
@@ -91,12 +111,13 @@ async def count_tokens(request: Request, body: CountTokensRequest) -> dict[str, 
     return {"input_tokens": count}
 
 
-def whole_message(collector: Collector, body: MessagesRequest, message_id: str
-                  ) -> dict[str, Any]:
+def whole_message(collector: Collector, body: MessagesRequest, message_id: str,
+                  signer: ThinkingSigner) -> dict[str, Any]:
     choice = collector.choice(0)
     content: list[dict[str, Any]] = []
     if choice.reasoning:
-        content.append({"type": "thinking", "thinking": choice.reasoning, "signature": ""})
+        content.append({"type": "thinking", "thinking": choice.reasoning,
+                        "signature": signer.sign(choice.reasoning)})
     if choice.text or not choice.tool_calls:
         content.append({"type": "text", "text": choice.text})
     for call in choice.tool_calls:
@@ -113,10 +134,13 @@ def whole_message(collector: Collector, body: MessagesRequest, message_id: str
 class MessageStream:
     """Renders one request's events as Anthropic stream events."""
 
-    def __init__(self, state: GatewayState, body: MessagesRequest, message_id: str) -> None:
+    def __init__(self, state: GatewayState, body: MessagesRequest, message_id: str,
+                 signer: ThinkingSigner) -> None:
         self.state = state
         self.body = body
         self.id = message_id
+        self.signer = signer
+        self.thinking = ""                    # the open thinking block's text (to sign)
         self.blocks = 0                       # blocks opened so far (next index)
         self.open: str | None = None          # "text" | "thinking" | "tool_use"
         self.open_tool: int | None = None
@@ -139,9 +163,14 @@ class MessageStream:
     def close_block(self) -> list[bytes]:
         if self.open is None:
             return []
+        frames = []
+        if self.open == "thinking":   # the signature arrives last, as Anthropic sends it
+            frames.append(self.delta({"type": "signature_delta",
+                                      "signature": self.signer.sign(self.thinking)}))
+            self.thinking = ""
         self.open = None
         self.open_tool = None
-        return [self.frame("content_block_stop", index=self.blocks - 1)]
+        return [*frames, self.frame("content_block_stop", index=self.blocks - 1)]
 
     def open_block(self, kind: str, block: dict[str, Any]) -> list[bytes]:
         frames = self.close_block()
@@ -169,6 +198,7 @@ class MessageStream:
             if self.open != "thinking":
                 frames += self.open_block("thinking", {"type": "thinking", "thinking": "",
                                                        "signature": ""})
+            self.thinking += event.text
             frames.append(self.delta({"type": "thinking_delta", "thinking": event.text}))
         elif isinstance(event, ToolCallDelta):
             self.has_tool_calls = True

@@ -33,7 +33,6 @@ from services.common.api.events import (
     Started,
     TextDelta,
     TokenLogprob,
-    ToolCallDelta,
     UsageReport,
 )
 from services.common.errors import HeliosError
@@ -169,19 +168,21 @@ class OllamaRender:
         return line
 
     def frames(self, event: Any) -> list[bytes]:
-        if getattr(event, "index", 0) != 0 or isinstance(event, Started | ToolCallDelta):
+        if getattr(event, "index", 0) != 0 or isinstance(event, Started):
             return []
         extra: dict[str, Any] = {}
         if self.body.logprobs and getattr(event, "logprobs", None):
             extra["logprobs"] = _logprobs(event.logprobs)
         if isinstance(event, TextDelta) and (event.text or extra):
             return [ndjson_line(self.line(event.text, **extra))]
-        if isinstance(event, ReasoningDelta) and event.text:
+        if isinstance(event, ReasoningDelta) and (event.text or extra):
             return [ndjson_line(self.line("", event.text, **extra))]
         if isinstance(event, Finish) and self.chat and self.collector.choice(0).tool_calls:
-            line = self.line()
+            line = self.line(**extra)
             line["message"]["tool_calls"] = self.tool_calls()
             return [ndjson_line(line)]
+        if extra:   # a finish's tokens that produced no text (an EOS), a tool call's tokens
+            return [ndjson_line(self.line("", **extra))]
         return []
 
     async def render(self, stream: EventStream) -> AsyncIterator[bytes]:

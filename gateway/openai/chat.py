@@ -69,7 +69,7 @@ def chat_completion(collector: Collector, body: ChatCompletionRequest,
             "logprobs": chat_logprobs(choice.logprobs, body.top_logprobs or 0)
             if body.logprobs else None,
             "finish_reason": finish_reason(choice.finish_reason, bool(choice.tool_calls)),
-            "stop_reason": stop_reason(choice),
+            "stop_reason": stop_reason(choice.finish, body.stop_token_ids),
         })
     started = collector.started
     return {"id": completion_id, "object": "chat.completion", "created": now(),
@@ -102,10 +102,10 @@ class ChatStream(ChunkStream):
                                  "finish_reason": None}
         if finish is not None:
             entry["finish_reason"] = finish_reason(finish.reason, index in self.has_tool_calls)
-            entry["stop_reason"] = finish.stop_sequence or finish.stop_token_id
+            entry["stop_reason"] = stop_reason(finish, self.body.stop_token_ids)
         return entry
 
-    def _logprobs(self, event: TextDelta | ReasoningDelta | ToolCallDelta) -> Any:
+    def _logprobs(self, event: TextDelta | ReasoningDelta | ToolCallDelta | Finish) -> Any:
         if not self.body.logprobs or not event.logprobs:
             return None
         return chat_logprobs(event.logprobs, self.body.top_logprobs or 0)
@@ -134,12 +134,15 @@ class ChatStream(ChunkStream):
             return []
         usage = self._usage_so_far(event)
         if isinstance(event, ReasoningDelta):
-            if not self.body.include_reasoning or not event.text:
-                return []
-            if not self.body.stream_reasoning:
-                self.held_reasoning[event.index] = \
-                    self.held_reasoning.get(event.index, "") + event.text
-                return []
+            if not self.body.include_reasoning or not event.text or \
+                    not self.body.stream_reasoning:
+                if self.body.include_reasoning and not self.body.stream_reasoning:
+                    self.held_reasoning[event.index] = \
+                        self.held_reasoning.get(event.index, "") + event.text
+                # the text waits (or is dropped); its tokens' logprobs go now, once
+                logprobs = self._logprobs(event)
+                return [] if logprobs is None else \
+                    [self.chunk([self.choice(event.index, {}, logprobs=logprobs)], usage)]
             delta = {"reasoning": event.text, "reasoning_content": event.text}
             return [self.chunk([self.choice(event.index, delta,
                                             logprobs=self._logprobs(event))], usage)]
@@ -160,5 +163,6 @@ class ChatStream(ChunkStream):
             frames.append(self.chunk([self.choice(event.index, {"tool_calls": [call]},
                                                   logprobs=self._logprobs(event))], usage))
         elif isinstance(event, Finish):
-            frames.append(self.chunk([self.choice(event.index, {}, finish=event)], usage))
+            frames.append(self.chunk([self.choice(event.index, {}, finish=event,
+                                                  logprobs=self._logprobs(event))], usage))
         return frames

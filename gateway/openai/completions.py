@@ -128,7 +128,7 @@ class CompletionRender(ChunkStream):
                 "logprobs": completion_logprobs(choice.logprobs, len(echo))
                 if self.body.logprobs is not None else None,
                 "finish_reason": finish_reason(choice.finish_reason, False),
-                "stop_reason": stop_reason(choice)})
+                "stop_reason": stop_reason(choice.finish, self.body.stop_token_ids)})
         return {"id": self.id, "object": "text_completion", "created": self.created,
                 "model": self.model, "choices": choices, "system_fingerprint": None,
                 "usage": usage_object(collector.final_usage())}
@@ -145,7 +145,7 @@ class CompletionRender(ChunkStream):
                 "logprobs": completion_logprobs(list(logprobs), offset)
                 if self.body.logprobs is not None and logprobs else None,
                 "finish_reason": finish_reason(finish.reason, False) if finish else None,
-                "stop_reason": (finish.stop_sequence or finish.stop_token_id) if finish else None}
+                "stop_reason": stop_reason(finish, self.body.stop_token_ids)}
 
     def frames(self, event: GenerationEvent) -> list[bytes]:
         if isinstance(event, Started):
@@ -163,5 +163,6 @@ class CompletionRender(ChunkStream):
             return [self.chunk([self.text_choice(event.index, event.text, event.logprobs)],
                                usage)]
         if isinstance(event, Finish):
-            return [self.chunk([self.text_choice(event.index, "", finish=event)], usage)]
+            return [self.chunk([self.text_choice(event.index, "", event.logprobs, finish=event)],
+                               usage)]
         return []

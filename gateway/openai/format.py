@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
-from gateway.collector import ChoiceResult
-from services.common.api.events import FinishReason, TokenLogprob, Usage
+from services.common.api.events import Finish, FinishReason, TokenLogprob, Usage
 
 # JSON has no -Infinity: clamp like other OpenAI-compatible servers do.
 MIN_LOGPROB = -9999.0
@@ -30,14 +30,17 @@ def finish_reason(reason: FinishReason, has_tool_calls: bool) -> str:
     return "stop"
 
 
-def stop_reason(choice: ChoiceResult) -> str | int | None:
-    """vLLM's `stop_reason`: the matched stop string or stop token id, else null."""
-    finish = choice.finish
+def stop_reason(finish: Finish | None,
+                stop_token_ids: Sequence[int] | None) -> str | int | None:
+    """vLLM's `stop_reason`: the matched stop string, or the token id when it is one the
+    request listed in `stop_token_ids`; null for the model's own end (EOS) and the limit."""
     if finish is None:
         return None
     if finish.stop_sequence:
         return finish.stop_sequence
-    return finish.stop_token_id
+    if finish.stop_token_id is not None and finish.stop_token_id in (stop_token_ids or ()):
+        return finish.stop_token_id
+    return None
 
 
 def usage_object(usage: Usage) -> dict[str, Any]:

@@ -196,7 +196,7 @@ class ResponseBuilder:
             return []   # the Responses API has one choice
         if isinstance(event, TextDelta):
             if not event.text:
-                return []
+                return self._message_logprobs(event.logprobs)
             events = self._ensure("message")
             part = self.open["content"][0]  # type: ignore[index]
             part["text"] += event.text
@@ -219,8 +219,19 @@ class ResponseBuilder:
             return [*events, self._event("response.function_call_arguments.delta", **self._ids(), delta=event.arguments)]
         if isinstance(event, Finish):
             self.finish = event
-            return self.close_open()
+            return [*self._message_logprobs(event.logprobs), *self.close_open()]
         return []
+
+    def _message_logprobs(self, logprobs: tuple[TokenLogprob, ...]) -> list[Event]:
+        """Logprobs of tokens without text (the EOS that ended the message) join the open
+        message, as an empty `output_text.delta`; elsewhere (reasoning, a tool call) the API
+        has no logprobs to carry them."""
+        entries = _logprobs(logprobs, self.body.logprobs_top)
+        if not entries or self.open is None or self.open["type"] != "message":
+            return []
+        self.open["content"][0]["logprobs"].extend(entries)
+        return [self._event("response.output_text.delta", **self._ids(), content_index=0,
+                            delta="", logprobs=entries)]
 
     def complete(self, report: UsageReport) -> list[Event]:
         """The terminal event: response.completed, or response.incomplete at the limit."""

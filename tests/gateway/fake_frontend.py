@@ -129,8 +129,12 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
                         tool_index=k, arguments=fragment)))
                 completion += len(fragments)
             finish = frontend_pb2.Finish(reason=FINISH[spec.get("finish", "stop")],
-                                         stop_sequence=spec.get("stop_sequence", ""))
+                                         stop_sequence=spec.get("stop_sequence", ""),
+                                         stop_token_id=spec.get("stop_token_id"))
             events.append(E(index=index, finish=finish))
+            if logprobs and spec.get("eos_logprob"):   # a token without text: the EOS
+                events[-1].logprobs.extend(_logprobs("<eos>"))
+                completion += 1
         return events, completion
 
     async def Generate(self, request, context) -> AsyncIterator[frontend_pb2.GenerateEvent]:

@@ -82,12 +82,15 @@ def test_raw_stream_frames(gateway):
 
 
 def test_tool_round_trip_and_claude_code_roles(client, frontend):
+    thought = client.messages.create(model="m", max_tokens=64, messages=[
+        {"role": "user", "content": script(reasoning=["use the tool"], text=["Checking."])}])
+    signature = thought.content[0].signature   # sent back unchanged, as clients do
     client.messages.create(model="m", max_tokens=64, tools=[TOOL],
                            tool_choice={"type": "any"}, system=[{"type": "text", "text": "S1"}],
                            messages=[
         {"role": "user", "content": "weather in Oslo?"},
         {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": "use the tool", "signature": "sig"},
+            {"type": "thinking", "thinking": "use the tool", "signature": signature},
             {"type": "text", "text": "Checking."},
             {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
              "input": {"city": "Oslo", "units": "C"}}]},
