@@ -19,11 +19,12 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.admission import Admission
+from gateway.admission import Admission, BodyReaders
 from gateway.anthropic.messages import router as anthropic_router
 from gateway.config import GatewayConfig
+from gateway.cors import OriginPolicy
 from gateway.errors import HttpError, error_body, http_error, protocol_for_path, route_error
-from gateway.ingress import Ingress
+from gateway.ingress import BodyLimits, Ingress
 from gateway.metrics import GatewayMetrics, scrape_upstreams
 from gateway.ollama.routes import router as ollama_router
 from gateway.openai.chat import router as chat_router
@@ -85,6 +86,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
     admission = Admission(config.admission_limit, capacity_hint=config.capacity_hint,
                           retry_after_s=config.retry_after_s)
     metrics = GatewayMetrics(config.admission_limit, lambda: admission.active)
+    body_readers = BodyReaders(config.max_body_readers, retry_after_s=config.retry_after_s)
+    metrics.watch_body_readers(config.max_body_readers, lambda: body_readers.active)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -99,6 +102,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app = FastAPI(title="Helios", version="0.1.0", lifespan=lifespan,
                   description="OpenAI, Anthropic and Ollama compatible HTTP gateway")
     app.state.admission = admission
+    app.state.body_readers = body_readers
     app.state.metrics = metrics
     _install_error_handlers(app, config)
 
@@ -125,6 +129,9 @@ def create_app(config: GatewayConfig) -> FastAPI:
                    anthropic_router, ollama_router):
         app.include_router(router)
     app.add_middleware(Ingress, api_key=config.api_key, admission=admission,
-                       max_body_bytes=config.max_body_bytes, metrics=metrics,
+                       body_readers=body_readers, metrics=metrics,
+                       limits=BodyLimits(config.max_body_bytes, config.body_timeout_s,
+                                         config.body_min_rate, config.body_grace_s),
+                       origins=OriginPolicy(config.allowed_origins),
                        default_retry_after_s=config.retry_after_s)
     return app

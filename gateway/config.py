@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.cors import check_origin_pattern
 from services.common.config import CommonConfig, option
 from services.common.errors import ValidationError
 
@@ -22,6 +23,21 @@ class GatewayConfig(CommonConfig):
     max_active: int = option(64, "requests the model serves at once (HTTP admission share)")
     queue_capacity: int = option(256, "requests that may wait beyond max_active before 429")
     max_body_bytes: int = option(32 * 1024 * 1024, "largest request body accepted (413 above)")
+    # The body phase: a request reading its body holds a body-reader slot (its own pool), not
+    # an admission permit, and must finish within body_timeout_s and keep an average of
+    # body_min_rate bytes/s after body_grace_s (408 otherwise): slow senders cannot starve
+    # admission (docs/gateway.md, "A request's path").
+    max_body_readers: int = option(128, "requests that may be sending their body at once "
+                                        "(429 above it)")
+    body_timeout_s: float = option(60.0, "seconds a request body may take in all (408 past it)")
+    body_min_rate: int = option(1024, "average bytes/s a request body must keep after "
+                                      "body_grace_s (408 below it; 0 = no minimum)")
+    body_grace_s: float = option(5.0, "seconds before body_min_rate applies")
+    # CORS: loopback origins (http(s)://localhost, 127.0.0.1, [::1], any port) are always
+    # allowed, like Ollama; these are added ('*' = any, '*' inside a pattern = any characters).
+    allowed_origins: tuple[str, ...] = option(
+        (), "browser origins allowed besides loopback ones (e.g. https://app.example.com, "
+            "https://*.example.com, chrome-extension://*, *)")
     capacity_hint: str = option("raise --queue-capacity / --max-active (gateway)",
                                 "appended to 429 ingress-capacity errors")
     retry_after_s: float = option(1.0, "Retry-After sent with 429/503 when upstream gives none")
@@ -53,6 +69,16 @@ class GatewayConfig(CommonConfig):
             raise ValidationError("queue_capacity must be >= 0", param="queue_capacity")
         if self.max_body_bytes < 1024:
             raise ValidationError("max_body_bytes must be >= 1024", param="max_body_bytes")
+        if self.max_body_readers < 1:
+            raise ValidationError("max_body_readers must be >= 1", param="max_body_readers")
+        if self.body_timeout_s <= 0:
+            raise ValidationError("body_timeout_s must be > 0", param="body_timeout_s")
+        if self.body_min_rate < 0:
+            raise ValidationError("body_min_rate must be >= 0", param="body_min_rate")
+        if self.body_grace_s < 0:
+            raise ValidationError("body_grace_s must be >= 0", param="body_grace_s")
+        for origin in self.allowed_origins:
+            check_origin_pattern(origin)
         if self.retry_after_s < 0:
             raise ValidationError("retry_after_s must be >= 0", param="retry_after_s")
         if self.keep_alive_s <= 0:

@@ -63,13 +63,15 @@ _OPENAI_CODE: dict[ErrorKind, str] = {
 
 _OPENAI_TYPE = {400: "invalid_request_error", 401: "authentication_error",
                 403: "permission_error", 404: "invalid_request_error",
-                405: "invalid_request_error", 413: "invalid_request_error",
+                405: "invalid_request_error", 408: "invalid_request_error",
+                413: "invalid_request_error",
                 429: "rate_limit_error", 499: "invalid_request_error",
                 503: "service_unavailable_error"}
 
 _ANTHROPIC_TYPE = {400: "invalid_request_error", 401: "authentication_error",
                    403: "permission_error", 404: "not_found_error",
-                   405: "invalid_request_error", 413: "request_too_large",
+                   405: "invalid_request_error", 408: "timeout_error",
+                   413: "request_too_large",
                    429: "rate_limit_error", 499: "invalid_request_error",
                    503: "overloaded_error", 529: "overloaded_error"}
 
@@ -119,6 +121,18 @@ def too_large(limit: int) -> HttpError:
     return HttpError(status=413, kind="request_too_large", code="request_too_large",
                      message=f"request body exceeds the limit of {limit} bytes "
                              "(raise --max-body-bytes on the gateway)")
+
+
+def body_timeout(message: str) -> HttpError:
+    """408: the request body did not arrive in time (the body deadline or minimum rate)."""
+    return HttpError(status=408, kind="request_timeout", code="request_timeout", message=message)
+
+
+def origin_refused(origin: str) -> HttpError:
+    """403: a browser origin the gateway does not allow (CORS, `--allowed-origins`)."""
+    return HttpError(status=403, kind="origin_not_allowed", code="origin_not_allowed",
+                     message=f"origin {origin!r} is not allowed (add it to --allowed-origins "
+                             "on the gateway)")
 
 
 def route_error(status: int, message: str) -> HttpError:

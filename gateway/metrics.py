@@ -60,6 +60,13 @@ class GatewayMetrics:
         Gauge("helios_gateway_uptime_seconds", "seconds since the gateway started",
               registry=r).set_function(lambda: time.monotonic() - started)
 
+    def watch_body_readers(self, capacity: int, active: Callable[[], float]) -> None:
+        """Gauges of the body phase (requests still sending their body, `max_body_readers`)."""
+        Gauge("helios_gateway_body_reader_capacity", "requests that may send their body at once",
+              registry=self.registry).set(capacity)
+        Gauge("helios_gateway_body_readers", "requests sending their body now",
+              registry=self.registry).set_function(active)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
