@@ -27,7 +27,7 @@ class GatewayConfig(CommonConfig):
     # an admission permit, and must finish within body_timeout_s and keep an average of
     # body_min_rate bytes/s after body_grace_s (408 otherwise): slow senders cannot starve
     # admission (docs/gateway.md, "A request's path").
-    max_body_readers: int = option(128, "requests that may be sending their body at once "
+    max_body_readers: int = option(256, "requests that may be sending their body at once "
                                         "(429 above it)")
     body_timeout_s: float = option(60.0, "seconds a request body may take in all (408 past it)")
     body_min_rate: int = option(1024, "average bytes/s a request body must keep after "

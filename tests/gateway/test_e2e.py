@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 
 import anthropic
@@ -156,6 +157,30 @@ def test_ollama_routes(stack):
     assert parts[-1].done and parts[-1].context
     assert httpx.get(stack.url + "/api/version").json()["version"]
     assert httpx.head(stack.url + "/").status_code == 200
+
+
+def import_litellm():
+    """LiteLLM, without its start-up fetch of the model price map (no network in tests)."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+    return litellm
+
+
+@pytest.mark.parametrize("provider", ["ollama", "ollama_chat"])
+def test_litellm_ollama_providers(stack, provider):
+    """LiteLLM's `ollama/` (/api/generate) and `ollama_chat/` (/api/chat) providers send their
+    JSON bodies without a content type (issue 20 item 1): every call got a 400 before."""
+    litellm = import_litellm()
+    kwargs = {"model": f"{provider}/{MODEL}", "api_base": stack.url, "max_tokens": 4,
+              "temperature": 0, "timeout": 120,
+              "messages": [{"role": "user", "content": "Why is the sky blue?"}]}
+    reply = litellm.completion(**kwargs)
+    assert isinstance(reply.choices[0].message.content, str)
+    assert 0 < reply.usage.completion_tokens <= 4 and reply.usage.prompt_tokens > 0
+    chunks = list(litellm.completion(**kwargs, stream=True))
+    assert len(chunks) >= 2
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert isinstance("".join(c.choices[0].delta.content or "" for c in chunks), str)
 
 
 TOOLS = [{"type": "function", "function": {
