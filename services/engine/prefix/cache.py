@@ -18,6 +18,14 @@ Rules (the reference design's "Prefix checkpoint policy"):
 - `evict` removes least-recently-used unpinned leaves until the page/snapshot targets are met,
   producing RetiredResources that carry their final-use fence. The ids stay reserved; only
   `advance_completed(fence).reusable` grants reuse of their storage.
+- Block reuse: a lookup that finds no exact checkpoint deeper than a complete 64-token block
+  of the history that some ready checkpoint's tail covers splits that checkpoint there (when
+  the page size divides 64). The split-off parent is a block checkpoint (`snapshot_id` None):
+  it takes the tail pages before the boundary, the pins of the checkpoint below it (it is their
+  ancestor now) and its fences; it serves only hits that prefill on from its endpoint (an
+  endpoint below the lookup limit), never a full-prompt hit, which needs a snapshot. Splitting
+  moves no storage and changes no page's owner count, so the pin, fence and leaf-LRU rules hold
+  unchanged over blocks.
 - Checkpoint ids are monotonic and never reused. The cache never touches storage or devices.
 """
 
@@ -71,6 +79,7 @@ class CacheCounters:
     reused_tokens: int = 0
     query_tokens: int = 0
     published: int = 0        # unique checkpoints that joined lookup
+    splits: int = 0           # block checkpoints split out of longer ones by lookups
     duplicates: int = 0       # EXISTING outcomes
     evicted: int = 0
 
@@ -95,6 +104,8 @@ class PrefixCheckpointCache:
         self._retired: list[tuple[int, int, RetiredResources]] = []   # heap by fence
         self._completed = 0
         self._blocks = BlockIndex()
+        self._holders: dict[bytes, list[_Node]] = {}   # block key -> ready nodes whose tail has it
+        self._splits = BLOCK_TOKENS % page_size == 0   # block boundaries are page boundaries
         self.num_cached_pages = 0        # tail pages of live checkpoints
         self.num_evictable_pages = 0     # tail pages of ready, unpinned checkpoints
         self.num_retired_pages = 0
@@ -103,6 +114,11 @@ class PrefixCheckpointCache:
     @property
     def num_checkpoints(self) -> int:
         return len(self._nodes)
+
+    @property
+    def num_owned_snapshots(self) -> int:
+        """Snapshot rows live checkpoints own (block checkpoints own none)."""
+        return sum(1 for node in self._nodes.values() if not node.ref.is_block)
 
     @property
     def num_ready(self) -> int:
@@ -115,19 +131,20 @@ class PrefixCheckpointCache:
     # -- lookup -----------------------------------------------------------------------------
     def lookup(self, history: PrefixHistory, limit: int | None = None, *,
                count: bool = True) -> PrefixHit:
-        """The deepest ready checkpoint whose key matches `history` at an endpoint <= limit."""
+        """The deepest ready checkpoint whose key matches `history` at an endpoint <= limit
+        (a block checkpoint only below `limit`), splitting one at a shared block if that is
+        deeper than every exact match."""
         limit = len(history) if limit is None else min(limit, len(history))
         found: _Node | None = None
         for blocks in range(limit // BLOCK_TOKENS, -1, -1):
             anchor = history.block_key(blocks - 1) if blocks else history.root_key
-            candidates = self._by_anchor.get(anchor)
-            if not candidates:
-                continue
-            for node in candidates:
+            for node in self._by_anchor.get(anchor, ()):
                 end = node.ref.endpoint
                 if end <= limit and (found is None or end > found.ref.endpoint) and \
-                        node.key == history.key(end):
+                        (end < limit or not node.ref.is_block) and node.key == history.key(end):
                     found = node
+            if found is None and blocks and blocks * BLOCK_TOKENS < limit:
+                found = self._split_at_block(anchor, blocks * BLOCK_TOKENS)
             if found is not None:
                 break
         if count:
@@ -325,6 +342,35 @@ class PrefixCheckpointCache:
             walker = walker.parent
         return tuple(p for tail in reversed(chain) for p in tail)
 
+    def _split_at_block(self, key: bytes, boundary: int) -> _Node | None:
+        """A block checkpoint at `boundary` (block key `key`), split out of a ready checkpoint
+        whose tail covers that block; None when none does (or the page size forbids it)."""
+        holders = self._holders.get(key)
+        if not self._splits or not holders or key in self._by_key:
+            return None
+        node = holders[0]
+        start = node.parent.ref.endpoint if node.parent else 0
+        pages = boundary // self.page_size - start // self.page_size
+        blocks = boundary // BLOCK_TOKENS - start // BLOCK_TOKENS
+        block = _Node(
+            ref=CheckpointRef(next(self._ids), boundary, None), key=key, anchor=key,
+            parent=node.parent, tail_pages=node.tail_pages[:pages],
+            ready_fence=node.ready_fence, block_keys=node.block_keys[:blocks],
+            block_parent=node.block_parent, ready=True, children=1, refs=node.refs,
+            last_use_fence=node.last_use_fence, tick=node.tick)
+        node.parent = block
+        node.tail_pages = node.tail_pages[pages:]
+        node.block_keys = node.block_keys[blocks:]
+        node.block_parent = key
+        for block_key in block.block_keys:
+            holding = self._holders[block_key]
+            holding[holding.index(node)] = block
+        self._nodes[block.ref.checkpoint_id] = block
+        self._by_key[key] = block
+        self._by_anchor.setdefault(key, []).append(block)
+        self.counters.splits += 1
+        return block
+
     def _is_evictable_leaf(self, node: _Node) -> bool:
         return node.ready and node.refs == 0 and node.children == 0 and not node.evicted
 
@@ -346,6 +392,11 @@ class PrefixCheckpointCache:
                 del self._by_anchor[node.anchor]
             self.num_evictable_pages -= len(node.tail_pages)
             self._blocks.remove(node.block_keys, node.block_parent)
+            for block_key in node.block_keys:
+                holding = self._holders[block_key]
+                holding.remove(node)
+                if not holding:
+                    del self._holders[block_key]
         self.num_cached_pages -= len(node.tail_pages)
         self.num_retired_pages += len(node.tail_pages)
         fence = max(node.last_use_fence, node.ready_fence)
@@ -356,7 +407,8 @@ class PrefixCheckpointCache:
             self._push_lru(parent)
         if count:
             self.counters.evicted += 1
-        resources = RetiredResources(node.tail_pages, (node.ref.snapshot_id,), fence)
+        snapshots = () if node.ref.snapshot_id is None else (node.ref.snapshot_id,)
+        resources = RetiredResources(node.tail_pages, snapshots, fence)
         heapq.heappush(self._retired, (fence, node.ref.checkpoint_id, resources))
         return resources
 
@@ -374,6 +426,8 @@ class PrefixCheckpointCache:
                     if node.refs == 0:
                         self.num_evictable_pages += len(node.tail_pages)
                     self._blocks.add(node.block_keys, node.block_parent)
+                    for block_key in node.block_keys:
+                        self._holders.setdefault(block_key, []).append(node)
                     self.counters.published += 1
                     self._push_lru(node)
                     published.append(node.ref)

@@ -12,12 +12,19 @@ class CheckpointRef:
 
     checkpoint_id: int     # monotonic within one cache, never reused
     endpoint: int          # tokens the checkpoint covers (its snapshot's consumed length)
-    snapshot_id: int       # snapshot row: partial tail page + final hidden state at endpoint
+    snapshot_id: int | None   # snapshot row: partial tail page + final hidden state at
+                              # endpoint; None for a block checkpoint (a page-aligned block
+                              # boundary with no saved state: a hit on it prefills on)
+
+    @property
+    def is_block(self) -> bool:
+        return self.snapshot_id is None
 
 
 @dataclass(frozen=True, slots=True)
 class PrefixHit:
-    """A lookup's answer: the deepest ready checkpoint on the history (or none)."""
+    """A lookup's answer: the deepest ready checkpoint on the history (or none): an exact
+    checkpoint, or a block checkpoint split out of a longer one at a shared block boundary."""
 
     checkpoint: CheckpointRef | None
     page_ids: tuple[int, ...]   # complete pages covering [0, endpoint // page_size), in order

@@ -55,7 +55,13 @@ def test_parent_links_share_ancestor_pages_and_children_own_their_tail():
     root = cache.publish(h, 50, None, (0, 1, 2), 0, 0).checkpoint      # pages [0, 3)
     child = cache.publish(h, 130, root, (3, 4, 5, 6, 7), 1, 0).checkpoint  # pages [3, 8)
     assert cache.lookup(h).page_ids == (0, 1, 2, 3, 4, 5, 6, 7)
-    assert cache.lookup(h, limit=129).checkpoint == root
+    # below the child's endpoint, its second complete block is the deepest match: a block
+    # checkpoint split out of it (tests/engine/prefix/test_block_reuse.py)
+    block = cache.lookup(h, limit=129)
+    assert block.endpoint == 128 and block.checkpoint.is_block
+    assert block.page_ids == (0, 1, 2, 3, 4, 5, 6, 7)
+    assert cache.lookup(h, limit=127).page_ids == (0, 1, 2, 3)    # and its first block
+    assert cache.lookup(h, limit=63).checkpoint == root
     assert cache.lookup(history(60)).checkpoint == root     # a shorter prompt shares the root
     assert child.checkpoint_id > root.checkpoint_id
 

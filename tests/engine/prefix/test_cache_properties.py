@@ -2,9 +2,11 @@
 
 A model world drives the cache the way the scheduler does: pages and snapshot rows come from
 fenced pools, use is recorded before submission, evicted storage goes back to the pools only
-through `advance_completed(...).reusable`. Invariants after every step: no page or snapshot row
-is handed out before the last work that used it completed, no pinned checkpoint or ancestor is
-ever evicted, and the page accounting adds up.
+through `advance_completed(...).reusable`. Lookups of prompts that share a random prefix with a
+cached one (then diverge) split block checkpoints out of longer ones; every hit's pages must
+hold exactly the prompt's tokens at their positions. Invariants after every step: no page or
+snapshot row is handed out before the last work that used it completed, no pinned checkpoint
+or ancestor is ever evicted, and the page accounting adds up.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class CacheWorld(RuleBasedStateMachine):
         self.pins: list = []
         self.page_last_use: dict[int, int] = {}
         self.snapshot_last_use: dict[int, int] = {}
+        self.page_tokens: dict[int, tuple[int, ...]] = {}   # page -> the tokens it holds
 
     def _chain(self, ref: CheckpointRef) -> tuple[int, ...]:
         return self.cache.page_ids(ref)
@@ -44,8 +47,9 @@ class CacheWorld(RuleBasedStateMachine):
     def _use(self, ref: CheckpointRef, fence: int) -> None:
         for page in self._chain(ref):
             self.page_last_use[page] = max(self.page_last_use.get(page, 0), fence)
-        self.snapshot_last_use[ref.snapshot_id] = max(
-            self.snapshot_last_use.get(ref.snapshot_id, 0), fence)
+        if ref.snapshot_id is not None:
+            self.snapshot_last_use[ref.snapshot_id] = max(
+                self.snapshot_last_use.get(ref.snapshot_id, 0), fence)
 
     def _take(self, pool: FencedIdPool, count: int, last_use: dict[int, int]):
         ids = pool.allocate(count)
@@ -54,7 +58,8 @@ class CacheWorld(RuleBasedStateMachine):
         return ids
 
     @rule(parent_index=st.integers(0, 4), extra=st.lists(st.integers(0, 2), min_size=1,
-                                                         max_size=40),
+                                                         max_size=40) | st.lists(
+        st.integers(0, 2), min_size=60, max_size=140),
           delay=st.integers(0, 2))
     def publish(self, parent_index, extra, delay):
         live = [r for r in self.refs.values() if self.cache.contains(r)]
@@ -70,8 +75,10 @@ class CacheWorld(RuleBasedStateMachine):
         (snapshot,) = self._take(self.snapshots, 1, self.snapshot_last_use)
         self.issued += 1                       # the step that writes these pages
         fence = self.issued if delay else self.completed
-        for page in pages:
+        for i, page in enumerate(pages):
             self.page_last_use[page] = fence
+            first = (start // P + i) * P
+            self.page_tokens[page] = tuple(tokens[first:first + P])
         self.snapshot_last_use[snapshot] = fence
         pub = self.cache.publish(PrefixHistory(IDENTITY, tokens), len(tokens), parent, pages,
                                  snapshot, ready_fence=fence)
@@ -93,6 +100,33 @@ class CacheWorld(RuleBasedStateMachine):
         self.issued += 1
         self.cache.mark_used(ref, self.issued)       # before "submission"
         self._use(ref, self.issued)
+
+    @precondition(lambda self: self.refs)
+    @rule(index=st.integers(0, 3), keep=st.integers(40, 100), suffix=st.lists(
+        st.integers(3, 4), max_size=20), pin=st.booleans())
+    def lookup_shared_prefix(self, index, keep, suffix, pin):
+        live = [r for r in self.refs.values() if self.cache.contains(r)]
+        if not live:
+            return
+        live.sort(key=lambda r: r.endpoint)           # mostly the longest cached prompts
+        source = self.tokens[live[-1 - index % len(live)].checkpoint_id]
+        tokens = source[:keep * len(source) // 100] + suffix    # 3 and 4 never occur in source
+        hit = self.cache.lookup(PrefixHistory(IDENTITY, tokens))
+        if hit.checkpoint is None:
+            return
+        ref = hit.checkpoint
+        assert ref.endpoint <= len(tokens) and len(hit.page_ids) == ref.endpoint // P
+        if ref.is_block:
+            assert ref.endpoint % 64 == 0 and ref.endpoint < len(tokens)
+        for position, page in enumerate(hit.page_ids):
+            assert self.page_tokens[page] == tuple(tokens[position * P:(position + 1) * P])
+        self.refs[ref.checkpoint_id] = ref
+        self.tokens[ref.checkpoint_id] = tokens[:ref.endpoint]
+        if pin:
+            self.pins.append(self.cache.pin(ref))
+            self.issued += 1
+            self.cache.mark_used(ref, self.issued)
+            self._use(ref, self.issued)
 
     @precondition(lambda self: self.pins)
     @rule(index=st.integers(0, 100))

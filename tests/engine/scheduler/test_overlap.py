@@ -38,7 +38,7 @@ def _all_free(scheduler) -> bool:
     res = state.resources
     return (state.slots.num_free == state.slots.num_slots and
             res.pages.num_free + res.cache.num_cached_pages == res.pages.capacity and
-            res.snapshots.num_free + res.cache.num_checkpoints == res.snapshots.capacity)
+            res.snapshots.num_free + res.cache.num_owned_snapshots == res.snapshots.capacity)
 
 
 def _followed(runner) -> int:

@@ -120,4 +120,25 @@ def test_no_terminal_capture_for_a_single_token_or_after_abandon():
     res = scheduler.state.resources
     assert res.cache.num_checkpoints == 2          # two prompt ends, no terminal state
     assert res.pages.num_free + res.cache.num_cached_pages == res.pages.capacity
-    assert res.snapshots.num_free + res.cache.num_checkpoints == res.snapshots.capacity
+    assert res.snapshots.num_free + res.cache.num_owned_snapshots == res.snapshots.capacity
+
+
+def test_a_prompt_sharing_complete_blocks_reuses_them_without_a_boundary():
+    """No message boundary, no full match: the longest run of shared complete 64-token blocks
+    is reused, and prefill resumes at its boundary with nothing to restore."""
+    scheduler, runner = make_engine()
+    shared = prompt_of(150)
+    first = shared + prompt_of(20, salt=1)
+    second = shared + prompt_of(37, salt=2)
+    scheduler.admit(request("a", first, 4))
+    run_until_idle(scheduler, runner)
+    before = len(runner.steps)
+    assert scheduler.admit(request("b", second, 4)).usage.cached_tokens == 128
+    out = run_until_idle(scheduler, runner)
+    assert out["b"][0] == reference_tokens(second, 4, vocab=VOCAB)
+    step = runner.steps[before].seqs[0]
+    assert step.start == 128 and step.restore is None
+    # the block checkpoint is the second prompt's base: its own prompt end chains from it
+    third = second + prompt_of(5, salt=3)
+    assert scheduler.admit(request("c", third, 2)).usage.cached_tokens == len(second)
+    assert run_until_idle(scheduler, runner)["c"][0] == reference_tokens(third, 2, vocab=VOCAB)

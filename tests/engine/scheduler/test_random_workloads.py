@@ -80,4 +80,4 @@ def test_random_workload_is_exact_and_leaks_nothing(requests, num_pages, page_si
     res = state.resources
     assert state.slots.num_free == state.slots.num_slots
     assert res.pages.num_free + res.cache.num_cached_pages == res.pages.capacity
-    assert res.snapshots.num_free + res.cache.num_checkpoints == res.snapshots.capacity
+    assert res.snapshots.num_free + res.cache.num_owned_snapshots == res.snapshots.capacity

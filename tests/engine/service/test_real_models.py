@@ -111,7 +111,35 @@ def test_smollm2_chat_equals_transformers_greedy(tmp_path, smollm2_gguf, transfo
             model=manifest.card_id, temperature=0, max_tokens=MAX_TOKENS,
             messages=[{"role": "user", "content": "What is the capital of France?"}])
         assert "Paris" in answer.choices[0].message.content
+        check_block_reuse(api, manifest, model, tokenizer, stop_ids)
         assert run.terminate() == 0, run.output()[-4000:]
+
+
+DOCUMENT = ("The lighthouse on the northern cape was built in 1871 from granite quarried on "
+            "the island. Its keeper lived in a cottage beside it with two goats, a cat and a "
+            "large collection of books about ships. Every evening he climbed the ninety-nine "
+            "steps to light the lamp, and every morning he wrote the weather in a log. ") * 3
+
+
+def check_block_reuse(api, manifest, model, tokenizer, stop_ids) -> None:
+    """A RAG-shaped prompt: the same document, a different question, inside one user message
+    (no message boundary is shared). The second request reuses every complete 64-token block
+    the two prompts share, and still answers exactly what transformers does."""
+    prompts = []
+    for question in ("Who lived beside the lighthouse?", "When was the lighthouse built?"):
+        conversation = [{"role": "user", "content": f"{DOCUMENT}\n\nQuestion: {question}"}]
+        reply = api.chat.completions.create(model=manifest.card_id, messages=conversation,
+                                            temperature=0, max_tokens=MAX_TOKENS)
+        prompt = tokenizer.apply_chat_template(conversation, tokenize=False,
+                                               add_generation_prompt=True)
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        generated = greedy(model, prompt_ids, stop_ids)
+        check_same(reply.choices[0], reply.usage, generated, prompt_ids, tokenizer, stop_ids,
+                   reply.choices[0].message.content)
+        prompts.append((prompt_ids, reply.usage.prompt_tokens_details.cached_tokens))
+    (first, _), (second, cached) = prompts
+    shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert shared >= 128 and cached == shared // 64 * 64
 
 
 def test_gemma3_completions_equal_transformers_greedy(tmp_path, gemma3_gguf, transformers_gguf):
