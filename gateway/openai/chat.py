@@ -22,6 +22,7 @@ from gateway.openai.format import (
     finish_reason,
     new_id,
     now,
+    prompt_logprobs_object,
     stop_reason,
     usage_object,
 )
@@ -29,6 +30,7 @@ from gateway.openai.stream import ChunkStream, respond
 from gateway.state import GatewayState, gateway_state
 from services.common.api.events import (
     Finish,
+    FinishReason,
     GenerationEvent,
     ReasoningDelta,
     Started,
@@ -60,10 +62,14 @@ def chat_completion(collector: Collector, body: ChatCompletionRequest,
             "reasoning": reasoning, "reasoning_content": reasoning,
         }
         if choice.tool_calls:
+            # a call cut off by the length limit keeps its arguments as generated (partial)
+            cut_off = len(choice.tool_calls) - 1 \
+                if choice.finish_reason is FinishReason.LENGTH else -1
             message["tool_calls"] = [
                 {"id": call.id or new_id("call_"), "type": "function",
-                 "function": {"name": call.name, "arguments": call.arguments or "{}"}}
-                for call in choice.tool_calls]
+                 "function": {"name": call.name,
+                              "arguments": call.arguments or ("" if k == cut_off else "{}")}}
+                for k, call in enumerate(choice.tool_calls)]
         choices.append({
             "index": choice.index, "message": message,
             "logprobs": chat_logprobs(choice.logprobs, body.top_logprobs or 0)
@@ -72,10 +78,14 @@ def chat_completion(collector: Collector, body: ChatCompletionRequest,
             "stop_reason": stop_reason(choice.finish, body.stop_token_ids),
         })
     started = collector.started
-    return {"id": completion_id, "object": "chat.completion", "created": now(),
-            "model": (started.model if started and started.model else body.model),
-            "choices": choices, "system_fingerprint": None,
-            "usage": usage_object(collector.final_usage())}
+    response = {"id": completion_id, "object": "chat.completion", "created": now(),
+                "model": (started.model if started and started.model else body.model),
+                "choices": choices, "system_fingerprint": None,
+                "usage": usage_object(collector.final_usage())}
+    if body.prompt_logprobs is not None:     # vLLM: the rendered prompt's, on the response
+        response["prompt_logprobs"] = prompt_logprobs_object(
+            collector.prompt_logprobs.get(0), body.prompt_logprobs)
+    return response
 
 
 class ChatStream(ChunkStream):

@@ -8,6 +8,7 @@ silently ignored. The stream is named events with increasing `sequence_number`, 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -22,6 +23,7 @@ from gateway.openai.responses_output import ResponseBuilder
 from gateway.openai.responses_schema import ResponsesRequest, input_messages
 from gateway.request_parts import tool_call_parsing
 from gateway.responses_store import StoredResponse
+from gateway.schema import check_path_value
 from gateway.sse import (
     SSE_KEEPALIVE,
     event_stream,
@@ -70,15 +72,29 @@ def _generation(body: ResponsesRequest, response_id: str,
 
 
 def _output_message(builder: ResponseBuilder) -> ChatMessage:
-    """This response's output as one assistant turn, for the stored conversation."""
+    """This response's output as one assistant turn, for the stored conversation.
+
+    Only complete calls are replayed: a call cut off by `max_output_tokens` (status
+    `incomplete`) or one whose arguments are not a JSON object is left out, so the next turn's
+    template never sees invalid arguments (the stored response still shows it as generated).
+    """
     calls = tuple(ToolCall(id=item["call_id"], name=item["name"],
                            arguments_json=item["arguments"] or "{}")
-                  for item in builder.items if item["type"] == "function_call")
+                  for item in builder.items if item["type"] == "function_call"
+                  and item["status"] == "completed" and item["name"]
+                  and _is_object(item["arguments"] or "{}"))
     reasoning = "".join(item["content"][0]["text"] for item in builder.items
                         if item["type"] == "reasoning")
     text = builder.output_text()
     return ChatMessage(role="assistant", content=text if text or not calls else None,
                        tool_calls=calls, reasoning_content=reasoning or None)
+
+
+def _is_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 async def _store(state: GatewayState, body: ResponsesRequest, builder: ResponseBuilder,
@@ -140,6 +156,7 @@ async def _render(state: GatewayState, body: ResponsesRequest, builder: Response
 
 
 async def _stored(request: Request, response_id: str) -> StoredResponse:
+    check_path_value(response_id, param="response_id")
     stored = await gateway_state(request).store.get(response_id)
     if stored is None:
         raise NotFoundError(f"Response with id '{response_id}' not found.", param="response_id")
@@ -153,6 +170,7 @@ async def retrieve_response(request: Request, response_id: str) -> dict[str, Any
 
 @router.delete("/v1/responses/{response_id}", tags=["openai"])
 async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
+    check_path_value(response_id, param="response_id")
     if not await gateway_state(request).store.delete(response_id):
         raise NotFoundError(f"Response with id '{response_id}' not found.", param="response_id")
     return {"id": response_id, "object": "response", "deleted": True}

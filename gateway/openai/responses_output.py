@@ -136,14 +136,15 @@ class ResponseBuilder:
                                       part={"type": "reasoning_text", "text": ""}))
         return events
 
-    def close_open(self) -> list[Event]:
+    def close_open(self, *, cut_off: bool = False) -> list[Event]:
+        """Close the item being streamed: `incomplete` when the output limit cut it off."""
         item = self.open
         if item is None:
             return []
         ids = self._ids()
         self.open = None
         self.open_tool_index = None
-        item["status"] = "completed"
+        item["status"] = "incomplete" if cut_off else "completed"
         events: list[Event] = []
         if item["type"] == "message":
             part = item["content"][0]
@@ -219,7 +220,8 @@ class ResponseBuilder:
             return [*events, self._event("response.function_call_arguments.delta", **self._ids(), delta=event.arguments)]
         if isinstance(event, Finish):
             self.finish = event
-            return [*self._message_logprobs(event.logprobs), *self.close_open()]
+            cut_off = event.reason is FinishReason.LENGTH
+            return [*self._message_logprobs(event.logprobs), *self.close_open(cut_off=cut_off)]
         return []
 
     def _message_logprobs(self, logprobs: tuple[TokenLogprob, ...]) -> list[Event]:

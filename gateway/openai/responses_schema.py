@@ -74,9 +74,10 @@ class MessageItem(ApiModel):
 class FunctionCallItem(ApiModel):
     type: Literal["function_call"]
     call_id: str = Field(min_length=1)
-    name: str = Field(min_length=1)
+    name: str = ""                 # may be empty only on an incomplete (cut-off) call
     arguments: str = "{}"
     id: str | None = None
+    status: str | None = None      # "incomplete": cut off by max_output_tokens, not replayed
 
 
 class FunctionCallOutputItem(ApiModel):
@@ -239,7 +240,11 @@ def input_messages(request: ResponsesRequest) -> list[ChatMessage]:
                 reasoning = None
             else:
                 messages.append(ChatMessage(role=item.role, content=content))
+        elif isinstance(item, FunctionCallItem) and item.status == "incomplete":
+            continue   # a call cut off at the output limit: its arguments are unfinished
         elif isinstance(item, FunctionCallItem):
+            if not item.name:
+                raise ValidationError("a function call needs a name", param=f"{param}.name")
             call = ToolCall(id=item.call_id, name=item.name, arguments_json=json_object_text(
                 item.arguments, param=f"{param}.arguments"))
             last = messages[-1] if messages else None

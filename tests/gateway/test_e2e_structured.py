@@ -197,3 +197,60 @@ def test_invalid_schemas_are_bad_requests(oai, claude):
                 "type": "integer", "minimum": 3, "maximum": 1}}})
     # the stack still serves constrained and free requests afterwards
     assert ask(oai, seed=1, max_tokens=5).choices[0].finish_reason == "length"
+
+
+def test_cut_off_forced_tool_call_is_partial_never_text(oai):
+    """A forced call cut off by max_tokens: finish_reason length, the partial call as a tool
+    call (its name so far, the arguments prefix), no `<tool_call>` text in content."""
+    named = {"type": "function", "function": {"name": "place_order"}}
+    reply = ask(oai, seed=21, tools=openai_tools(), max_tokens=8, tool_choice=named)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length" and reply.usage.completion_tokens == 8
+    assert not choice.message.content
+    (call,) = choice.message.tool_calls
+    assert "place_order".startswith(call.function.name)
+    chunks = list(ask(oai, seed=21, tools=openai_tools(), max_tokens=8, tool_choice=named,
+                      stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert not "".join(d.content or "" for d in deltas)
+    calls = [t for d in deltas for t in d.tool_calls or ()]
+    assert calls and calls[0].function.name == call.function.name
+    assert "".join(t.function.arguments or "" for t in calls) == call.function.arguments
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_cut_off_tool_call_does_not_poison_the_conversation(oai):
+    """Responses: the cut-off call is an `incomplete` function_call item; the next turn with
+    previous_response_id (and a client replaying the output as input) still succeeds."""
+    tools = [{"type": "function", "name": n, "parameters": s, "strict": True}
+             for n, s in TOOLS.items()]
+    forced = {"type": "function", "name": "place_order"}
+    cut = oai.responses.create(model=MODEL, input="Order.", temperature=1.0,
+                               max_output_tokens=10, reasoning={"effort": "none"},
+                               tool_choice=forced, tools=tools)
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+    (item,) = [i for i in cut.output if i.type == "function_call"]
+    assert item.status == "incomplete" and "place_order".startswith(item.name)
+    assert cut.usage.output_tokens == 10
+    follow = oai.responses.create(model=MODEL, previous_response_id=cut.id, input="Go on.",
+                                  max_output_tokens=4, reasoning={"effort": "none"},
+                                  tools=tools)
+    assert follow.status in ("completed", "incomplete") and follow.usage.input_tokens > 0
+    again = oai.responses.create(model=MODEL, previous_response_id=follow.id, input="More.",
+                                 max_output_tokens=4, reasoning={"effort": "none"},
+                                 tools=tools)
+    assert again.usage.input_tokens > follow.usage.input_tokens
+    replayed = oai.responses.create(
+        model=MODEL, max_output_tokens=4, reasoning={"effort": "none"}, tools=tools,
+        input=[{"role": "user", "content": "Order."},
+               *[i.model_dump(exclude_none=True) for i in cut.output],
+               {"role": "user", "content": "Go on."}])
+    assert replayed.status in ("completed", "incomplete")
+    with oai.responses.stream(model=MODEL, input="Order.", temperature=1.0,
+                              max_output_tokens=10, reasoning={"effort": "none"},
+                              tool_choice=forced, tools=tools) as stream:
+        events = list(stream)
+    done = [e for e in events if e.type == "response.output_item.done"]
+    assert done[-1].item.type == "function_call" and done[-1].item.status == "incomplete"
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.usage.output_tokens == 10

@@ -132,3 +132,19 @@ def test_finish_logprobs_reach_every_protocol(gateway):
             "model": "m", "messages": ask(content), "logprobs": True}).text.splitlines()]
         assert [e["token"] for line in lines for e in line.get("logprobs", ())] == \
             ["a", "b", "<eos>"]
+
+
+def test_cut_off_call_is_incomplete_and_left_out_of_the_history(oai, frontend):
+    content = script(tools=[{"name": "get_weather", "id": "call_9",
+                             "arguments": ['{"city": "Os']}], finish="length")
+    cut = oai.responses.create(model="m", input=content, max_output_tokens=5)
+    (item,) = cut.output
+    assert cut.status == "incomplete" and item.type == "function_call"
+    assert item.status == "incomplete" and item.arguments == '{"city": "Os'
+    oai.responses.create(model="m", input="next", previous_response_id=cut.id)
+    history = frontend.requests[-1].chat.messages
+    assert [m.role for m in history] == ["user", "assistant", "user"]
+    assert not history[1].tool_calls
+    whole = oai.chat.completions.create(model="m", messages=ask(content))
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.choices[0].message.tool_calls[0].function.arguments == '{"city": "Os'

@@ -124,12 +124,14 @@ class ChoiceProcessor:
                                    item.arguments)
                 for item in items]
 
-    def _flush_parsers(self) -> list[OutputDelta]:
+    def _flush_parsers(self, *, truncated: bool = False) -> list[OutputDelta]:
+        """The end of the output; `truncated` (the length limit): a tool call in progress is
+        sent as the partial call it is, never as its raw text."""
         deltas: list[OutputDelta] = []
         if self._reasoning is not None:
             deltas.extend(self._route_segments(self._reasoning.flush()))
         if self._tools is not None:
-            deltas.extend(self._tool_deltas(self._tools.flush()))
+            deltas.extend(self._tool_deltas(self._tools.flush(truncated=truncated)))
         return deltas
 
     def _finalize(self, events: list[ChoiceEvent], reason: FinishReason,
@@ -141,7 +143,7 @@ class ChoiceProcessor:
             self._end(events, FinishReason.STOP_STRING, stop_sequence=result.stop)
             return
         self._collect(events, self._route(self._stop.flush()))
-        self._collect(events, self._flush_parsers())
+        self._collect(events, self._flush_parsers(truncated=reason is FinishReason.LENGTH))
         if reason is FinishReason.STOP and self.num_tool_calls:
             reason = FinishReason.TOOL_CALLS
         self._end(events, reason, stop_token_id=stop_token_id)

@@ -149,8 +149,26 @@ class DeepSeekV3ToolParser(ToolCallParser):
         self._raw, self._state = "", self._CONTENT
         return None
 
-    def _flush(self, out: list[ToolItem], pending: str) -> None:
+    def _flush(self, out: list[ToolItem], pending: str, truncated: bool) -> None:
         if self._state == self._CONTENT:
             self._gate.emit(out, pending)
+        elif truncated and self._state == self._CALLS:
+            self._raw = ""                # cut off between calls: the tags are not content
+        elif truncated and self._state == self._HEADER and self._partial_call(out):
+            pass
         elif self._state in (self._CALLS, self._HEADER) and (self._raw or self._header):
             self._gate.emit(out, self._raw + self._header + pending)
+
+    def _partial_call(self, out: list[ToolItem]) -> bool:
+        """Cut off inside a call's header: a call named by what the header holds (V3.1
+        `NAME<sep>`, V3 `TYPE<sep>NAME`), if that can still be an offered tool's name."""
+        header = self._header
+        sep = header.find(SEP)
+        name = header.strip() if sep < 0 else \
+            (header[sep + len(SEP):].strip() or header[:sep].strip())
+        if self.allowed_names is not None and \
+                not any(allowed.startswith(name) for allowed in self.allowed_names):
+            return False
+        self._send_name(out, name)
+        self._raw = self._header = ""
+        return True

@@ -42,8 +42,8 @@ class HermesToolParser(CallObjectParser):
         self._gate.emit(out, START + raw)
         return rest
 
-    def _flush(self, out: list[ToolItem], pending: str) -> None:
+    def _flush(self, out: list[ToolItem], pending: str, truncated: bool) -> None:
         if self._state == self._CONTENT:
             self._gate.emit(out, pending)
         elif self._state == self._CALL:
-            self._flush_call(out, pending)
+            self._flush_call(out, pending, truncated)

@@ -60,10 +60,10 @@ class Llama3JsonToolParser(CallObjectParser):
         self._lead = ""
         return given_back + rest
 
-    def _flush(self, out: list[ToolItem], pending: str) -> None:
+    def _flush(self, out: list[ToolItem], pending: str, truncated: bool) -> None:
         if self._state == self._LEADING:
             self._gate.emit(out, self._lead + pending)
         elif self._state == self._CALL:
-            self._flush_call(out, pending)
+            self._flush_call(out, pending, truncated)
         elif self._state == self._CONTENT:
             self._gate.emit(out, pending)

@@ -94,6 +94,27 @@ class CallObjectStream:
             self.broken = True
         return items, used
 
+    def cut_off(self) -> list[ToolItem] | None:
+        """The output ended inside this uncommitted call (the length limit): the partial call
+        (its name as far as it was written, the arguments prefix), or None when what was
+        written cannot be the start of a call (then it is text)."""
+        if self.scanner.first not in ("", "{"):
+            return None
+        members = {m.key: m for m in self.scanner.members}
+        name = _partial_string(self.raw, members.get("name"))
+        if name is None:
+            return None
+        allowed = self.allowed_names
+        if allowed is not None and name and not any(n.startswith(name) for n in allowed):
+            return None
+        items: list[ToolItem] = [ToolCallDelta(self.tool_index, new_call_id(), "function", name)]
+        args = next((members[k] for k in self.argument_keys if k in members), None)
+        if args is not None and args.start >= 0 and self.raw[args.start] == "{":
+            items.append(ToolCallDelta(self.tool_index, arguments=self.raw[args.start:]
+                                       if args.end < 0 else self.raw[args.start:args.end]))
+        self.name = name
+        return items
+
     def _advance(self, items: list[ToolItem]) -> None:
         if self.scanner.first and self.scanner.first != "{":
             raise MalformedCall("a tool call must be a JSON object")
@@ -146,3 +167,22 @@ class CallObjectStream:
         if args.end >= 0:
             self._args_done = True
         return text[begin:end]
+
+
+def _partial_string(raw: str, member: Member | None) -> str | None:
+    """A string member's value as far as it was written ('' when not started; None when the
+    value is not a string)."""
+    if member is None or member.start < 0:
+        return ""
+    if raw[member.start] != '"':
+        return None
+    if member.end >= 0:
+        value = json.loads(raw[member.start:member.end])
+        return value if isinstance(value, str) else None
+    body = raw[member.start:]
+    for cut in range(len(body), max(0, len(body) - 12), -1):   # drop a half-written escape
+        try:
+            return str(json.loads(body[:cut] + '"'))
+        except ValueError:
+            continue
+    return ""

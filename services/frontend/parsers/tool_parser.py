@@ -7,7 +7,9 @@ is the same for all of them:
   arguments object closed), the allowed tool names, the content gate (whitespace around calls);
 - `push`: prepend what was held back, then run the format's `_step` until the text is used up
   or a step must wait for more (it holds the undecided tail in `_pending`);
-- `flush`: the format's `_flush` for its state, then the content gate's;
+- `flush`: the format's `_flush` for its state, then the content gate's; with `truncated`
+  (the output was cut off at the length limit) a call in progress is a partial call, never
+  text: its tags do not leak into content;
 - `_send_name`: a call starts with a delta carrying id, type and name.
 
 `CallObjectParser` adds the life of a call written as one JSON object,
@@ -56,10 +58,10 @@ class ToolCallParser(abc.ABC):
             buffer = rest
         return out
 
-    def flush(self) -> list[ToolItem]:
+    def flush(self, *, truncated: bool = False) -> list[ToolItem]:
         out: list[ToolItem] = []
         pending, self._pending = self._pending, ""
-        self._flush(out, pending)
+        self._flush(out, pending, truncated)
         self._gate.flush(out)
         return out
 
@@ -69,8 +71,9 @@ class ToolCallParser(abc.ABC):
         more text (after holding what must wait in `_pending`)."""
 
     @abc.abstractmethod
-    def _flush(self, out: list[ToolItem], pending: str) -> None:
-        """The end of the output in the current state (`pending`: text held back)."""
+    def _flush(self, out: list[ToolItem], pending: str, truncated: bool) -> None:
+        """The end of the output in the current state (`pending`: text held back;
+        `truncated`: cut off at the length limit)."""
 
     def _send_name(self, out: list[ToolItem], name: str) -> None:
         """A call starts: its first delta carries id, type and name."""
@@ -112,12 +115,17 @@ class CallObjectParser(ToolCallParser):
             self._call, self._state = None, self._AFTER_CALL
         return buffer[used:]
 
-    def _flush_call(self, out: list[ToolItem], pending: str) -> None:
-        """The output ended inside a call object."""
+    def _flush_call(self, out: list[ToolItem], pending: str, truncated: bool) -> None:
+        """The output ended inside a call object (cut off: what it has is a partial call)."""
         call, self._call = self._call, None
         if call is None:
             return
-        if call.committed:
+        partial = call.cut_off() if truncated and not call.committed else None
+        if partial is not None:
+            self._gate.call_started()
+            out.extend(partial)
+            self.num_calls += 1
+        elif call.committed:
             self.num_calls += 1
         else:
             self._gate.emit(out, self._call_was_text(out, call.raw, pending))
