@@ -1,7 +1,8 @@
 """HTTP errors: typed Helios errors -> status, headers and each protocol's error JSON.
 
 Status per kind follows docs/contract.md: 400 validation / unsupported / context overflow /
-grammar / image decode, 401 authentication, 404 not found, 429 rate limited (+ Retry-After),
+grammar / image decode, 401 authentication, 403 origin not allowed (CORS), 404 not found,
+408 request body too slow, 429 rate limited (+ Retry-After),
 503 capacity / unavailable (+ Retry-After), 500 execution failures (+ `x-should-retry: false`).
 Each protocol then has its own body: OpenAI `{"error": {message, type, param, code}}`,
 Anthropic `{"type": "error", "error": {type, message}, "request_id"}`, Ollama `{"error": msg}`.

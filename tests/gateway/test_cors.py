@@ -135,7 +135,7 @@ def test_cors_headers_on_errors_and_streams(cors_gw):
     assert "access-control-allow-origin" not in plain.headers
 
 
-def test_origin_patterns_and_the_setting():
+def test_origin_patterns_and_the_setting(tmp_path):
     policy = OriginPolicy(["https://*.example.com", "chrome-extension://*",
                            "http://intranet:8080"])
     assert policy.allows("https://a.b.example.com")
@@ -151,6 +151,11 @@ def test_origin_patterns_and_the_setting():
     assert flags.allowed_origins == ("https://a.net", "https://*.b.net")
     env = load_config(GatewayConfig, [], env={"HELIOS_ALLOWED_ORIGINS": "*"})
     assert env.allowed_origins == ("*",)
+    (tmp_path / "helios.yaml").write_text(
+        "gateway:\n  allowed_origins: [https://a.net, chrome-extension://*]\n")
+    yaml = load_config(GatewayConfig, ["--config", str(tmp_path / "helios.yaml")], env={},
+                       section="gateway")
+    assert yaml.allowed_origins == ("https://a.net", "chrome-extension://*")
     with pytest.raises(ValidationError, match="not an origin"):
         GatewayConfig(allowed_origins=("https://a.net/path",))
 

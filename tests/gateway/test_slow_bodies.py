@@ -17,6 +17,8 @@ import openai
 import pytest
 
 from gateway.config import GatewayConfig
+from services.common.config import load_config
+from services.common.errors import ValidationError
 from tests.gateway.harness import GatewayThread
 
 pytestmark = pytest.mark.timeout(120)
@@ -192,3 +194,14 @@ def test_a_complete_body_is_not_timed_out(slow_gw):
         await wait_until(lambda: readers.active == 0)
 
     asyncio.run(scenario())
+
+
+def test_body_phase_settings():
+    config = load_config(GatewayConfig, ["--max-body-readers", "8", "--body-timeout-s", "2.5"],
+                         env={"HELIOS_BODY_MIN_RATE": "0", "HELIOS_BODY_GRACE_S": "1"})
+    assert (config.max_body_readers, config.body_timeout_s, config.body_min_rate,
+            config.body_grace_s) == (8, 2.5, 0, 1.0)
+    for bad in ({"max_body_readers": 0}, {"body_timeout_s": 0}, {"body_min_rate": -1},
+                {"body_grace_s": -1}):
+        with pytest.raises(ValidationError, match=next(iter(bad))):
+            GatewayConfig(**bad)
