@@ -66,9 +66,12 @@ def _generation(body: ResponsesRequest, response_id: str,
                         max_tokens=body.max_output_tokens,
                         logprobs=body.logprobs_top is not None,
                         top_logprobs=body.logprobs_top or 0)
+    # A stream keeps the usage so far (on every event), so a stream ended early (shutdown,
+    # a failure) still reports the tokens it generated.
     return GenerateRequest(request_id=response_id, model=body.model, input=chat,
                              sampling=sampling, response_format=body.response_format(),
-                             parse_tool_calls=tool_call_parsing(chat))
+                             parse_tool_calls=tool_call_parsing(chat),
+                             continuous_usage=bool(body.stream))
 
 
 def _output_message(builder: ResponseBuilder) -> ChatMessage:

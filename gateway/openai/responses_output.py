@@ -192,9 +192,14 @@ class ResponseBuilder:
         """Fold one generation event in; return the stream events it produces."""
         if isinstance(event, Started):
             self.model = event.model or self.model
+            self.usage = Usage(prompt_tokens=event.prompt_tokens,
+                               cached_tokens=event.cached_tokens)
             return []
         if event.index != 0:
             return []   # the Responses API has one choice
+        so_far = getattr(event, "usage_so_far", None)
+        if so_far is not None:
+            self.usage = so_far
         if isinstance(event, TextDelta):
             if not event.text:
                 return self._message_logprobs(event.logprobs)
@@ -245,11 +250,14 @@ class ResponseBuilder:
         return [*events, self._event(kind, response=self.response())]
 
     def fail(self, error: HttpError) -> list[Event]:
+        """The stream ends early: `error` and `response.failed`, with one error code, and the
+        usage so far (the prompt, the tokens generated until then)."""
         self.status = "failed"
-        self.error = {"code": _error_code(error), "message": error.message}
+        code = _error_code(error)
+        self.error = {"code": code, "message": error.message}
         for item in self.items:
             if item.get("status") == "in_progress":
                 item["status"] = "incomplete"
         self.open = None
-        return [self._event("error", code=error.code, message=error.message, param=error.param),
+        return [self._event("error", code=code, message=error.message, param=error.param),
                 self._event("response.failed", response=self.response())]

@@ -115,8 +115,10 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
                 event = E(index=index, text=frontend_pb2.TextDelta(text=piece))
                 if logprobs:
                     event.logprobs.extend(_logprobs(piece))
-                if request.continuous_usage:
-                    event.usage_so_far.CopyFrom(common_pb2.Usage(completion_tokens=completion))
+                if request.continuous_usage:   # as the frontend: the prompt, tokens so far
+                    event.usage_so_far.CopyFrom(common_pb2.Usage(
+                        prompt_tokens=spec.get("prompt_tokens", 11),
+                        completion_tokens=completion + 1))
                 events.append(event)
                 completion += 1
             for k, tool in enumerate(spec.get("tools", [])):

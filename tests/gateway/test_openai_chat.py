@@ -232,4 +232,4 @@ def test_continuous_usage_stats(gateway):
         frames = [json.loads(line[6:]) for line in response.iter_lines()
                   if line.startswith("data: {")]
     text_frames = [f for f in frames if f["choices"] and f["choices"][0]["delta"].get("content")]
-    assert [f["usage"]["completion_tokens"] for f in text_frames] == [0, 1, 2]
+    assert [f["usage"]["completion_tokens"] for f in text_frames] == [1, 2, 3]

@@ -119,3 +119,41 @@ def test_responses_outliving_the_grace_period_are_cancelled(tmp_path, fake_front
     assert out["status"] == 200, out
     last = json.loads(out["lines"][-1][len("data: "):])
     assert "shutting down" in last["error"]["message"]
+
+
+def test_responses_stream_cut_off_by_shutdown_reports_usage_and_one_code(tmp_path,
+                                                                         fake_frontend):
+    """A long Responses stream ended by SIGTERM: `error` and `response.failed` carry the same
+    code, and the failed response counts the prompt and the tokens streamed so far."""
+    servicer = fake_frontend.servicer
+    process, url = _start(tmp_path, fake_frontend, "--grace-period-s", "0.5")
+    out: dict = {}
+
+    def read() -> None:
+        body = {"model": "m", "stream": True,
+                "input": script(numbered=[2000, 1], delay_s=0.01, prompt_tokens=23)}
+        with httpx.stream("POST", url + "/v1/responses", json=body, timeout=60) as response:
+            out["lines"] = [line for line in response.iter_lines() if line]
+
+    try:
+        reader = threading.Thread(target=read)
+        reader.start()
+        deadline = time.monotonic() + 30
+        while not servicer.active and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)                                  # some text has streamed
+        assert process.terminate(signal.SIGTERM) == 0, process.output()
+        reader.join(timeout=30)
+    finally:
+        process.stop()
+    events = [json.loads(line[6:]) for line in out["lines"] if line.startswith("data: ")]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    error, failed = events[-2:]
+    assert (error["type"], failed["type"]) == ("error", "response.failed")
+    assert 0 < len(deltas) < 2000
+    assert error["code"] == failed["response"]["error"]["code"] == "server_error"
+    assert "shutting down" in error["message"]
+    usage = failed["response"]["usage"]
+    assert usage["input_tokens"] == 23
+    assert usage["output_tokens"] == len(deltas)
+    assert usage["total_tokens"] == 23 + len(deltas)
