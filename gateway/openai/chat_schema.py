@@ -20,7 +20,7 @@ from gateway.request_parts import (
     json_schema_format,
     tool_call_parsing,
 )
-from gateway.schema import ApiModel, PositiveUInt32, json_object_text
+from gateway.schema import ApiModel, ModelName, PositiveUInt32, json_object_text
 from services.common.api import chat as domain
 from services.common.api.generate import GenerateRequest, ResponseFormat, ResponseFormatType
 from services.common.api.json_values import json_text
@@ -167,7 +167,7 @@ def template_kwargs(explicit: dict[str, Any] | None, reasoning_effort: str | Non
 
 
 class ChatCompletionRequest(SamplingFields):
-    model: str = ""
+    model: ModelName = ""
     messages: list[Message] = Field(min_length=1)
     tools: list[Tool] | None = None
     tool_choice: ToolChoiceName | NamedToolChoice | None = None
@@ -254,4 +254,4 @@ class ChatCompletionRequest(SamplingFields):
             response_format=self.response_format_domain(),
             parse_reasoning=self.separate_reasoning,
             continuous_usage=self.continuous_usage, priority=self.priority,
-            parse_tool_calls=tool_call_parsing(chat))
+            parse_tool_calls=tool_call_parsing(chat), prompt_logprobs=self.prompt_logprobs)

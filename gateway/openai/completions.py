@@ -3,6 +3,11 @@
 A batch of P prompts with n choices each runs as P frontend calls; choice p * n + j is choice
 j of prompt p (OpenAI's numbering). Text is the model's raw output: no reasoning or tool-call
 parsing. `echo` prepends the prompt text the frontend reports in `started`.
+
+Prompt scoring (as vLLM serves it): `echo` with `logprobs` returns the prompt tokens' logprobs
+(null for the first token) before the output's; `max_tokens: 0` with `echo` scores the prompt
+alone (finish_reason length); vLLM's `prompt_logprobs: k` adds `prompt_logprobs` to each
+choice (None first, then token id -> {logprob, rank, decoded_token}).
 """
 
 from __future__ import annotations
@@ -13,22 +18,27 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import Field
 
+from gateway.capacity import card_for, check_batch
 from gateway.collector import Collector
 from gateway.openai.format import (
     completion_logprobs,
+    echo_logprobs,
     finish_reason,
+    join_logprobs,
     new_id,
+    prompt_logprobs_object,
     stop_reason,
     usage_object,
 )
 from gateway.openai.sampling import SamplingFields
 from gateway.openai.stream import ChunkStream, respond
-from gateway.schema import PositiveUInt32, TokenId
-from gateway.state import GatewayState, gateway_state
+from gateway.schema import ModelName, TokenId, UInt32
+from gateway.state import GatewayState, gateway_state, request_id
 from services.common.api.chat import CompletionInput
 from services.common.api.events import (
     Finish,
     GenerationEvent,
+    PromptLogprobs,
     ReasoningDelta,
     Started,
     TextDelta,
@@ -43,9 +53,9 @@ MAX_BATCH_CHOICES = 1024
 
 
 class CompletionRequest(SamplingFields):
-    model: str = ""
+    model: ModelName = ""
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
-    max_tokens: PositiveUInt32 | None = 16
+    max_tokens: UInt32 | None = 16        # 0: score the prompt alone (with echo)
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=20)
     best_of: int | None = Field(default=None, ge=1, le=128)
@@ -70,6 +80,19 @@ class CompletionRequest(SamplingFields):
                 inputs.append(CompletionInput(token_ids=tuple(p), echo=self.echo))
         return inputs
 
+    def scored_prompt(self) -> int | None:
+        """How many alternatives the prompt's logprobs need (None: not scored)."""
+        wanted = self.prompt_logprobs
+        if self.echo and self.logprobs is not None:
+            wanted = max(wanted or 0, self.logprobs)
+        if self.max_tokens == 0:
+            if wanted is None and not self.echo:
+                raise ValidationError("max_tokens 0 generates nothing: use it with echo "
+                                      "(or prompt_logprobs) to score the prompt",
+                                      param="max_tokens")
+            wanted = wanted or 0
+        return wanted
+
     def to_generations(self, completion_id: str) -> list[GenerateRequest]:
         if self.suffix:
             raise UnsupportedError("suffix is not supported", param="suffix")
@@ -89,7 +112,8 @@ class CompletionRequest(SamplingFields):
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens, n=self.n,
             parse_reasoning=False, parse_tool_calls=False,
-            continuous_usage=self.continuous_usage, priority=self.priority)
+            continuous_usage=self.continuous_usage, priority=self.priority,
+            prompt_logprobs=self.scored_prompt())
             for p, prompt in enumerate(prompts)]
 
 
@@ -97,6 +121,10 @@ class CompletionRequest(SamplingFields):
 async def completions(request: Request, body: CompletionRequest):
     completion_id = new_id("cmpl-")
     generations = body.to_generations(completion_id)
+    if len(generations) > 1:
+        state = gateway_state(request)
+        cards = await state.frontend.list_models(trace_id=request_id(request))
+        check_batch(card_for(cards, body.model), len(generations))
     return await respond(request, generations, streaming=body.streaming,
                          renderer=functools.partial(CompletionRender, gateway_state(request),
                                                     body, completion_id))
@@ -113,6 +141,8 @@ class CompletionRender(ChunkStream):
         self.n = body.n or 1
         self.prompt_text: dict[int, str] = {}   # first choice index of a prompt -> its text
         self.offsets: dict[int, int] = {}       # choice -> characters sent (logprob offsets)
+        # echo with logprobs streams the prompt with its logprobs, once they arrived
+        self.echo_scored = body.echo and body.logprobs is not None
 
     def echo_text(self, index: int) -> str:
         return self.prompt_text.get(index - index % self.n, "") if self.body.echo else ""
@@ -121,14 +151,23 @@ class CompletionRender(ChunkStream):
         for started in collector.starts.values():
             self.observe_started(started)
         choices = []
+        body = self.body
         for choice in collector.choices:
             echo = self.echo_text(choice.index)
-            choices.append({
+            scored = collector.prompt_logprobs.get(choice.index - choice.index % self.n)
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs = completion_logprobs(choice.logprobs, len(echo))
+                if self.echo_scored and scored is not None:
+                    logprobs = join_logprobs(echo_logprobs(scored, body.logprobs), logprobs)
+            result = {
                 "index": choice.index, "text": echo + choice.text + choice.reasoning,
-                "logprobs": completion_logprobs(choice.logprobs, len(echo))
-                if self.body.logprobs is not None else None,
+                "logprobs": logprobs,
                 "finish_reason": finish_reason(choice.finish_reason, False),
-                "stop_reason": stop_reason(choice.finish, self.body.stop_token_ids)})
+                "stop_reason": stop_reason(choice.finish, self.body.stop_token_ids)}
+            if body.prompt_logprobs is not None:
+                result["prompt_logprobs"] = prompt_logprobs_object(scored, body.prompt_logprobs)
+            choices.append(result)
         return {"id": self.id, "object": "text_completion", "created": self.created,
                 "model": self.model, "choices": choices, "system_fingerprint": None,
                 "usage": usage_object(collector.final_usage())}
@@ -147,13 +186,30 @@ class CompletionRender(ChunkStream):
                 "finish_reason": finish_reason(finish.reason, False) if finish else None,
                 "stop_reason": stop_reason(finish, self.body.stop_token_ids)}
 
+    def prompt_choice(self, index: int, event: PromptLogprobs) -> dict[str, Any]:
+        """The chunk that streams a scored prompt: its text and logprobs when echoed, and
+        vLLM's prompt_logprobs when asked."""
+        body = self.body
+        text = self.echo_text(index) if self.echo_scored else ""
+        self.offsets[index] = self.offsets.get(index, 0) + len(text)
+        choice: dict[str, Any] = {
+            "index": index, "text": text,
+            "logprobs": echo_logprobs(event, body.logprobs or 0) if self.echo_scored else None,
+            "finish_reason": None, "stop_reason": None}
+        if body.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs_object(event, body.prompt_logprobs)
+        return choice
+
     def frames(self, event: GenerationEvent) -> list[bytes]:
         if isinstance(event, Started):
             self.observe_started(event)
-            if self.body.echo:
+            if self.body.echo and not self.echo_scored:
                 return [self.chunk([self.text_choice(i, event.prompt_text)])
                         for i in range(event.index, event.index + self.n)]
             return []
+        if isinstance(event, PromptLogprobs):
+            return [self.chunk([self.prompt_choice(i, event)])
+                    for i in range(event.index, event.index + self.n)]
         if isinstance(event, UsageReport):
             return [self.chunk([], usage_object(event.usage))] if self.body.include_usage \
                 else []

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from services.common.api.events import Finish, FinishReason, TokenLogprob, Usage
+from services.common.api.events import Finish, FinishReason, PromptLogprobs, TokenLogprob, Usage
 
 # JSON has no -Infinity: clamp like other OpenAI-compatible servers do.
 MIN_LOGPROB = -9999.0
@@ -75,3 +75,45 @@ def completion_logprobs(logprobs: list[TokenLogprob] | tuple[TokenLogprob, ...],
             "top_logprobs": [{t.token: logprob_value(t.logprob) for t in lp.top}
                              for lp in logprobs],
             "text_offset": offsets}
+
+
+def prompt_logprobs_object(event: PromptLogprobs | None, top_n: int
+                           ) -> list[dict[str, Any] | None] | None:
+    """vLLM's `prompt_logprobs`: None for the first token, then per prompt token a dict
+    token id -> {logprob, rank, decoded_token}: the prompt's token first, then the best
+    alternatives (ranks 1..k)."""
+    if event is None:
+        return None
+    out: list[dict[str, Any] | None] = [None]
+    for entry in event.entries:
+        scored = {str(entry.token_id): {"logprob": logprob_value(entry.logprob),
+                                        "rank": entry.rank, "decoded_token": entry.token}}
+        for rank, top in enumerate(entry.top[:top_n], 1):
+            scored.setdefault(str(top.token_id), {"logprob": logprob_value(top.logprob),
+                                                  "rank": rank, "decoded_token": top.token})
+        out.append(scored)
+    return out
+
+
+def echo_logprobs(event: PromptLogprobs, top_n: int) -> dict[str, Any]:
+    """Legacy completions logprobs of an echoed prompt: the first token's logprob and
+    top_logprobs are null; each later token's top_logprobs holds its alternatives and
+    itself (as vLLM returns them)."""
+    tokens = [event.first_token] + [e.token for e in event.entries]
+    offsets, position = [], 0
+    for token in tokens:
+        offsets.append(position)
+        position += len(token)
+    top: list[dict[str, float] | None] = [None]
+    for entry in event.entries:
+        alternatives = {t.token: logprob_value(t.logprob) for t in entry.top[:top_n]}
+        alternatives.setdefault(entry.token, logprob_value(entry.logprob))
+        top.append(alternatives)
+    return {"tokens": tokens,
+            "token_logprobs": [None] + [logprob_value(e.logprob) for e in event.entries],
+            "top_logprobs": top, "text_offset": offsets}
+
+
+def join_logprobs(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """Two legacy logprobs objects one after the other (the echoed prompt, the output)."""
+    return {key: list(first[key]) + list(second[key]) for key in first}

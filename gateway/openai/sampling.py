@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from gateway.schema import ApiModel, Int32, Seed, TokenId, UInt32
+from gateway.schema import ApiModel, Int32, Seed, TokenId, UInt32, UserString
 from services.common.api.generate import Sampling
 from services.common.errors import ValidationError
 
@@ -36,7 +36,9 @@ class SamplingFields(ApiModel):
     spaces_between_special_tokens: bool | None = None
     logit_bias: dict[str, float] | None = None
     n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
-    user: str | None = None
+    # vLLM: the prompt tokens' logprobs with this many alternatives (`prompt_logprobs`)
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
+    user: UserString | None = None
     priority: Int32 = 0
     request_id: str | None = None
     stream: bool | None = False

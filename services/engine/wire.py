@@ -99,6 +99,9 @@ def request_from_pb(message: engine_pb2.EngineGenerateRequest, vocab_size: int
         n=n,
         priority=message.priority,
         grammar=grammar_from_pb(message.grammar),
+        prompt_logprobs=message.prompt_logprobs if message.HasField("prompt_logprobs")
+        else None,
+        embed=message.embed,
     )
 
 
@@ -126,6 +129,13 @@ def update_to_pb(update: RequestUpdate) -> engine_pb2.EngineGenerateResponse:
             output.finish_reason = _FINISH[delta.finish_reason]
         if delta.stop_token_id is not None:
             output.stop_token_id = delta.stop_token_id
+        for entry in delta.prompt_logprobs:
+            output.prompt_logprobs.append(common_pb2.PromptLogprob(
+                position=entry.position, token_id=entry.token_id, logprob=entry.logprob,
+                rank=entry.rank,
+                top=[common_pb2.TokenLogprob(token_id=t.token_id, logprob=t.logprob)
+                     for t in entry.top]))
+        output.embedding.extend(delta.embedding)
         outputs.append(output)
     return engine_pb2.EngineGenerateResponse(request_id=update.request_id, outputs=outputs,
                                              usage=usage_to_pb(update.usage))
@@ -145,7 +155,8 @@ def model_info_to_pb(manifest: Manifest, info: CoreInfo, config: EngineConfig
         prefill_chunk_size=info.prefill_chunk_size, device=info.device,
         context_hint=manifest.context_hint or config.context_hint,
         capacity_hint=manifest.capacity_hint or config.capacity_hint,
-        num_parameters=manifest.num_parameters, weight_bytes=manifest.weight_bytes)
+        num_parameters=manifest.num_parameters, weight_bytes=manifest.weight_bytes,
+        max_waiting=config.waiting_capacity)
 
 
 def load_query_from_pb(message: engine_pb2.GetLoadRequest) -> LoadQuery:
@@ -208,7 +219,9 @@ def drain_to_pb(result: DrainResult) -> engine_pb2.DrainResponse:
 def prefix_event_to_pb(event: BlockEvent, sequence: int, session_id: str,
                        block_tokens: int) -> engine_pb2.PrefixEvent:
     message = engine_pb2.PrefixEvent(sequence=sequence, session_id=session_id)
-    if event.stored:
+    if event.cleared:
+        message.cleared.CopyFrom(engine_pb2.CacheCleared())
+    elif event.stored:
         message.stored.CopyFrom(engine_pb2.BlocksStored(
             block_hashes=list(event.block_keys), parent_hash=event.parent_key,
             block_tokens=block_tokens))

@@ -16,6 +16,7 @@ from services.frontend.generate.types import (
     EngineRequest,
     EngineStep,
     ExpandedPrompt,
+    PromptLogprobEntry,
     SampledLogprob,
 )
 from services.frontend.structured.grammar import GrammarKind
@@ -36,7 +37,10 @@ def engine_request_to_pb(request: EngineRequest) -> engine_pb2.EngineGenerateReq
         checkpoint_token_ends=list(request.checkpoint_token_ends),
         n=request.n,
         priority=request.priority,
+        embed=request.embed,
     )
+    if request.prompt_logprobs is not None:
+        message.prompt_logprobs = request.prompt_logprobs
     if request.multimodal:
         message.multimodal.ParseFromString(request.multimodal)
     if request.grammar is not None:
@@ -59,6 +63,11 @@ def engine_step_from_pb(response: engine_pb2.EngineGenerateResponse) -> EngineSt
             logprobs=logprobs,
             finish_reason=finish_reason_from_pb(output.finish_reason),
             stop_token_id=output.stop_token_id if output.HasField("stop_token_id") else None,
+            prompt_logprobs=tuple(
+                PromptLogprobEntry(e.position, e.token_id, e.logprob, e.rank,
+                                   tuple((t.token_id, t.logprob) for t in e.top))
+                for e in output.prompt_logprobs),
+            embedding=tuple(output.embedding),
         ))
     return EngineStep(tuple(outputs), usage_from_pb(response.usage))
 

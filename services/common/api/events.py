@@ -107,6 +107,39 @@ class Finish:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptTokenLogprob:
+    """Prompt token `position`'s logprob given the tokens before it (prompt scoring)."""
+
+    position: int                 # 1..prompt_tokens - 1 (the first token has none)
+    token_id: int
+    token: str
+    token_bytes: bytes
+    logprob: float
+    rank: int                     # 1 + tokens with a strictly higher logprob
+    top: tuple[TopLogprob, ...] = ()   # best alternatives, highest first (ranks 1..k)
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLogprobs:
+    """Every prompt token's logprob after the first, once, after `Started` (index: the
+    prompt's first choice; its other choices share it)."""
+
+    index: int
+    entries: tuple[PromptTokenLogprob, ...]
+    first_token_id: int = 0       # the prompt's first token (it has no logprob)
+    first_token: str = ""
+    first_token_bytes: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class Embedding:
+    """An embedding request's pooled, normalized vector (before its `Finish`)."""
+
+    index: int
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class UsageReport:
     """Final cumulative usage of the whole request (all choices)."""
 
@@ -114,6 +147,7 @@ class UsageReport:
     index: int = 0
 
 
-GenerationEvent = Started | TextDelta | ReasoningDelta | ToolCallDelta | Finish | UsageReport
+GenerationEvent = (Started | TextDelta | ReasoningDelta | ToolCallDelta | Finish | UsageReport |
+                   PromptLogprobs | Embedding)
 # The events that carry output of one choice (and may be merged, timed, counted).
 OutputDelta = TextDelta | ReasoningDelta | ToolCallDelta

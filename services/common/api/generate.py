@@ -71,6 +71,8 @@ class GenerateRequest:
     continuous_usage: bool = False                   # cumulative usage on every event
     priority: int = 0
     parse_tool_calls: bool | None = None             # None: when tools were offered
+    prompt_logprobs: int | None = None               # prompt tokens' logprobs (k alternatives)
+    embed: bool = False                              # the pooled embedding of the prompt
 
     @property
     def chat(self) -> ChatInput | None:

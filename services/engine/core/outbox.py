@@ -34,7 +34,8 @@ def merge_updates(old: RequestUpdate, new: RequestUpdate) -> RequestUpdate:
             delta.request_id, delta.index, prior.token_ids + delta.token_ids,
             prior.logprobs + delta.logprobs, delta.finish_reason or prior.finish_reason,
             delta.stop_token_id if delta.stop_token_id is not None else prior.stop_token_id,
-            delta.error or prior.error)
+            delta.error or prior.error, prior.prompt_logprobs + delta.prompt_logprobs,
+            delta.embedding or prior.embedding)
     return RequestUpdate(new.request_id, tuple(by_index.values()), new.usage,
                          old.finished or new.finished)
 

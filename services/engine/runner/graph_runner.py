@@ -37,6 +37,7 @@ from services.engine.runner.eager_pack import pack_eager
 from services.engine.runner.frames import BulkStaging, GraphPacking, InputFrames
 from services.engine.runner.layout import StepLayout, layout_step
 from services.engine.runner.page_tables import PageTableMirror
+from services.engine.runner.scoring import StepScores, score_step
 from services.engine.runner.slot_sampler import SampleOutputs
 from services.engine.runner.slot_state import FLOAT_FIELDS, INT_FIELDS, SlotInfo, SlotState
 from services.engine.runner.snapshots import SnapshotStore
@@ -66,6 +67,7 @@ class _InFlight:
     logprobs: bool
     graph: bool
     started: float
+    scores: StepScores               # prompt scoring (eager steps that ask; else empty)
 
 
 class GraphRunner:
@@ -212,6 +214,7 @@ class GraphRunner:
                 if seq.restore is not None:
                     r = seq.restore
                     self.snapshots.restore(r.snapshot_id, r.page_id, r.num_tokens)
+            scores = StepScores()
             if capacity is not None:
                 self.graphs.replay(packed, capacity, mode, logprobs, grammar)
                 self._captures(step, layout, None)   # zero-token terminal captures ride along
@@ -221,10 +224,12 @@ class GraphRunner:
                 assert shape is not None
                 hidden = self.body.run(views, shape, mode, logprobs, grammar)
                 self._captures(step, layout, hidden)
+                scores = score_step(self.model, step, layout, hidden)
                 self.eager_steps += 1
                 rows = len(sampled)
             self.completions.record(frame, rows, logprobs)
-        return _InFlight(step, frame, sampled, logprobs, capacity is not None, started)
+        return _InFlight(step, frame, sampled, logprobs, capacity is not None, started,
+                         scores)
 
     def _graph_capacity(self, step: Step) -> int | None:
         """The decode capacity that serves `step`, or None (run it eagerly). Every sequence
@@ -234,6 +239,8 @@ class GraphRunner:
             return None
         fed = 0
         for seq in step.seqs:
+            if seq.scores:
+                return None                      # prompt scoring runs eagerly
             if not seq.token_ids:
                 if (seq.sample or seq.capture is None or seq.restore is not None or
                         seq.resume_snapshot is not None):
@@ -283,12 +290,16 @@ class GraphRunner:
                     zip(top_ids[row][:info.top_logprobs], top_logprobs[row][:info.top_logprobs],
                         strict=True)))
             tokens[index] = (ids[row], detail)
+        scores = flight.scores.collect()     # the frame's event covers the scoring work
         results = []
         for index, seq in enumerate(step.seqs):
+            prompt_logprobs, pooled = scores.get(index, ((), ()))
             if index in tokens:
                 token, detail = tokens[index]
                 results.append(SeqResult(seq.handle, seq.sample_from + 1, (token,),
-                                         (detail,) if detail is not None else ()))
+                                         (detail,) if detail is not None else (),
+                                         prompt_logprobs, pooled))
             else:
-                results.append(SeqResult(seq.handle, seq.end))
+                results.append(SeqResult(seq.handle, seq.end, (),
+                                         prompt_logprobs=prompt_logprobs, pooled=pooled))
         return Completion(step.fence, tuple(results), duration)

@@ -23,6 +23,7 @@ import torch
 from services.common.errors import PoisonedError, WorkerFailure
 from services.engine.model import CausalLM, ForwardBatch, KVCache, build_metadata
 from services.engine.runner.layout import StepLayout, layout_step, verified_tokens
+from services.engine.runner.scoring import score_step
 from services.engine.runner.snapshots import SnapshotStore
 from services.engine.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow
 from services.engine.scheduler.plan import Completion, SeqResult, SeqStep, SlotHandle, Step
@@ -136,12 +137,15 @@ class TorchRunner:
                 else:
                     state = self.last_hidden[seq.handle.slot, (c.endpoint - 1) % 2]
                 self.snapshots.capture(c.snapshot_id, c.page_id, c.num_tokens, state)
+        scores = score_step(self.model, step, layout, hidden).collect()
         emitted = self._sample(step, layout, hidden)
         results = []
         for index, seq in enumerate(step.seqs):
             tokens, logprobs = emitted.get(index, ((), ()))
             consumed = seq.sample_from + len(tokens) if seq.sample else seq.end
-            results.append(SeqResult(seq.handle, consumed, tokens, logprobs))
+            prompt_logprobs, pooled = scores.get(index, ((), ()))
+            results.append(SeqResult(seq.handle, consumed, tokens, logprobs,
+                                     prompt_logprobs, pooled))
         return tuple(results)
 
     def _forward_batch(self, layout: StepLayout) -> ForwardBatch:

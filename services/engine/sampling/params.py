@@ -68,8 +68,9 @@ class SamplingParams:
             raise _fail("repetition_penalty", f"must be in (0, 2], got {self.repetition_penalty}")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
             raise _fail("seed", "must be an unsigned 64-bit integer")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise _fail("max_tokens", f"must be >= 1, got {self.max_tokens}")
+        if self.max_tokens is not None and self.max_tokens < 0:
+            # 0 scores the prompt alone: admission allows it only with prompt scoring
+            raise _fail("max_tokens", f"must be >= 0, got {self.max_tokens}")
         if self.min_tokens < 0:
             raise _fail("min_tokens", f"must be >= 0, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.errors import (
-    CapacityError,
     ContextOverflowError,
     UnsupportedError,
     ValidationError,
@@ -17,6 +16,7 @@ from services.common.errors import (
 from services.engine.scheduler.requests import EngineRequest, StopRules
 
 MAX_CHOICES = 128
+MAX_PROMPT_LOGPROBS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +49,19 @@ def validate_request(request: EngineRequest, limits: AdmissionLimits) -> StopRul
     if bad is not None:
         raise ValidationError(f"stop token id {bad} is outside the vocabulary",
                               param="sampling.stop_token_ids")
-    if stop.max_tokens is not None and stop.max_tokens < 1:
-        raise ValidationError("max_tokens must be at least 1", param="sampling.max_tokens")
+    if request.prompt_logprobs is not None and not 0 <= request.prompt_logprobs <= \
+            MAX_PROMPT_LOGPROBS:
+        raise ValidationError(f"prompt_logprobs must be between 0 and {MAX_PROMPT_LOGPROBS}",
+                              param="prompt_logprobs")
+    if request.embed and (stop.max_tokens != 0 or request.n != 1 or request.grammar or
+                          request.prompt_logprobs is not None):
+        raise ValidationError("an embedding request scores the prompt alone: max_tokens 0, "
+                              "n 1, no grammar and no prompt_logprobs", param="embed")
+    if stop.max_tokens == 0 and not request.scores_prompt:
+        raise ValidationError("max_tokens 0 needs prompt_logprobs or an embedding (nothing "
+                              "would be computed)", param="sampling.max_tokens")
+    if stop.max_tokens is not None and stop.max_tokens < 0:
+        raise ValidationError("max_tokens must not be negative", param="sampling.max_tokens")
     if stop.min_tokens < 0 or (stop.max_tokens is not None and
                                stop.min_tokens > stop.max_tokens):
         raise ValidationError(f"min_tokens ({stop.min_tokens}) must be between 0 and "
@@ -72,17 +83,21 @@ def validate_request(request: EngineRequest, limits: AdmissionLimits) -> StopRul
         raise ValidationError("an image lies outside the prompt", param="multimodal.images")
     # A choice alone must fit the page pool (plus one page restored from a snapshot). An
     # explicit max_tokens that cannot is refused; without one, output stops (length) where
-    # the pool ends, as it would at the context.
+    # the pool ends, as it would at the context. Such a request can never run, however long
+    # it waits: a validation error (400), not capacity (503 + retry).
     pool_tokens = (limits.num_pages - 1) * limits.page_size
     if stop.max_tokens is None:
         max_tokens = min(context, pool_tokens) - len(prompt)
     else:
         max_tokens = stop.max_tokens
     needed = -(-(len(prompt) + max(1, max_tokens)) // limits.page_size) + 1
-    if max_tokens < 1 or needed > limits.num_pages:
-        raise CapacityError(
+    if (max_tokens < 1 and stop.max_tokens != 0) or needed > limits.num_pages:
+        raise ValidationError(
             f"the request needs {needed} KV pages ({len(prompt)} prompt + "
-            f"{max(1, max_tokens)} output tokens) but the cache holds {limits.num_pages}",
-            hint=limits.capacity_hint)
+            f"{max(1, max_tokens)} output tokens) but the engine's whole KV cache holds "
+            f"{limits.num_pages} pages ({pool_tokens} tokens), so it can never run: shorten "
+            "the prompt or the output limit, or raise the engine's KV budget (engine settings "
+            "`kv_cache_bytes` / `kv_cache_memory_fraction`)", hint=limits.capacity_hint,
+            param="sampling.max_tokens" if stop.max_tokens else "prompt_token_ids")
     return StopRules(max_tokens=max_tokens, min_tokens=stop.min_tokens,
                      ignore_eos=stop.ignore_eos, stop_token_ids=stop.stop_token_ids)

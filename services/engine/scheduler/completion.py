@@ -3,11 +3,18 @@ finish rules (checkpoint publication: publication.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 
 from services.engine.scheduler.plan import Completion, SeqResult, SeqStep, Step, check
 from services.engine.scheduler.publication import begin_terminal_capture, publish
-from services.engine.scheduler.requests import ChoiceDelta, FinishReason, SampledLogprobs
+from services.engine.scheduler.requests import (
+    ChoiceDelta,
+    FinishReason,
+    PromptLogprob,
+    SampledLogprobs,
+)
 from services.engine.scheduler.residency import release
 from services.engine.scheduler.sequence import Phase, Sequence
 from services.engine.scheduler.state import SchedulerState
@@ -42,6 +49,13 @@ def validate(state: SchedulerState, completion: Completion) -> Step:
               f"slot {planned.handle}: a token outside the vocabulary in {result.token_ids}")
         check(not result.logprobs or len(result.logprobs) == emitted,
               f"slot {planned.handle}: {len(result.logprobs)} logprobs for {emitted} tokens")
+        check(len(result.prompt_logprobs) == len(planned.score_targets) and
+              all(e.token_id == t for e, t in zip(result.prompt_logprobs,
+                                                  planned.score_targets, strict=False)),
+              f"slot {planned.handle}: {len(result.prompt_logprobs)} prompt logprobs for "
+              f"{len(planned.score_targets)} score targets")
+        check(bool(result.pooled) == bool(planned.pool),
+              f"slot {planned.handle}: pooled state {'missing' if planned.pool else 'sent'}")
     return step
 
 
@@ -69,11 +83,38 @@ def apply_result(state: SchedulerState, step: Step, planned: SeqStep, result: Se
         release(state, seq)
         seq.phase = Phase.FINISHED
         return None
+    prompt_logprobs = seq.output.scored(result.prompt_logprobs)
+    if result.pooled:
+        seq.output.pool(result.pooled, restart=planned.start == 0,
+                        accumulate=planned.pool == "mean")
     if not result.token_ids:
-        return None
+        if seq.prompt_only and seq.num_computed >= prompt_len:
+            return _finish_prompt(state, seq, prompt_logprobs)
+        return ChoiceDelta(seq.request.request_id, seq.index,
+                           prompt_logprobs=prompt_logprobs) if prompt_logprobs else None
     delta = _commit_tokens(state, seq, result, now)
     progress.pending_last(seq.total_len)
+    if prompt_logprobs:
+        delta = dataclasses.replace(delta, prompt_logprobs=prompt_logprobs)
     return delta
+
+
+def _finish_prompt(state: SchedulerState, seq: Sequence,
+                   prompt_logprobs: tuple[PromptLogprob, ...]) -> ChoiceDelta:
+    """A prompt-only request (max_tokens 0) consumed its prompt: it ends with length, with
+    the last prompt logprobs and the embedding (pooled, normalized)."""
+    embedding: tuple[float, ...] = ()
+    if seq.request.request.embed:
+        pooled = seq.output.pool_sum or []
+        if state.config.pooling == "mean":
+            pooled = [v / seq.prompt_len for v in pooled]
+        if state.config.normalize_embeddings:
+            norm = math.sqrt(sum(v * v for v in pooled))
+            pooled = [v / norm for v in pooled] if norm > 0 else pooled
+        embedding = tuple(pooled)
+    finish(state, seq, FinishReason.LENGTH)
+    return ChoiceDelta(seq.request.request_id, seq.index, finish_reason=FinishReason.LENGTH,
+                       prompt_logprobs=prompt_logprobs, embedding=embedding)
 
 
 def _commit_tokens(state: SchedulerState, seq: Sequence, result: SeqResult,

@@ -24,6 +24,14 @@ to and including the first that differs from the next draft. Its result states t
 emitted and the KV length consumed (= sample_from + len(emitted): rejected drafts' KV lies
 past it and is overwritten later).
 
+Prompt scoring (a request with prompt logprobs or an embedding): its steps carry
+`score_targets`, the next prompt token of each of the first len(score_targets) fed rows: the
+runner computes logits for those rows too and returns each target's logprob, rank and the
+`score_top` best alternatives (`SeqResult.prompt_logprobs`, one per target, for positions
+start + 1 ..). `pool` asks for the fed rows' final hidden states pooled (`SeqResult.pooled`:
+their sum for mean pooling, the last row's state for last-token pooling). Such steps run
+eagerly (never in a decode graph); every other step pays nothing.
+
 Two-frame overlap: a decode may be planned behind a sequence's in-flight step that samples
 one token (`PlannedSeq.follows`). Its one fed token is that step's sampled token, which the host does
 not know yet: the step carries `PENDING_TOKEN` and the runner feeds the token it sampled last
@@ -36,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.errors import InternalError
-from services.engine.scheduler.requests import SampledLogprobs
+from services.engine.scheduler.requests import PromptLogprob, SampledLogprobs
 
 PENDING_TOKEN = -1     # a fed token the runner takes from the slot's last sampled token
 
@@ -136,6 +144,12 @@ class SeqStep:
     # structured output: the tokens this choice's grammar allows now, an int32 bitmask of
     # ceil(V / 32) words (bit t % 32 of word t // 32); None: every token (no grammar)
     allowed_tokens: Any = None
+    # prompt scoring: the next prompt token of each of the first len(score_targets) fed rows
+    # (their logprobs, ranks and score_top alternatives come back); pool: "" (none), "last"
+    # (the last fed row's hidden state) or "mean" (the sum of the fed rows' hidden states)
+    score_targets: tuple[int, ...] = ()
+    score_top: int = 0
+    pool: str = ""
 
     @property
     def end(self) -> int:
@@ -144,6 +158,11 @@ class SeqStep:
     @property
     def sample(self) -> bool:
         return self.max_emit > 0
+
+    @property
+    def scores(self) -> bool:
+        """The runner computes more than the sampled rows' logits (runs eagerly)."""
+        return bool(self.score_targets) or bool(self.pool)
 
     @property
     def sample_from(self) -> int:
@@ -189,6 +208,8 @@ class SeqResult:
                                        # start + fed tokens when nothing was sampled)
     token_ids: tuple[int, ...] = ()    # emitted tokens, in order (at most max_emit)
     logprobs: tuple[SampledLogprobs, ...] = ()   # one per emitted token, when asked
+    prompt_logprobs: tuple[PromptLogprob, ...] = ()   # one per score target, in order
+    pooled: tuple[float, ...] = ()     # the pooled hidden state (float32), when asked
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,8 +144,11 @@ def _chunk(seq: Sequence, chunk_size: int, allowance: int) -> int:
 
 def _planned(seq: Sequence, tokens: int) -> PlannedSeq:
     assert seq.handle is not None
+    # the prompt's last chunk samples the first token, unless the request scores the prompt
+    # alone (max_tokens 0): then every chunk only feeds
     return PlannedSeq(seq.handle, seq.epoch, seq.num_computed, tokens,
-                      max_emit=int(seq.num_computed + tokens == seq.total_len))
+                      max_emit=int(seq.num_computed + tokens == seq.total_len and
+                                   not seq.prompt_only))
 
 
 def _with_drafts(state: SchedulerState, seq: Sequence, planned: PlannedSeq) -> PlannedSeq:

@@ -4,6 +4,12 @@ An `EngineRequest` is one Generate call after validation at the edge: prompt tok
 sampler's parameters (opaque here), the stop rules the scheduler enforces, checkpoint
 endpoints, conditioning events (images), `n` choices and an optional structured-output
 grammar. Each choice becomes one sequence.
+
+Prompt scoring: `prompt_logprobs` (k alternatives) asks for the logprob of every prompt token
+after the first given the tokens before it; `embed` asks for the model's pooled final hidden
+state. Either makes choice 0 a scoring sequence: it prefills from position 0 (never from the
+prefix cache: a cached prefix has no logits) and its steps compute logits for every fed row.
+With `max_tokens` 0 the request scores the prompt alone (finish reason length, no tokens).
 """
 
 from __future__ import annotations
@@ -47,6 +53,13 @@ class EngineRequest:
     n: int = 1
     priority: int = 0                      # larger runs earlier among equals
     grammar: GrammarSpec | None = None     # structured output: every choice matches it
+    prompt_logprobs: int | None = None     # prompt tokens' logprobs with k alternatives
+    embed: bool = False                    # return the pooled final hidden state (embedding)
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Choice 0 computes logits (or pooled states) for every prompt row."""
+        return self.prompt_logprobs is not None or self.embed
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +76,24 @@ class SampledLogprobs:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptLogprob:
+    """The logprob of prompt token `position` given the tokens before it."""
+
+    position: int                          # 1..prompt_len - 1
+    token_id: int
+    logprob: float
+    rank: int                              # 1 + tokens with a strictly higher logprob
+    top: tuple[TokenLogprob, ...] = ()     # best alternatives, highest first (ranks 1..k)
+
+
+class Pooling(enum.Enum):
+    """How an embedding pools the final (normed) hidden states of the prompt."""
+
+    LAST = "last"                          # the last prompt token's state
+    MEAN = "mean"                          # the mean over every prompt token
+
+
+@dataclass(frozen=True, slots=True)
 class ChoiceDelta:
     """One choice's progress in one engine step."""
 
@@ -73,6 +104,8 @@ class ChoiceDelta:
     finish_reason: FinishReason | None = None
     stop_token_id: int | None = None
     error: str = ""                         # why an ERROR finish happened (grammar failures)
+    prompt_logprobs: tuple[PromptLogprob, ...] = ()   # scored prompt positions, in order
+    embedding: tuple[float, ...] = ()       # the pooled, normalized embedding (on finish)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,9 @@ def admit_waiting(state: SchedulerState) -> None:
         if not is_eligible(seq):
             index += 1
             continue
-        hit = res.cache.lookup(seq.request.history, seq.prompt_len, count=False)
+        # a scoring sequence needs logits for every prompt row: no cached prefix (limit 0)
+        hit = res.cache.lookup(seq.request.history,
+                               0 if seq.scores_prompt else seq.prompt_len, count=False)
         first = min(state.config.prefill_chunk_size, seq.total_len - hit.endpoint)
         needed = res.pages_for(hit.endpoint + first) - len(hit.page_ids)
         headroom = len(state.running)           # one page per resident sequence, soon

@@ -107,7 +107,8 @@ class Scheduler:
                               arrival=now - PRIORITY_STEP_S * request.priority,
                               serial=state.next_serial)
         state.next_serial += 1
-        hit = state.resources.cache.lookup(history, len(history))
+        hit = state.resources.cache.lookup(history, 0 if request.scores_prompt else
+                                           len(history))
         if hit.checkpoint is not None:
             record.admission_pin = state.resources.cache.pin(hit.checkpoint)
             record.cached_tokens = hit.endpoint
@@ -242,6 +243,8 @@ class Scheduler:
             if not rules.ignore_eos:
                 ids |= self.state.config.eos_token_ids
             suppress = tuple(sorted(ids))
+        score_targets, pool = self._scoring(seq, start, end) if seq.scores_prompt and \
+            num_tokens and not planned.follows else ((), "")
         for pin in cache.pins:
             res.cache.mark_used(pin.checkpoint, fence)
         progress.submitted(fence, end, can_follow=max_emit == 1 and capture is None)
@@ -256,7 +259,24 @@ class Scheduler:
             page_ids=tuple(cache.page_ids), max_emit=max_emit, output_index=outputs,
             suppress_token_ids=suppress,
             resume_snapshot=progress.resume_snapshot if num_tokens == 0 else None,
-            restore=restore, capture=capture, init=init, allowed_tokens=allowed_tokens)
+            restore=restore, capture=capture, init=init, allowed_tokens=allowed_tokens,
+            score_targets=score_targets, score_top=seq.request.request.prompt_logprobs or 0,
+            pool=pool)
+
+    def _scoring(self, seq: Sequence, start: int, end: int) -> tuple[tuple[int, ...], str]:
+        """A scoring sequence's step over [start, end): the next prompt token of each fed
+        prompt row that has one, and the pooling of its prompt rows."""
+        request = seq.request.request
+        prompt_len = seq.prompt_len
+        stop = min(end + 1, prompt_len)
+        targets = seq.tokens(start + 1, stop) if request.prompt_logprobs is not None and \
+            stop > start + 1 else ()
+        pool = ""
+        if request.embed and start < prompt_len:
+            mode = self.state.config.pooling
+            if mode == "mean" or end >= prompt_len:
+                pool = mode
+        return targets, pool
 
     def complete(self, completion: Completion) -> list[RequestUpdate]:
         state = self.state

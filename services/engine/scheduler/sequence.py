@@ -24,7 +24,12 @@ from services.engine.grammar.matcher import GrammarMatcher
 from services.engine.prefix.history import PrefixHistory
 from services.engine.prefix.records import CheckpointRef, Pin, PrefixHit
 from services.engine.scheduler.plan import SlotHandle
-from services.engine.scheduler.requests import EngineRequest, FinishReason, StopRules
+from services.engine.scheduler.requests import (
+    EngineRequest,
+    FinishReason,
+    PromptLogprob,
+    StopRules,
+)
 
 
 class Phase(enum.Enum):
@@ -185,6 +190,8 @@ class Output:
     matcher: GrammarMatcher | None = None   # structured output: this choice's grammar state
     last_output: float = -1.0
     bursts: int = 0                     # completed steps whose tokens were published
+    prompt_scored: int = 0              # prompt logprobs reported (positions 1..this)
+    pool_sum: list[float] | None = None  # embedding: pooled state so far (this residency)
 
     def append(self, token: int) -> None:
         self.token_ids.append(token)
@@ -192,6 +199,20 @@ class Output:
     def published(self, now: float) -> None:
         self.last_output = now
         self.bursts += 1
+
+    def scored(self, entries: tuple[PromptLogprob, ...]) -> tuple[PromptLogprob, ...]:
+        """The prompt logprobs not reported yet (a replay after preemption repeats some)."""
+        fresh = tuple(e for e in entries if e.position > self.prompt_scored)
+        if fresh:
+            self.prompt_scored = fresh[-1].position
+        return fresh
+
+    def pool(self, pooled: tuple[float, ...], *, restart: bool, accumulate: bool) -> None:
+        """Fold a step's pooled state in (a restart from position 0 forgets earlier ones)."""
+        if restart or self.pool_sum is None or not accumulate:
+            self.pool_sum = list(pooled)
+        else:
+            self.pool_sum = [a + b for a, b in zip(self.pool_sum, pooled, strict=True)]
 
     def finish(self, reason: FinishReason | None) -> None:
         if self.finish_reason is None:
@@ -268,6 +289,17 @@ class Sequence:
     @property
     def in_flight(self) -> int:
         return self.progress.in_flight
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Choice 0 of a request with prompt logprobs or an embedding: it prefills from
+        position 0 and its steps score every prompt row."""
+        return self.index == 0 and self.request.request.scores_prompt
+
+    @property
+    def prompt_only(self) -> bool:
+        """max_tokens 0: the prompt is scored, nothing is generated."""
+        return self.request.stop.max_tokens == 0
 
     @property
     def is_decoding(self) -> bool:

@@ -33,6 +33,8 @@ class SchedulerConfig:
     cost_model: bool = False              # size prefill chunks by measured step durations
     output_token_value: float = 64.0      # an output token's value in prompt tokens (costs)
     proposer: Proposer | None = None      # drafts for verification steps (None: decode 1)
+    pooling: str = "last"                 # embeddings: "last" token or "mean" over the prompt
+    normalize_embeddings: bool = True     # embeddings are L2-normalized
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_waiting < 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from services.common.api.chat import ToolChoiceMode
 from services.common.api.generate import GenerateRequest
 from services.common.errors import ContextOverflowError, UnsupportedError, ValidationError
+from services.frontend.bounded_encode import PromptTooLong
 from services.frontend.generate.types import OutputOptions, PreparedRequest
 from services.frontend.model import FrontendModel
 from services.frontend.parsers.reasoning import starts_in_reasoning
@@ -34,25 +35,88 @@ def validate(request: GenerateRequest) -> None:
             raise ValidationError(f"stop[{index}] must hold 1 to {MAX_STOP_LENGTH} characters",
                                   param=f"stop[{index}]")
     sampling = request.sampling
-    if sampling.max_tokens is not None and sampling.max_tokens < 1:
-        raise ValidationError("max_tokens must be at least 1", param="max_tokens")
+    scoring = request.prompt_logprobs is not None or request.embed
+    if sampling.max_tokens is not None and sampling.max_tokens < (0 if scoring else 1):
+        raise ValidationError("max_tokens must be at least 1 (0 only when the prompt is "
+                              "scored: prompt_logprobs or echo with logprobs)",
+                              param="max_tokens")
+    if request.prompt_logprobs is not None and not 0 <= request.prompt_logprobs <= \
+            MAX_TOP_LOGPROBS:
+        raise ValidationError(f"prompt_logprobs must be between 0 and {MAX_TOP_LOGPROBS}",
+                              param="prompt_logprobs")
+    if request.embed and (request.completion is None or request.num_choices != 1 or
+                          sampling.max_tokens != 0):
+        raise ValidationError("an embedding request takes one raw input, n 1 and "
+                              "max_tokens 0", param="input")
     if not 0 <= sampling.top_logprobs <= MAX_TOP_LOGPROBS:
         raise ValidationError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}",
                               param="top_logprobs")
 
 
+LARGE_INPUT_CHARS = 1 << 20
+
+
+def input_chars(request: GenerateRequest) -> int:
+    """Characters of text the request carries (messages and prompt), before rendering."""
+    if request.completion is not None:
+        return len(request.completion.text or "") + len(request.completion.token_ids or ())
+    if request.chat is None:
+        return 0
+    total = 0
+    for message in request.chat.messages:
+        content = message.content
+        if isinstance(content, str):
+            total += len(content)
+        elif content:
+            total += sum(len(getattr(part, "text", "")) for part in content)
+        total += len(message.reasoning_content or "")
+        total += sum(len(call.arguments_json) for call in message.tool_calls)
+    return total
+
+
+def is_large(request: GenerateRequest) -> bool:
+    """Preparation copies the prompt several times: megabytes are a large job."""
+    return input_chars(request) >= LARGE_INPUT_CHARS
+
+
+def prompt_token_limit(requested: int | None, context: int) -> int:
+    """The most prompt tokens that can fit: the context less the output (at least one)."""
+    return max(0, context - (requested if requested is not None else 1))
+
+
+def prompt_too_long(at_least: int, *, requested: int | None, context: int,
+                    hint: str) -> ContextOverflowError:
+    """A prompt refused before it was tokenized in full: its count is a lower bound."""
+    output = f", and {requested} tokens were requested for the output" if requested else ""
+    return ContextOverflowError(
+        prompt_tokens=at_least, max_tokens=requested or 0, context_length=context,
+        hint=hint, param="messages",
+        message=f"This model's maximum context length is {context} tokens. However, the "
+                f"prompt has at least {at_least} tokens (tokenization stopped there)"
+                f"{output}.")
+
+
 class RequestPreparer:
-    def __init__(self, model: FrontendModel) -> None:
+    def __init__(self, model: FrontendModel, *, context_hint: str = "") -> None:
         self.model = model
+        self.context_hint = context_hint
 
     def prepare(self, request: GenerateRequest) -> PreparedRequest:
         validate(request)
         self.model.check_name(request.model)
-        if request.chat is not None:
-            return self._prepare_chat(request)
-        return self._prepare_completion(request)
+        requested = request.sampling.max_tokens
+        context = self.model.max_model_len
+        limit = prompt_token_limit(requested, context)
+        try:
+            if request.chat is not None:
+                return self._prepare_chat(request, limit)
+            return self._prepare_completion(request, limit)
+        except PromptTooLong as exc:
+            at_least = exc.at_least   # raised below, free of the frames holding the prompt
+        raise prompt_too_long(at_least, requested=requested, context=context,
+                              hint=self.context_hint)
 
-    def _prepare_chat(self, request: GenerateRequest) -> PreparedRequest:
+    def _prepare_chat(self, request: GenerateRequest, limit: int) -> PreparedRequest:
         chat = request.chat
         assert chat is not None
         model = self.model
@@ -64,7 +128,7 @@ class RequestPreparer:
         if chat.offers_tools and not template.uses_tools:
             raise UnsupportedError(f"the chat template of {model.name} does not support tools",
                                    param="tools")
-        rendered = model.renderer.render(chat)
+        rendered = model.renderer.render(chat, token_limit=limit)
         reasoning = (request.parse_reasoning if request.parse_reasoning is not None
                      else bool(model.reasoning_parser))
         reasoning = reasoning and bool(model.reasoning_parser)
@@ -94,7 +158,7 @@ class RequestPreparer:
         return PreparedRequest(request, rendered.prompt, rendered.token_ids,
                                rendered.message_token_ends, images, output, grammar=grammar)
 
-    def _prepare_completion(self, request: GenerateRequest) -> PreparedRequest:
+    def _prepare_completion(self, request: GenerateRequest, limit: int) -> PreparedRequest:
         completion = request.completion
         assert completion is not None
         tokenizer = self.model.tokenizer
@@ -107,7 +171,7 @@ class RequestPreparer:
             text = tokenizer.decode(ids, skip_special_tokens=False)
         else:
             text = completion.text or ""
-            ids = tokenizer.encode(text, add_special_tokens=True)
+            ids = tokenizer.encode_bounded(text, limit, add_special_tokens=True).ids
         if not ids:
             raise ValidationError("the prompt is empty", param="prompt")
         output = OutputOptions(

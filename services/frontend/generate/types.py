@@ -56,6 +56,19 @@ class EngineRequest:
     priority: int = 0
     multimodal: bytes = b""                  # serialized helios.v1.MultimodalInputs, opaque here
     grammar: EngineGrammar | None = None
+    prompt_logprobs: int | None = None       # prompt scoring with k alternatives
+    embed: bool = False                      # the pooled embedding of the prompt
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLogprobEntry:
+    """The engine's logprob of prompt token `position` (ids only)."""
+
+    position: int
+    token_id: int
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), best first
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +87,8 @@ class ChoiceStep:
     logprobs: tuple[SampledLogprob, ...] = ()
     finish_reason: FinishReason | None = None
     stop_token_id: int | None = None
+    prompt_logprobs: tuple[PromptLogprobEntry, ...] = ()
+    embedding: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

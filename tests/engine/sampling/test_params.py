@@ -51,7 +51,7 @@ def test_explicit_zero_temperature_is_greedy() -> None:
     ({"repetition_penalty": 2.5}, "repetition_penalty"),
     ({"seed": -1}, "seed"),
     ({"seed": 1 << 64}, "seed"),
-    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": -1}, "max_tokens"),   # 0 is prompt scoring (admission checks it)
     ({"min_tokens": -1}, "min_tokens"),
     ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
     ({"stop_token_ids": (-3,)}, "stop_token_ids"),

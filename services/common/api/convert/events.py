@@ -7,9 +7,12 @@ from collections.abc import Iterable
 
 from services.common.api.convert.enums import enum_mapping
 from services.common.api.events import (
+    Embedding,
     Finish,
     FinishReason,
     GenerationEvent,
+    PromptLogprobs,
+    PromptTokenLogprob,
     ReasoningDelta,
     Started,
     TextDelta,
@@ -64,8 +67,31 @@ def _logprobs_from_pb(pb: frontend_pb2.GenerateEvent) -> tuple[TokenLogprob, ...
         for lp in pb.logprobs)
 
 
+def _top_to_pb(top: Iterable[TopLogprob]) -> list[frontend_pb2.TopLogprobInfo]:
+    return [frontend_pb2.TopLogprobInfo(token_id=t.token_id, token=t.token,
+                                        token_bytes=t.token_bytes, logprob=t.logprob)
+            for t in top]
+
+
+def _top_from_pb(top: Iterable[frontend_pb2.TopLogprobInfo]) -> tuple[TopLogprob, ...]:
+    return tuple(TopLogprob(token_id=t.token_id, token=t.token, token_bytes=t.token_bytes,
+                            logprob=t.logprob) for t in top)
+
+
 def event_to_pb(event: GenerationEvent) -> frontend_pb2.GenerateEvent:
     pb = frontend_pb2.GenerateEvent(index=event.index)
+    if isinstance(event, PromptLogprobs):
+        pb.prompt_logprobs.entries.extend(frontend_pb2.PromptTokenLogprobInfo(
+            position=e.position, token_id=e.token_id, token=e.token,
+            token_bytes=e.token_bytes, logprob=e.logprob, rank=e.rank,
+            top=_top_to_pb(e.top)) for e in event.entries)
+        pb.prompt_logprobs.first_token_id = event.first_token_id
+        pb.prompt_logprobs.first_token = event.first_token
+        pb.prompt_logprobs.first_token_bytes = event.first_token_bytes
+        return pb
+    if isinstance(event, Embedding):
+        pb.embedding.values.extend(event.values)
+        return pb
     if isinstance(event, TextDelta):
         pb.text.text = event.text
     elif isinstance(event, ReasoningDelta):
@@ -116,5 +142,14 @@ def event_from_pb(pb: frontend_pb2.GenerateEvent) -> GenerationEvent:
                        s.prompt_text)
     if kind == "usage":
         return UsageReport(usage_from_pb(pb.usage), pb.index)
+    if kind == "prompt_logprobs":
+        scored = pb.prompt_logprobs
+        return PromptLogprobs(pb.index, tuple(
+            PromptTokenLogprob(e.position, e.token_id, e.token, e.token_bytes, e.logprob,
+                               e.rank, _top_from_pb(e.top))
+            for e in scored.entries), scored.first_token_id, scored.first_token,
+            scored.first_token_bytes)
+    if kind == "embedding":
+        return Embedding(pb.index, tuple(pb.embedding.values))
     # An empty event (an unknown field from a newer frontend): keep the stream going.
     return TextDelta(pb.index, "", _logprobs_from_pb(pb), so_far)

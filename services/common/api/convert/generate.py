@@ -25,7 +25,7 @@ _OPTIONAL_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "presence_penalt
                       "frequency_penalty", "repetition_penalty", "max_tokens")
 # GenerateRequest fields that are `optional` in the proto.
 _OPTIONAL_REQUEST = ("skip_special_tokens", "spaces_between_special_tokens", "n",
-                     "parse_reasoning", "parse_tool_calls")
+                     "parse_reasoning", "parse_tool_calls", "prompt_logprobs")
 
 
 def _optional(message: Any, name: str) -> Any:
@@ -111,7 +111,8 @@ def generate_request_to_pb(request: GenerateRequest) -> frontend_pb2.GenerateReq
         sampling=sampling_to_pb(request.sampling), stop=list(request.stop),
         include_stop_str_in_output=request.include_stop_str_in_output,
         response_format=response_format_to_pb(request.response_format),
-        continuous_usage=request.continuous_usage, priority=request.priority)
+        continuous_usage=request.continuous_usage, priority=request.priority,
+        embed=request.embed)
     if isinstance(request.input, ChatInput):
         pb.chat.CopyFrom(chat_input_to_pb(request.input))
     elif isinstance(request.input, CompletionInput):
@@ -140,5 +141,6 @@ def generate_request_from_pb(pb: frontend_pb2.GenerateRequest) -> GenerateReques
         response_format=response_format_from_pb(pb.response_format),
         continuous_usage=pb.continuous_usage,
         priority=pb.priority,
+        embed=pb.embed,
         **{name: _optional(pb, name) for name in _OPTIONAL_REQUEST},
     )
