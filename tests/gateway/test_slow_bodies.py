@@ -19,6 +19,7 @@ import pytest
 from gateway.config import GatewayConfig
 from services.common.config import load_config
 from services.common.errors import ValidationError
+from tests.gateway.fake_frontend import script
 from tests.gateway.harness import GatewayThread
 
 pytestmark = pytest.mark.timeout(120)
@@ -192,6 +193,36 @@ def test_a_complete_body_is_not_timed_out(slow_gw):
         await wait_until(lambda: readers.active == 1)
         writer.close()
         await wait_until(lambda: readers.active == 0)
+
+    asyncio.run(scenario())
+
+
+def test_the_admission_permit_is_taken_when_the_body_is_complete(slow_gw, frontend):
+    """A body that was still arriving when the permits ran out gets the 429 once it is
+    complete (admission is checked before the body and taken after it)."""
+    hang = json.dumps({"model": "m", "stream": True, "messages": [
+        {"role": "user", "content": script(hang=True)}]}).encode()
+
+    async def scenario() -> None:
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]})
+        reader, writer = await asyncio.open_connection("127.0.0.1", slow_gw.config.port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(body), body[:10].encode()))
+        await writer.drain()
+        await wait_until(lambda: slow_gw.app.state.body_readers.active == 1)
+        async with httpx.AsyncClient(timeout=30) as http:
+            streams = [http.stream("POST", slow_gw.url + "/v1/chat/completions", content=hang)
+                       for _ in range(2)]
+            for stream in streams:
+                assert (await stream.__aenter__()).status_code == 200
+            await wait_until(lambda: slow_gw.admission.active == 2)
+            writer.write(body[10:].encode())
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+            assert head.startswith(b"HTTP/1.1 429"), head
+            for stream in streams:
+                await stream.__aexit__(None, None, None)
+        writer.close()
+        await wait_until(lambda: slow_gw.admission.active == 0 and frontend.active == 0)
 
     asyncio.run(scenario())
 
