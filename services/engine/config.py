@@ -65,12 +65,21 @@ class EngineConfig(ServiceConfig):
                                "appended to context-overflow errors")
     capacity_hint: str = option("raise --max-num-seqs or the KV cache budget (engine)",
                                 "appended to capacity errors")
+    kv_events_endpoint: str = option("", "ZMQ PUB endpoint for prefix-cache events in vLLM's "
+                                         "KV-events format (e.g. tcp://*:5557; empty: off)")
+    kv_events_replay_endpoint: str = option("", "ZMQ ROUTER endpoint replaying buffered KV "
+                                                "event batches from a sequence number")
+    kv_events_topic: str = option("", "topic frame of every KV event batch")
+    kv_events_buffer: int = option(10_000, "KV event batches kept for replay")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.model:
             raise ValidationError("engine needs --model (a core or model directory)",
                                   param="model")
+        if self.kv_events_replay_endpoint and not self.kv_events_endpoint:
+            raise ValidationError("kv_events_replay_endpoint needs kv_events_endpoint",
+                                  param="kv_events_replay_endpoint")
         if self.max_num_seqs < 1:
             raise ValidationError("max_num_seqs must be >= 1", param="max_num_seqs")
         if self.prefill_chunk_size < 64 or self.prefill_chunk_size % 64:

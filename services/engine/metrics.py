@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from services.engine.core.telemetry import LoadSnapshot
+from services.engine.prefix.history import BLOCK_TOKENS
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -61,8 +62,9 @@ _GAUGES = (
 
 class EngineMetrics(Collector):
     def __init__(self, registry: CollectorRegistry, model_name: str,
-                 fetch: Callable[[], LoadSnapshot | None]) -> None:
+                 fetch: Callable[[], LoadSnapshot | None], *, page_size: int = 16) -> None:
         self.model_name = model_name
+        self.page_size = page_size
         self._fetch = fetch
         self._minute_value = 0
         self._minute_sampled = -MINUTE_SAMPLE_S
@@ -125,3 +127,11 @@ class EngineMetrics(Collector):
             metric = family(name, help_text, labels=labels)
             metric.add_metric(value, number)
             yield metric
+        # the cache's shape, as vLLM states it (Gateway API Inference Extension's model-server
+        # protocol): a block is the prefix cache's 64-token unit, the one KV events name
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info", "prefix-cache configuration (value 1)",
+            labels=["model_name", "block_size", "num_gpu_blocks", "enable_prefix_caching"])
+        info.add_metric([self.model_name, str(BLOCK_TOKENS),
+                         str(snap.pages_total * self.page_size // BLOCK_TOKENS), "True"], 1)
+        yield info

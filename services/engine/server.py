@@ -34,6 +34,7 @@ from services.engine import wire
 from services.engine.config import EngineConfig
 from services.engine.core.client import CoreClient
 from services.engine.core.telemetry import LoadSnapshot
+from services.engine.kv_events import KVEventPublisher
 from services.engine.metrics import EngineMetrics
 from services.engine.prefix.history import BLOCK_TOKENS
 from services.engine.prefix.records import BlockEvent
@@ -55,6 +56,7 @@ class EngineLifecycle(BasicLifecycle):
         self.client: CoreClient | None = None
         self.health: HealthReporter | None = None
         self.metrics: EngineMetrics | None = None
+        self.kv_events: KVEventPublisher | None = None
 
     async def start(self, health: HealthReporter) -> None:
         self.health = health
@@ -65,6 +67,11 @@ class EngineLifecycle(BasicLifecycle):
             self.metrics.model_name = self.model.manifest.card_id
         self.client = CoreClient(self.config, on_failure=health.fail)
         await self.client.start()
+        if self.config.kv_events_endpoint:
+            self.kv_events = KVEventPublisher(
+                self.config.kv_events_endpoint, self.config.kv_events_replay_endpoint,
+                topic=self.config.kv_events_topic, buffer_batches=self.config.kv_events_buffer)
+            self.client.subscribe(self.kv_events.deliver)
 
     def core(self) -> CoreClient:
         if self.client is None or self.client.ready is None:
@@ -89,6 +96,8 @@ class EngineLifecycle(BasicLifecycle):
     async def close(self) -> None:
         if self.client is not None:
             await self.client.close()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
@@ -233,7 +242,8 @@ def _load_fetcher(lifecycle: EngineLifecycle, loop: asyncio.AbstractEventLoop
 async def _serve(config: EngineConfig) -> int:
     lifecycle = EngineLifecycle(config)
     registry = service_registry("engine")
-    metrics = EngineMetrics(registry, "", _load_fetcher(lifecycle, asyncio.get_running_loop()))
+    metrics = EngineMetrics(registry, "", _load_fetcher(lifecycle, asyncio.get_running_loop()),
+                            page_size=config.page_size)
     lifecycle.metrics = metrics
     servicer = EngineServicer(config, lifecycle, metrics)
     binding = ServiceBinding(SERVICE_NAME, servicer, engine_pb2_grpc.add_EngineServicer_to_server)

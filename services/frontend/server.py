@@ -36,6 +36,7 @@ from services.frontend.config import FrontendConfig
 from services.frontend.generate.pipeline import GeneratePipeline
 from services.frontend.generate.upstream import EngineClient, ImagePrepClient
 from services.frontend.generate.workers import PreparationPool
+from services.frontend.memory import MemoryReleaser
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.model import FrontendModel
 
@@ -53,6 +54,7 @@ class FrontendLifecycle:
         self.config = config
         self.model: FrontendModel | None = model
         self.pool = PreparationPool(config.frontend_workers)
+        self.memory = MemoryReleaser()    # malloc_trim after large requests
         self.pipeline: GeneratePipeline | None = None
         self._health: HealthReporter | None = None
         self._upstreams: list[UpstreamHealth] = []
@@ -162,6 +164,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
             timer.completed()
         except HeliosError as exc:
             if exc.kind is ErrorKind.CANCELLED:
+        large = self.lifecycle.memory.started(request.ByteSize())
                 timer.cancelled()
             else:
                 timer.failed(exc.kind.value)
@@ -182,6 +185,8 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         return frontend_pb2.RenderChatResponse(
             prompt=rendered.prompt, token_ids=rendered.token_ids,
             message_token_ends=list(rendered.message_token_ends),
+            if large:
+                self.lifecycle.memory.ended()
             num_images=rendered.num_images)
 
     async def _token_ids(self, request, *, add_special_tokens: bool) -> list[int]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import tokenizers
 
+from services.frontend.bounded_encode import ChunkedSpans, PromptTooLong, TokenBounds, chunk_chars
 from services.frontend.detokenizer import IncrementalDetokenizer
 from services.frontend.token_bytes import DecoderModel, TokenBytes
 
@@ -68,6 +69,10 @@ class Tokenizer:
         decoder = self._tok.decoder
         decoder_json = json.loads(decoder.__getstate__()) if decoder is not None else None
         self.token_bytes = TokenBytes(DecoderModel.from_json(decoder_json), self._tok.id_to_token)
+        self.bounds = TokenBounds.from_tokenizer(
+            tokenizer_json,
+            lambda i: self.token_bytes.token_bytes(i).decode("utf-8", errors="replace"))
+        self._affixes = self._special_affixes()
 
     # -- encode -------------------------------------------------------------------------------
 
@@ -77,6 +82,59 @@ class Tokenizer:
     def encode_with_offsets(self, text: str, *, add_special_tokens: bool = False) -> Encoding:
         encoding = self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0]
         return Encoding(encoding.ids, encoding)
+
+    def encode_bounded(self, text: str, limit: int | None, *,
+                       add_special_tokens: bool = False) -> Encoding:
+        """Encode, or raise PromptTooLong as soon as more than `limit` tokens are certain.
+
+        Refused at once when the character bound proves the text too long; otherwise encoded
+        in chunks cut where no token crosses (bounded_encode.py), stopping past the limit.
+        The ids (and spans) equal `encode_with_offsets`; with add_special_tokens the chunked
+        result carries no spans.
+        """
+        if limit is not None:
+            least = self.bounds.lower_bound(len(text))
+            if least > limit:
+                raise PromptTooLong(least, limit)
+        size = chunk_chars(limit)
+        affixes = self._affixes if add_special_tokens else ([], [])
+        if len(text) <= size or not self.bounds.chunkable or affixes is None:
+            return self.encode_with_offsets(text, add_special_tokens=add_special_tokens)
+        prefix, suffix = affixes
+        ids: list[int] = list(prefix)
+        spans = ChunkedSpans()
+        start = 0
+        while start < len(text):
+            end = len(text)
+            if end - start > size:
+                end = self.bounds.find_cut(text, start + size, start) or self._next_cut(
+                    text, start + size)
+            encoding = self._tok.encode_batch([text[start:end]], add_special_tokens=False)[0]
+            spans.add(start, len(ids), encoding)
+            ids.extend(encoding.ids)
+            if limit is not None and len(ids) + len(suffix) > limit:
+                raise PromptTooLong(len(ids) + len(suffix), limit)
+            start = end
+        ids.extend(suffix)
+        return Encoding(ids, None if add_special_tokens else spans)
+
+    def _next_cut(self, text: str, after: int) -> int:
+        """The first cut after `after`, else the end of the text."""
+        i = text.find(" ", after)
+        while i != -1:
+            if self.bounds.is_cut(text, i):
+                return i
+            i = text.find(" ", i + 1)
+        return len(text)
+
+    def _special_affixes(self) -> tuple[list[int], list[int]] | None:
+        """The ids add_special_tokens puts before and after a text (None: not separable)."""
+        plain = self._tok.encode_batch(["a"], add_special_tokens=False)[0].ids
+        full = self._tok.encode_batch(["a"], add_special_tokens=True)[0].ids
+        for at in range(len(full) - len(plain) + 1):
+            if full[at:at + len(plain)] == plain:
+                return full[:at], full[at + len(plain):]
+        return None
 
     # -- decode -------------------------------------------------------------------------------
 

@@ -62,8 +62,14 @@ def test_metrics_have_no_request_labels_or_text(run):
                  "vllm:prefix_cache_hits", "vllm:prompt_tokens", "vllm:generation_tokens",
                  "vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
                  "helios_engine_tokens_last_minute", "helios_engine_uptime_seconds",
-                 "helios_gateway_uptime_seconds"):
+                 "helios_gateway_uptime_seconds", "vllm:cache_config_info"):
         assert name in names, name
+    (info,) = [s for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "vllm:cache_config_info"]
+    pages = value(scrape(run.url), "helios_engine_pages_total")     # 16-token pages
+    assert info.value == 1 and info.labels["block_size"] == "64"
+    assert info.labels["model_name"] == "helios-demo"
+    assert int(info.labels["num_gpu_blocks"]) == pages * 16 // 64 > 0
 
 
 def test_counters_move_by_exactly_the_traffic(run):

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -62,6 +63,7 @@ class _Node:
     ready_fence: int
     block_keys: tuple[bytes, ...]     # complete 64-token blocks first covered here
     block_parent: bytes
+    block_tokens: array[int]          # their tokens, 64 per key (for KV events)
     ready: bool = False
     children: int = 0
     direct_pins: int = 0
@@ -191,6 +193,8 @@ class PrefixCheckpointCache:
             tail_pages=pages, ready_fence=ready_fence,
             block_keys=tuple(history.block_key(b) for b in range(first_block, last_block)),
             block_parent=history.block_key(first_block - 1) if first_block else b"",
+            block_tokens=array("I", history.tokens[first_block * BLOCK_TOKENS:
+                                                   last_block * BLOCK_TOKENS]),
             tick=next(self._ticks))
         self._nodes[ref.checkpoint_id] = node
         self._by_key[key] = node
@@ -288,8 +292,12 @@ class PrefixCheckpointCache:
         return tuple(retired)
 
     def evict_all(self) -> tuple[RetiredResources, ...]:
-        """Evict every unpinned checkpoint (drain, tests)."""
-        return self.evict(pages=self.num_pages + 1, snapshots=self.num_snapshots + 1)
+        """Evict every unpinned checkpoint (drain, tests). When nothing is left, the block
+        events collapse into one all-cleared event."""
+        retired = self.evict(pages=self.num_pages + 1, snapshots=self.num_snapshots + 1)
+        if retired and not self._nodes:
+            self._blocks.clear()
+        return retired
 
     def cancel_pending(self, ref: CheckpointRef) -> RetiredResources:
         """Withdraw a created checkpoint that never became ready (its producer failed).
@@ -325,7 +333,8 @@ class PrefixCheckpointCache:
         """Every ready checkpoint's blocks as stored events, parents first (replay)."""
         nodes = sorted((n for n in self._nodes.values() if n.ready and n.block_keys),
                        key=lambda n: n.ref.endpoint)
-        return [BlockEvent(True, n.block_keys, n.block_parent) for n in nodes]
+        return [BlockEvent(True, n.block_keys, n.block_parent, tuple(n.block_tokens))
+                for n in nodes]
 
     # -- internals --------------------------------------------------------------------------
     def _node(self, ref: CheckpointRef) -> _Node:
@@ -356,11 +365,13 @@ class PrefixCheckpointCache:
             ref=CheckpointRef(next(self._ids), boundary, None), key=key, anchor=key,
             parent=node.parent, tail_pages=node.tail_pages[:pages],
             ready_fence=node.ready_fence, block_keys=node.block_keys[:blocks],
-            block_parent=node.block_parent, ready=True, children=1, refs=node.refs,
-            last_use_fence=node.last_use_fence, tick=node.tick)
+            block_parent=node.block_parent,
+            block_tokens=node.block_tokens[:blocks * BLOCK_TOKENS], ready=True, children=1,
+            refs=node.refs, last_use_fence=node.last_use_fence, tick=node.tick)
         node.parent = block
         node.tail_pages = node.tail_pages[pages:]
         node.block_keys = node.block_keys[blocks:]
+        node.block_tokens = node.block_tokens[blocks * BLOCK_TOKENS:]
         node.block_parent = key
         for block_key in block.block_keys:
             holding = self._holders[block_key]
@@ -425,7 +436,7 @@ class PrefixCheckpointCache:
                     self._by_anchor.setdefault(node.anchor, []).append(node)
                     if node.refs == 0:
                         self.num_evictable_pages += len(node.tail_pages)
-                    self._blocks.add(node.block_keys, node.block_parent)
+                    self._blocks.add(node.block_keys, node.block_parent, node.block_tokens)
                     for block_key in node.block_keys:
                         self._holders.setdefault(block_key, []).append(node)
                     self.counters.published += 1

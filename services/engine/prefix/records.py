@@ -72,11 +72,18 @@ class ReusableResources:
 
 @dataclass(frozen=True, slots=True)
 class BlockEvent:
-    """Complete 64-token blocks that became cached (stored) or stopped being cached."""
+    """Complete 64-token blocks that became cached (stored) or stopped being cached; or, with
+    `cleared`, every block at once (the cache emptied: subscribers drop what they hold)."""
 
     stored: bool
     block_keys: tuple[bytes, ...]   # in prefix order
     parent_key: bytes               # key of the block before the first; b"" at the root
+    token_ids: tuple[int, ...] = ()   # stored events: the blocks' tokens (64 per key)
+    cleared: bool = False
+
+    @classmethod
+    def all_cleared(cls) -> BlockEvent:
+        return cls(False, (), b"", (), cleared=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,10 +65,12 @@ def make_resident(state: SchedulerState, seq: Sequence, hit: PrefixHit) -> None:
         request.admission_pin = None
     seq.cache.hold(hit, pin)
     restore = resume = None
-    if hit.checkpoint is not None and hit.endpoint % res.page_size:
-        restore = (hit.checkpoint.snapshot_id, hit.endpoint % res.page_size)
-    if hit.checkpoint is not None and hit.endpoint == seq.total_len:
-        resume = hit.checkpoint.snapshot_id
+    # a block checkpoint (no snapshot) is page aligned and never the whole sequence
+    snapshot = hit.checkpoint.snapshot_id if hit.checkpoint is not None else None
+    if snapshot is not None and hit.endpoint % res.page_size:
+        restore = (snapshot, hit.endpoint % res.page_size)
+    if snapshot is not None and hit.endpoint == seq.total_len:
+        resume = snapshot
     seq.progress.start(hit.endpoint, restore, resume)
     if seq.index == 0:
         _reserve_checkpoints(state, seq)

@@ -69,8 +69,9 @@ class ChatRenderer:
             raise ChatTemplateError(f"chat template error: {exc}", param="messages") from exc
         return rendered.prompt, rendered.char_ends
 
-    def render(self, chat: ChatInput) -> RenderedPrompt:
+    def render(self, chat: ChatInput, *, token_limit: int | None = None) -> RenderedPrompt:
+        """Render and tokenize; past `token_limit` tokens raise PromptTooLong early."""
         prompt, char_ends = self.render_text(chat)
-        encoding = self.tokenizer.encode_with_offsets(prompt)
+        encoding = self.tokenizer.encode_bounded(prompt, token_limit)
         ends = token_ends(encoding.spans, len(encoding.ids), char_ends)
         return RenderedPrompt(prompt, encoding.ids, ends, num_images=len(chat.images))

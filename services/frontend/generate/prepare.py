@@ -189,12 +189,18 @@ class RequestPreparer:
 
 
 def resolve_max_tokens(*, prompt_tokens: int, requested: int | None, context: int,
-                       hint: str) -> int:
-    """The output budget: as requested, or the rest of the context; overflow is an error."""
+                       hint: str, pool_tokens: int = 0) -> int:
+    """The output budget: as requested, or the rest of the context; overflow is an error.
+
+    `pool_tokens` (the engine's whole KV pool, when smaller than the context) bounds the
+    default too: a request without a limit stops where the pool ends instead of asking for
+    more than the engine could ever hold (a prompt that fills the pool is the engine's 400)."""
     if requested is None:
         if prompt_tokens >= context:
             raise ContextOverflowError(prompt_tokens=prompt_tokens, max_tokens=0,
                                        context_length=context, hint=hint, param="messages")
+        if 0 < pool_tokens < context:
+            return max(1, pool_tokens - prompt_tokens)
         return context - prompt_tokens
     if prompt_tokens + requested > context:
         raise ContextOverflowError(prompt_tokens=prompt_tokens, max_tokens=requested,

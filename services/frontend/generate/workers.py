@@ -7,6 +7,10 @@ says): jinja rendering holds the GIL only in short slices (the interpreter switc
 5 ms) and tokenization (`encode_batch`) releases it, so streaming keeps flowing during a burst
 (benchmarks/bench_frontend.py measures the event-loop lag). Requests beyond the worker count wait
 in arrival order; a request cancelled while waiting never starts.
+
+Large jobs (prompts of megabytes: rendering copies them under the GIL) run on at most
+`workers - 1` workers at once, so a burst of them never holds every worker and small requests
+are prepared without waiting behind them (with one worker they share it, in order).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ class PreparationPool:
             max_workers=workers, thread_name_prefix="frontend-prepare")
         self.num_waiting = 0     # requests queued for a worker
         self.num_running = 0     # requests being prepared
+        self.large_slots = max(1, workers - 1)
+        self._large: asyncio.Semaphore | None = None   # made on the loop that first needs it
 
     def _run(self, fn: Callable[..., T], *args: object) -> T:
         self.num_waiting -= 1
@@ -37,8 +43,14 @@ class PreparationPool:
         finally:
             self.num_running -= 1
 
-    async def run(self, fn: Callable[..., T], *args: object) -> T:
-        """Run `fn(*args)` on a worker; cancelling the caller drops a request still queued."""
+    async def run(self, fn: Callable[..., T], *args: object, large: bool = False) -> T:
+        """Run `fn(*args)` on a worker; cancelling the caller drops a request still queued.
+        A `large` job first waits for one of the `large_slots`."""
+        if large:
+            if self._large is None:
+                self._large = asyncio.Semaphore(self.large_slots)
+            async with self._large:
+                return await self.run(fn, *args)
         self.num_waiting += 1
         future = self._executor.submit(self._run, fn, *args)
         try:

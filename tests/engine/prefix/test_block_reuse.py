@@ -87,14 +87,19 @@ def test_splitting_announces_nothing_and_eviction_removes_each_block_once():
     history = PrefixHistory(IDENTITY, first)
     cached(cache, first)
     (stored,) = cache.take_block_events()
-    assert stored == BlockEvent(True, tuple(history.block_key(b) for b in range(3)), b"")
+    assert stored == BlockEvent(True, tuple(history.block_key(b) for b in range(3)), b"",
+                                tuple(first[:192]))
     cache.lookup(PrefixHistory(IDENTITY, first[:150]))
     assert cache.take_block_events() == []
-    cache.evict_all()          # the leaf (block 2), then the block checkpoint (blocks 0, 1)
-    cache.evict_all()
-    removed = cache.take_block_events()
-    assert [e.block_keys for e in removed] == [(history.block_key(2),),
-                                               (history.block_key(0), history.block_key(1))]
+    block_events = cache.cached_blocks()       # a late subscriber's replay: both holders
+    assert [(e.block_keys, e.parent_key, e.token_ids) for e in block_events] == [
+        ((history.block_key(0), history.block_key(1)), b"", tuple(first[:128])),
+        ((history.block_key(2),), history.block_key(1), tuple(first[128:192]))]
+    cache.evict(pages=1)       # the leaf: block 2 only
+    (removed,) = cache.take_block_events()
+    assert not removed.stored and removed.block_keys == (history.block_key(2),)
+    cache.evict_all()          # the block checkpoint, the last: everything is gone
+    assert cache.take_block_events() == [BlockEvent.all_cleared()]
     assert cache.cached_blocks() == []
 
 

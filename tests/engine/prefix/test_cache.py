@@ -214,7 +214,9 @@ def test_block_events_follow_block_coverage():
     h2 = PrefixHistory(IDENTITY, [*range(64), *range(500, 520)])
     cache.publish(h2, 84, None, (12, 13, 14, 15, 16), 2, 0)
     assert cache.take_block_events() == []
-    cache.evict_all()
+    cache.evict(pages=8)             # the child: blocks 1, 2 (the root and sibling hold 0)
     removed = cache.take_block_events()
-    assert {k for e in removed for k in e.block_keys} == {h.block_key(i) for i in range(3)}
+    assert {k for e in removed for k in e.block_keys} == {h.block_key(1), h.block_key(2)}
     assert all(not e.stored for e in removed)
+    cache.evict_all()                # the last holder: one all-cleared event
+    assert [e.cleared for e in cache.take_block_events()] == [True]

@@ -23,7 +23,8 @@ PROMPT = list(range(2000, 2130))
 def test_drain_and_prefix_events(tmp_path, demo_core):
     """Health SERVING only after the core loaded; a subscriber replays cached blocks and sees
     new ones stored; Drain cancels stragglers, confirms the last step, releases the cache
-    (blocks removed), turns health NOT_SERVING and refuses new work until resumed."""
+    (the emptied cache is one all-cleared event), turns health NOT_SERVING and refuses new
+    work until resumed."""
     with start_engine(tmp_path) as engine:
         output = engine.process.output()
         assert output.index("engine core ready") < output.index("health SERVING")
@@ -62,17 +63,16 @@ def test_drain_and_prefix_events(tmp_path, demo_core):
         except grpc.RpcError as exc:
             assert exc.code() == grpc.StatusCode.UNAVAILABLE
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and sum(e.HasField("removed") for e in events) < 2:
+        while time.monotonic() < deadline and not any(e.HasField("cleared") for e in events):
             time.sleep(0.05)
         subscription.cancel()
         reader.join(10)
         stored = [e.stored for e in events if e.HasField("stored")]
-        removed = {h for e in events if e.HasField("removed") for h in e.removed.block_hashes}
         assert stored[0].block_tokens == 64 and len(stored[0].block_hashes) == 2  # replay
         assert stored[0].parent_hash == b""
         assert len(stored[1].block_hashes) == 3                                 # 200 tokens
         assert all(len(h) == 16 for s in stored for h in s.block_hashes)
-        assert removed == {h for s in stored for h in s.block_hashes}
+        assert events[-1].HasField("cleared") and not any(e.HasField("removed") for e in events)
         sequences = [e.sequence for e in events]
         assert sequences == sorted(sequences) and len(set(sequences)) == len(sequences)
         assert len({e.session_id for e in events}) == 1

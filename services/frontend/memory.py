@@ -1,0 +1,87 @@
+"""Giving freed memory back to the system after large requests.
+
+A prompt of tens of MiB passes through the frontend as several copies (the protobuf message, the
+domain string, the template's output). Freed, those blocks stay in glibc's heaps: the mmap
+threshold grows to the largest block freed (up to 32 MiB), so later big blocks come from the
+heaps, and each preparation thread has its own arena that is trimmed only from its top. Two
+30 MiB prompts left hundreds of MB resident that way; and a refused request's traceback forms
+reference cycles with its frames (the gRPC abort is raised while handling it), which keep the
+prompt alive until the cyclic collector happens to run. `MemoryReleaser` runs `gc.collect()`
+and then `malloc_trim(0)` (every arena, free pages returned with madvise) shortly after the
+last large request ends, on a thread (ctypes releases the GIL). On a C library without
+`malloc_trim` it does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import gc
+import logging
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+LARGE_REQUEST_BYTES = 1 << 20     # requests at least this big are followed by a trim
+TRIM_DELAY_S = 0.05               # lets the request's handler and gRPC drop their references
+
+
+def _malloc_trim() -> Callable[[], None] | None:
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+
+    def release() -> None:
+        trim(0)
+
+    return release
+
+
+class MemoryReleaser:
+    """Coalesces trims: one runs after the last of a burst of large requests has ended."""
+
+    def __init__(self, trim: Callable[[], None] | None = None) -> None:
+        self._trim = trim if trim is not None else _malloc_trim()
+        self._active = 0
+        self._task: asyncio.Task[None] | None = None
+        self.num_trims = 0
+
+    @property
+    def available(self) -> bool:
+        return self._trim is not None
+
+    def started(self, size: int) -> bool:
+        """A request of `size` bytes began; True if it counts as large."""
+        large = size >= LARGE_REQUEST_BYTES and self._trim is not None
+        if large:
+            self._active += 1
+        return large
+
+    def ended(self) -> None:
+        """A large request ended: trim once none is left (the task is created on the loop)."""
+        self._active -= 1
+        if self._active == 0 and (self._task is None or self._task.done()):
+            self._task = asyncio.get_running_loop().create_task(self._release())
+
+    def _collect_and_trim(self) -> None:
+        assert self._trim is not None
+        gc.collect()   # a failed request's traceback cycles hold its frames (and its prompt)
+        self._trim()
+
+    async def _release(self) -> None:
+        await asyncio.sleep(TRIM_DELAY_S)
+        if self._active or self._trim is None:
+            return  # another large request began: the last one to end trims
+        try:
+            await asyncio.to_thread(self._collect_and_trim)
+            self.num_trims += 1
+        except Exception:  # never fail a request over housekeeping
+            log.exception("malloc_trim failed")
