@@ -1,7 +1,8 @@
 """CORS for browser clients: which origins may call the gateway, and the headers they get.
 
-Loopback origins (`http(s)://localhost`, `127.0.0.1`, `[::1]`, any port) are always allowed,
-as Ollama allows them; `allowed_origins` adds exact origins (`https://app.example.com`),
+Loopback origins (`http(s)://localhost`, `127.0.0.1`, `[::1]`, any port) and desktop apps'
+own schemes (`app://`, `tauri://`, `vscode-webview://`, `vscode-file://`: no web site can
+send them) are always allowed, as Ollama allows them; `allowed_origins` adds exact origins (`https://app.example.com`),
 patterns with `*` (`https://*.example.com`, `chrome-extension://*`) or `*` for any origin. A
 request whose Origin names the gateway's own host (its Swagger UI at /docs) is same-origin.
 
@@ -26,6 +27,7 @@ from services.common.errors import ValidationError
 Headers = list[tuple[bytes, bytes]]
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+APP_SCHEMES = ("app://", "tauri://", "vscode-webview://", "vscode-file://")
 ALLOW_METHODS = b"GET, HEAD, POST, DELETE, OPTIONS"
 # When a preflight names no headers (the browser then sends only safelisted ones).
 DEFAULT_ALLOW_HEADERS = b"authorization, content-type, x-api-key, anthropic-version"
@@ -67,7 +69,8 @@ class OriginPolicy:
 
     def allows(self, origin: str, host: str = "") -> bool:
         origin = origin.strip().lower()
-        if self.any or origin in self.exact or is_loopback(origin):
+        if self.any or origin in self.exact or is_loopback(origin) or \
+                origin.startswith(APP_SCHEMES):
             return True
         if any(pattern.fullmatch(origin) for pattern in self.wildcards):
             return True

@@ -146,6 +146,8 @@ def test_origin_patterns_and_the_setting(tmp_path):
     assert not policy.allows("http://intranet:8081")
     assert not policy.allows("http://localhost:99999")            # malformed port
     assert OriginPolicy(["*"]).allows("https://anything.net")
+    assert OriginPolicy([]).allows("vscode-webview://1a2b3c")        # desktop apps, as Ollama
+    assert not OriginPolicy([]).allows("chrome-extension://abcdefghijklmnop")
     flags = load_config(GatewayConfig, ["--allowed-origins", "https://a.net,https://*.b.net"],
                         env={})
     assert flags.allowed_origins == ("https://a.net", "https://*.b.net")
