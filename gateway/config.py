@@ -33,8 +33,9 @@ class GatewayConfig(CommonConfig):
     body_min_rate: int = option(1024, "average bytes/s a request body must keep after "
                                       "body_grace_s (408 below it; 0 = no minimum)")
     body_grace_s: float = option(5.0, "seconds before body_min_rate applies")
-    # CORS: loopback origins (http(s)://localhost, 127.0.0.1, [::1], any port) are always
-    # allowed, like Ollama; these are added ('*' = any, '*' inside a pattern = any characters).
+    # CORS: loopback origins (http(s)://localhost, 127.0.0.1, [::1], any port) and desktop
+    # apps' schemes are always allowed, like Ollama; these are added ('*' = any origin, '*'
+    # inside a pattern = any characters; gateway/cors.py).
     allowed_origins: tuple[str, ...] = option(
         (), "browser origins allowed besides loopback ones (e.g. https://app.example.com, "
             "https://*.example.com, chrome-extension://*, *)")
