@@ -82,6 +82,14 @@ class CacheCounters:
     query_tokens: int = 0
     published: int = 0        # unique checkpoints that joined lookup
     splits: int = 0           # block checkpoints split out of longer ones by lookups
+
+    def reused_later(self, counted: int, reused: int) -> None:
+        """A request counted at its lookup with `counted` tokens reused `reused` once
+        resident (blocks another request prefilled meanwhile)."""
+        if not counted:
+            self.misses -= 1
+            self.hits += 1
+        self.reused_tokens += reused - counted
     duplicates: int = 0       # EXISTING outcomes
     evicted: int = 0
 

@@ -16,6 +16,7 @@ def publish(state: SchedulerState, seq: Sequence, fence: int) -> None:
     cache = seq.cache
     endpoint = seq.num_computed
     row = cache.take_target(endpoint)
+    state.inflight.fulfil(seq, endpoint)     # cached now (or never will be, by this sequence)
     start = cache.base.endpoint if cache.base else 0
     size = res.page_size
     tail = cache.page_ids[start // size:endpoint // size]

@@ -29,7 +29,8 @@ def admit_waiting(state: SchedulerState) -> None:
     """Make waiting sequences resident, oldest first, while slots and pages allow.
 
     The head of the queue is never overtaken by a younger sequence that happens to fit (so a
-    long prompt cannot be starved); only ineligible followers are skipped."""
+    long prompt cannot be starved); only ineligible followers are skipped, and prompts whose
+    next blocks a resident sequence is prefilling (`InflightBlocks.worth_waiting`)."""
     res = state.resources
     index = 0
     while index < len(state.waiting) and state.slots.num_free:
@@ -40,6 +41,11 @@ def admit_waiting(state: SchedulerState) -> None:
         # a scoring sequence needs logits for every prompt row: no cached prefix (limit 0)
         hit = res.cache.lookup(seq.request.history,
                                0 if seq.scores_prompt else seq.prompt_len, count=False)
+        if not seq.scores_prompt and seq.phase is Phase.QUEUED and \
+                state.inflight.worth_waiting(seq.request.history, hit.endpoint,
+                                             seq.prompt_len):
+            index += 1                           # its blocks are being prefilled: wait
+            continue
         first = min(state.config.prefill_chunk_size, seq.total_len - hit.endpoint)
         needed = res.pages_for(hit.endpoint + first) - len(hit.page_ids)
         headroom = len(state.running)           # one page per resident sequence, soon
@@ -55,6 +61,7 @@ def make_resident(state: SchedulerState, seq: Sequence, hit: PrefixHit) -> None:
     res = state.resources
     handle = state.slots.acquire()
     assert handle is not None
+    fresh = seq.phase is Phase.QUEUED          # first residency (not a preempted comeback)
     seq.handle = handle
     seq.phase = Phase.RUNNING
     seq.bump()
@@ -73,7 +80,13 @@ def make_resident(state: SchedulerState, seq: Sequence, hit: PrefixHit) -> None:
         resume = snapshot
     seq.progress.start(hit.endpoint, restore, resume)
     if seq.index == 0:
+        if fresh and hit.endpoint > request.cached_tokens:
+            # blocks a leader prefilled after this request's admission lookup: reuse counts
+            res.cache.counters.reused_later(request.cached_tokens, hit.endpoint)
+            request.cached_tokens = hit.endpoint
         _reserve_checkpoints(state, seq)
+        if seq.cache.targets:
+            state.inflight.promise(seq, request.history, hit.endpoint, max(seq.cache.targets))
     state.running[handle.slot] = seq
 
 
@@ -104,6 +117,7 @@ def release(state: SchedulerState, seq: Sequence) -> None:
     """Give back a resident sequence's slot, pins, pages and rows behind its last use."""
     res = state.resources
     fence = seq.progress.last_fence
+    state.inflight.withdraw(seq)
     pins, pages, rows = seq.cache.release()
     for pin in pins:
         res.cache.mark_used(pin.checkpoint, fence)

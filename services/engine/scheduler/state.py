@@ -6,6 +6,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from services.engine.scheduler.costs import DurationEstimator
+from services.engine.scheduler.inflight import InflightBlocks
 from services.engine.scheduler.plan import SlotHandle, Step
 from services.engine.scheduler.proposals import Proposer
 from services.engine.scheduler.resources import KVResources
@@ -61,6 +62,7 @@ class SchedulerState:
     in_flight: dict[int, Step] = field(default_factory=dict)    # fence -> committed step
     counters: SchedulerCounters = field(default_factory=SchedulerCounters)
     costs: DurationEstimator = field(default_factory=DurationEstimator)
+    inflight: InflightBlocks = field(default_factory=InflightBlocks)   # prefill being shared
     next_serial: int = 0
 
     def enqueue(self, seq: Sequence) -> None:

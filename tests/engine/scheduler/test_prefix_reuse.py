@@ -142,3 +142,35 @@ def test_a_prompt_sharing_complete_blocks_reuses_them_without_a_boundary():
     third = second + prompt_of(5, salt=3)
     assert scheduler.admit(request("c", third, 2)).usage.cached_tokens == len(second)
     assert run_until_idle(scheduler, runner)["c"][0] == reference_tokens(third, 2, vocab=VOCAB)
+
+
+def test_a_prompt_waits_for_the_blocks_a_resident_prompt_is_prefilling():
+    """Two prompts sharing 256 tokens arrive together: the second waits while the first
+    prefills them, then reuses them (counted as cached), instead of computing them twice."""
+    scheduler, runner = make_engine(prefill_chunk_size=64, max_num_batched_tokens=128)
+    shared = prompt_of(256)
+    first, second = shared + prompt_of(44, salt=1), shared + prompt_of(20, salt=2)
+    scheduler.admit(request("a", first, 3))
+    assert scheduler.admit(request("b", second, 3)).usage.cached_tokens == 0
+    before = len(runner.steps)
+    out = run_until_idle(scheduler, runner)
+    assert out["b"][0] == reference_tokens(second, 3, vocab=VOCAB)
+    assert out["a"][0] == reference_tokens(first, 3, vocab=VOCAB)
+    (a_step,) = runner.steps[before].seqs            # the first step is the first prompt's
+    b_starts = [s.start for step in runner.steps[before:] for s in step.seqs
+                if s.handle.slot != a_step.handle.slot]
+    assert b_starts and min(b_starts) == 256          # it never computed the shared blocks
+    counters = scheduler.state.resources.cache.counters
+    assert counters.reused_tokens == 256 and counters.hits == 1
+    assert len(scheduler.state.inflight) == 0
+
+
+def test_a_small_overlap_does_not_wait():
+    scheduler, runner = make_engine(prefill_chunk_size=64, max_num_batched_tokens=256)
+    first = prompt_of(64) + prompt_of(236, salt=1)
+    second = prompt_of(64) + prompt_of(236, salt=2)     # one block of 300 shared
+    scheduler.admit(request("a", first, 2))
+    scheduler.admit(request("b", second, 2))
+    out = run_until_idle(scheduler, runner)
+    assert out["b"][0] == reference_tokens(second, 2, vocab=VOCAB)
+    assert len(runner.steps[0].seqs) == 2               # both prefilled from the first step
