@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import statistics
@@ -44,6 +45,8 @@ class RequestResult:
     output_tokens: int = 0
     itl_s: list[float] = field(default_factory=list)
     error: str = ""
+    prompt_tokens: int = 0        # HTTP: the final usage's counts
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -133,8 +136,11 @@ async def http_request(client, url: str, model: str, prompt: list[int],
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    result.output_tokens = chunk["usage"]["completion_tokens"]
+                if usage := chunk.get("usage"):
+                    result.output_tokens = usage["completion_tokens"]
+                    result.prompt_tokens = usage["prompt_tokens"]
+                    result.cached_tokens = (usage.get("prompt_tokens_details") or {}).get(
+                        "cached_tokens") or 0
                 if "error" in chunk:
                     result.error = str(chunk["error"])
                     return result
@@ -285,11 +291,32 @@ def _run_against_demo(args: argparse.Namespace) -> list[RunSummary]:
         return asyncio.run(main_async(args))
 
 
+@contextlib.contextmanager
+def serve_stack(model: Path, config: Path | None, log_path: Path, startup_timeout: float):
+    """`helios run MODEL --config YAML` (all four services) until the block ends."""
+    import tempfile
+
+    from tests.support.processes import HeliosRun, free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        runtime = Path(tmp) / "run"
+        runtime.mkdir()
+        extra = ["--config", str(config)] if config else []
+        run = HeliosRun([str(model), *extra], log_path, runtime, free_port())
+        try:
+            started = time.perf_counter()
+            run.wait_output("Helios is serving", timeout=startup_timeout)
+            print(f"stack ready in {time.perf_counter() - started:.1f} s", flush=True)
+            yield run
+        finally:
+            run.stop()
+
+
 def _run_against_stack(args: argparse.Namespace) -> list[RunSummary]:
     """`helios run CORE --config YAML` (all four services), measured on both paths."""
     import tempfile
 
-    from tests.support.processes import HeliosRun, ServiceProcess, free_port
+    from tests.support.processes import ServiceProcess
 
     with tempfile.TemporaryDirectory() as tmp:
         runtime = Path(tmp) / "run"
@@ -310,16 +337,10 @@ def _run_against_stack(args: argparse.Namespace) -> list[RunSummary]:
                 return asyncio.run(main_async(args))
             finally:
                 engine.stop()
-        run = HeliosRun([str(args.serve), *extra], log_path, runtime, free_port())
-        try:
-            started = time.perf_counter()
-            run.wait_output("Helios is serving", timeout=args.startup_timeout)
-            print(f"stack ready in {time.perf_counter() - started:.1f} s", flush=True)
+        with serve_stack(args.serve, args.config, log_path, args.startup_timeout) as run:
             args.engine = args.engine or run.addresses["engine"]
             args.http = args.http or run.url
             return asyncio.run(main_async(args))
-        finally:
-            run.stop()
 
 
 def measure_hf(args: argparse.Namespace) -> list[RunSummary]:

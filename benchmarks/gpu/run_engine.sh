@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One GPU call for the engine: GPU tests (kernels + engine), the decode step in isolation
 # (fused / PDL variants, kernel profile, skinny-linear tilings), batch-1 decode vs HF generate,
-# and the serving benchmark (engine gRPC and the full HTTP path) at the Qwen3-8B shape.
+# the serving benchmark (engine gRPC and the full HTTP path) at the Qwen3-8B shape, and prefix
+# reuse through HTTP (shared-prefix groups vs nothing shared, bench_prefix_reuse.py).
 #   bash benchmarks/gpu/run_engine.sh          # writes logs and JSON under $OUT
 # Carried paths (device tool): .whl (wheels the GPU image lacks), services/common/pb (stubs),
 # .device/cache (pinned tokenizer files: the machine reaches no registry).
 # Env: SKIP_TESTS=1, TEST_PATHS (default: tests/engine/gpu tests/kernels), SKIP_STEP=1, SKIP_DECODE=1, SKIP_SERVING=1, DECODE_SHAPES, DECODE_ARGS,
 #      STEP_ARGS, SERVING_ARGS, TEST_TIMEOUT_S, STEP_TIMEOUT_S, DECODE_TIMEOUT_S,
-#      SERVING_TIMEOUT_S, TEST_WORKERS, SKIP_HF=1 (no HF generate rows after the serving levels).
+#      SERVING_TIMEOUT_S, TEST_WORKERS, SKIP_HF=1 (no HF generate rows after the serving levels),
+#      SKIP_PREFIX=1, PREFIX_ARGS, PREFIX_TIMEOUT_S.
 # Prints the machine, the test summary and the benchmark tables last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -100,8 +102,33 @@ YAML
   echo "== serving benchmark: rc=$serving_rc in $(( $(date +%s) - start )) s"
 fi
 
+prefix_rc=skipped
+if [ "${SKIP_PREFIX:-0}" != 1 ]; then
+  start=$(date +%s)
+  "$PY" benchmarks/model_shapes.py qwen3-8b --out /tmp/helios-shapes/qwen3-8b \
+    --core /tmp/helios-cores/qwen3-8b > /dev/null
+  cat > /tmp/helios-prefix.yaml <<'YAML'
+engine:
+  load_format: dummy
+  max_model_len: 4096
+  max_num_seqs: 256
+  prefill_chunk_size: 1024
+  max_num_batched_tokens: 2048
+gateway:
+  max_active: 512
+  queue_capacity: 1024
+YAML
+  # shellcheck disable=SC2086
+  timeout "${PREFIX_TIMEOUT_S:-300}" "$PY" benchmarks/bench_prefix_reuse.py \
+    --serve /tmp/helios-cores/qwen3-8b --config /tmp/helios-prefix.yaml --model qwen3-8b \
+    --out "$OUT/prefix_reuse.json" ${PREFIX_ARGS:-} > "$OUT/prefix_reuse.log" 2>&1
+  prefix_rc=$?
+  echo "== prefix reuse benchmark: rc=$prefix_rc in $(( $(date +%s) - start )) s"
+fi
+
 echo
 [ -f "$OUT/decode_step.log" ] && tail -n 120 "$OUT/decode_step.log"
 [ -f "$OUT/decode.log" ] && { grep -E "^(shape|qwen|llama|poll|  error)" "$OUT/decode.log" || tail -n 20 "$OUT/decode.log"; }
 [ -f "$OUT/serving.log" ] && { grep -A 12 -E "^target" "$OUT/serving.log" || tail -n 25 "$OUT/serving.log"; }
-echo "tests rc=$test_rc step rc=$step_rc decode rc=$decode_rc serving rc=$serving_rc"
+[ -f "$OUT/prefix_reuse.log" ] && tail -n 8 "$OUT/prefix_reuse.log"
+echo "tests rc=$test_rc step rc=$step_rc decode rc=$decode_rc serving rc=$serving_rc prefix rc=$prefix_rc"
