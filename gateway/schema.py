@@ -23,6 +23,24 @@ Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
 Seed = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
 TokenId = Annotated[int, Field(ge=0, le=UINT32_MAX)]
 
+# Names and ids a request carries are bounded: they appear in error messages (which travel in
+# gRPC trailers, limited to 16 KiB per header) and in logs; a 1 MB model name was a 500.
+MAX_NAME_CHARS = 256
+MAX_ID_CHARS = 256
+MAX_USER_CHARS = 512
+ModelName = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
+RequiredModelName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+Identifier = Annotated[str, Field(max_length=MAX_ID_CHARS)]
+UserString = Annotated[str, Field(max_length=MAX_USER_CHARS)]
+
+
+def check_path_value(value: str, *, param: str, limit: int = MAX_ID_CHARS) -> str:
+    """A path parameter (response id, model name) within `limit` characters, else a 400."""
+    if len(value) > limit:
+        raise ValidationError(f"{param}: at most {limit} characters are allowed, got "
+                              f"{len(value)}", param=param)
+    return value
+
 
 class ApiModel(BaseModel):
     """Base of request models: unknown fields ignored, floats finite."""

@@ -7,6 +7,7 @@ was expected, without echoing the (possibly huge) input value.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -88,3 +89,59 @@ def check_unicode(body: bytes) -> ValidationError | None:
         return None
     return ValidationError(f"{path or 'body'}: text contains an unpaired UTF-16 surrogate "
                            "(invalid Unicode)", param=path)
+
+
+class _NonFinite:
+    """Stands in for a NaN / Infinity literal (or an overflowing number) while locating it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _non_finite_float(text: str) -> Any:
+    value = float(text)
+    return value if math.isfinite(value) else _NonFinite(text)
+
+
+def _non_finite_path(value: Any, path: str) -> tuple[str, str] | None:
+    if isinstance(value, _NonFinite):
+        return path, value.text
+    items: Any = value.items() if isinstance(value, dict) else \
+        enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        where = f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else key)
+        found = _non_finite_path(item, where)
+        if found is not None:
+            return found
+    return None
+
+
+# Bytes that can spell a non-finite number: the literals Python's json accepts (NaN, Infinity,
+# -Infinity) and exponents large enough to overflow a double (1e999).
+_MAYBE_NON_FINITE = re.compile(rb"NaN|Infinity|[0-9][eE][+]?[0-9]{3}")
+
+
+def check_finite(body: bytes) -> ValidationError | None:
+    """`NaN`, `Infinity` and `-Infinity` are not JSON (RFC 8259), but Python's json (and so
+    FastAPI's body parsing) accepts them, and numbers such as 1e999 parse as infinity: refuse
+    both anywhere in the body with a 400 naming the field, so no route (typed float fields or
+    free-form ones such as Ollama `options`) ever sees a non-finite number."""
+    if not _MAYBE_NON_FINITE.search(body):
+        return None
+    try:
+        value = json.loads(body, parse_constant=_NonFinite, parse_float=_non_finite_float,
+                           parse_int=int)
+    except (ValueError, RecursionError):
+        return None   # not JSON at all: the route's own parser reports that
+    found = _non_finite_path(value, "")
+    if found is None:
+        return None
+    path, text = found
+    return ValidationError(f"{path or 'body'}: {text[:40]} is not a finite number (NaN and "
+                           "Infinity are not JSON)", param=path)
+
+
+def check_body(body: bytes) -> ValidationError | None:
+    """Every body check the ingress runs before a route parses the JSON: Unicode, then finite
+    numbers."""
+    return check_unicode(body) or check_finite(body)

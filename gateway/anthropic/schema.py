@@ -21,7 +21,7 @@ from gateway.request_parts import (
     convert_parts,
     json_schema_format,
 )
-from gateway.schema import ApiModel, Int32, PositiveUInt32
+from gateway.schema import ApiModel, Int32, ModelName, PositiveUInt32
 from services.common.api.chat import (
     ChatInput,
     ChatMessage,
@@ -154,7 +154,7 @@ class ThinkingConfig(ApiModel):
 class ChatFields(ApiModel):
     """What count_tokens and messages share."""
 
-    model: str = ""
+    model: ModelName = ""
     messages: list[Message] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None

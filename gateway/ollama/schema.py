@@ -8,7 +8,7 @@ from pydantic import Field
 
 from gateway.images import image_from_bare_base64
 from gateway.request_parts import JSON_OBJECT_FORMAT, json_schema_format
-from gateway.schema import ApiModel, Int32, Seed
+from gateway.schema import ApiModel, Int32, ModelName, RequiredModelName, Seed
 from services.common.api import generate as domain
 from services.common.api.chat import (
     ChatInput,
@@ -83,7 +83,7 @@ class Tool(ApiModel):
 
 
 class GenerateFields(ApiModel):
-    model: str = Field(min_length=1)
+    model: RequiredModelName
     format: Literal["", "json"] | dict[str, Any] | None = None
     options: Options | None = None
     stream: bool | None = True
@@ -187,8 +187,8 @@ class GenerateRequest(GenerateFields):
 
 
 class ShowRequest(ApiModel):
-    model: str | None = None
-    name: str | None = None        # older clients
+    model: ModelName | None = None
+    name: ModelName | None = None  # older clients
     verbose: bool | None = None
 
     def model_name(self) -> str:

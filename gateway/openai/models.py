@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from gateway.schema import check_path_value
 from gateway.state import gateway_state, request_id
 from services.common.api.model_card import ModelCard
 from services.common.errors import NotFoundError
@@ -41,4 +42,4 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 @router.get("/v1/models/{model:path}", tags=["openai"])
 async def retrieve_model(request: Request, model: str) -> dict[str, Any]:
-    return model_object(await find_card(request, model))
+    return model_object(await find_card(request, check_path_value(model, param="model")))

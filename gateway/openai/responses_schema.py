@@ -25,7 +25,14 @@ from gateway.request_parts import (
     convert_parts,
     json_schema_format,
 )
-from gateway.schema import ApiModel, PositiveUInt32, json_object_text
+from gateway.schema import (
+    ApiModel,
+    Identifier,
+    PositiveUInt32,
+    RequiredModelName,
+    UserString,
+    json_object_text,
+)
 from services.common.api.chat import (
     ChatMessage,
     Content,
@@ -149,7 +156,7 @@ class ReasoningOptions(ApiModel):
 
 
 class ResponsesRequest(ApiModel):
-    model: str = ""
+    model: RequiredModelName      # required, as OpenAI's
     input: str | list[InputItem]
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
@@ -163,12 +170,12 @@ class ResponsesRequest(ApiModel):
     reasoning: ReasoningOptions | None = None
     stream: bool | None = False
     store: bool | None = True
-    previous_response_id: str | None = None
+    previous_response_id: Identifier | None = None
     include: list[str] | None = None
     metadata: dict[str, str] | None = None
     background: bool | None = False
     conversation: Any = None
-    user: str | None = None
+    user: UserString | None = None
     truncation: str | None = None
 
     @property

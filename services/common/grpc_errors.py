@@ -65,6 +65,23 @@ _PB_STAGE: dict[ErrorStage, Any] = {
 _STAGE_FROM_PB = {value: stage for stage, value in _PB_STAGE.items()}
 
 
+# Errors travel in headers (grpc-message, the details trailer), which gRPC caps at 8 KiB (soft)
+# and 16 KiB (hard) per call: a message quoting a huge request field (a 1 MB model name) failed
+# the whole call with RESOURCE_EXHAUSTED. Each text is clipped to a UTF-8 byte budget that keeps
+# the trailers under the soft limit even when every character needs escaping.
+_MESSAGE_BYTES = 768
+_HINT_BYTES = 384
+_PARAM_BYTES = 192
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes (on a character boundary), marked when cut."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    return data[:limit - 3].decode("utf-8", "ignore") + "..."
+
+
 def status_code_for(error: HeliosError) -> grpc.StatusCode:
     return _STATUS_FOR_KIND.get(error.kind, grpc.StatusCode.INTERNAL)
 
@@ -73,10 +90,10 @@ def error_to_detail(error: HeliosError, *, service: str = "") -> common_pb2.Erro
     detail = common_pb2.ErrorDetail(
         kind=_PB_KIND[error.kind],
         stage=_PB_STAGE[error.stage],
-        message=error.message,
-        hint=error.hint,
-        param=error.param,
-        cause=error.cause_text,
+        message=clip(error.message, _MESSAGE_BYTES),
+        hint=clip(error.hint, _HINT_BYTES),
+        param=clip(error.param, _PARAM_BYTES),
+        cause=clip(error.cause_text, _MESSAGE_BYTES),
         service=error.service or service,
     )
     if isinstance(error, ContextOverflowError):
@@ -112,7 +129,8 @@ def error_trailer(error: HeliosError, *, service: str = "") -> tuple[tuple[str, 
     packed = any_pb2.Any()
     packed.Pack(error_to_detail(error, service=service))
     status = status_pb2.Status(
-        code=status_code_for(error).value[0], message=error.display_message, details=[packed]
+        code=status_code_for(error).value[0], message=clip(error.display_message, _MESSAGE_BYTES),
+        details=[packed]
     )
     return ((DETAILS_KEY, status.SerializeToString()),)
 
@@ -182,7 +200,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             log.info("%s rejected: %s: %s", method, error.kind.value, error.display_message)
         await context.abort(
             status_code_for(error),
-            error.display_message,
+            clip(error.display_message, _MESSAGE_BYTES),
             trailing_metadata=error_trailer(error, service=self._service),
         )
 

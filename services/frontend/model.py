@@ -51,6 +51,9 @@ class FrontendModel:
                                                         vocabulary=vocabulary)
         self.image_tokens = self._image_tokens()
         self.max_model_len = manifest.max_model_len   # replaced by the engine's effective limit
+        self.max_num_seqs = 0                         # the engine's admission bounds, once known
+        self.max_waiting = 0
+        self.kv_pool_tokens = 0                       # tokens one request may hold in its pool
         log.info("frontend model %s: tool parser %s, reasoning parser %s, %d chat template(s)",
                  manifest.card_id, self.tool_parser or "none", self.reasoning_parser or "none",
                  len(assets.templates))

@@ -106,9 +106,17 @@ class FrontendLifecycle:
             await self._health.set_serving(all(u.serving for u in self._upstreams))
 
     async def _fetch_limits(self) -> None:
-        """Adopt the engine's effective context limit (it may be below the checkpoint's)."""
+        """Adopt the engine's effective context limit (it may be below the checkpoint's) and
+        its admission bounds (reported on the model card)."""
         assert self._engine is not None and self.model is not None
-        limit = await self._engine.max_model_len()
+        info = await self._engine.model_info()
+        if info is None:
+            return
+        self.model.max_num_seqs = info.max_num_seqs
+        self.model.max_waiting = info.max_waiting
+        if info.num_pages > 1:      # one page stays free for a snapshot restore
+            self.model.kv_pool_tokens = (info.num_pages - 1) * info.page_size
+        limit = info.max_model_len
         if limit and limit != self.model.max_model_len:
             log.info("engine context limit %d (checkpoint %d)", limit,
                      self.model.manifest.max_model_len)
@@ -156,6 +164,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         assert self.lifecycle.pipeline is not None
         timer = self.metrics.request()
         self.lifecycle.generation_started()
+        large = self.lifecycle.memory.started(request.ByteSize())
         try:
             domain = generate_request_from_pb(request)
             async for event in self.lifecycle.pipeline.run(domain):
@@ -164,7 +173,6 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
             timer.completed()
         except HeliosError as exc:
             if exc.kind is ErrorKind.CANCELLED:
-        large = self.lifecycle.memory.started(request.ByteSize())
                 timer.cancelled()
             else:
                 timer.failed(exc.kind.value)
@@ -177,6 +185,8 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
             raise
         finally:
             self.lifecycle.generation_ended()
+            if large:
+                self.lifecycle.memory.ended()
 
     async def RenderChat(self, request, context):
         self.model.check_name(request.model)
@@ -185,8 +195,6 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         return frontend_pb2.RenderChatResponse(
             prompt=rendered.prompt, token_ids=rendered.token_ids,
             message_token_ends=list(rendered.message_token_ends),
-            if large:
-                self.lifecycle.memory.ended()
             num_images=rendered.num_images)
 
     async def _token_ids(self, request, *, add_special_tokens: bool) -> list[int]:
@@ -248,6 +256,8 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
             size_bytes=manifest.weight_bytes,
             digest=manifest.identity,
             chat_template=model.chat_template,
+            max_num_seqs=model.max_num_seqs,
+            max_waiting=model.max_waiting,
         )
         return frontend_pb2.ListModelsResponse(models=[model_card_to_pb(card)])
 

@@ -23,6 +23,8 @@ class ModelCard:
     size_bytes: int = 0                       # weight bytes on disk
     digest: str = ""                          # hex model identity
     chat_template: str = ""
+    max_num_seqs: int = 0                     # the engine's request slots (0: unknown)
+    max_waiting: int = 0                      # its waiting queue (requests)
 
     def answers_to(self, name: str) -> bool:
         return name == self.id or name == self.root or name in self.aliases

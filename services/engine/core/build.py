@@ -2,7 +2,7 @@
 
 Runs inside the engine-core process. The effective context is the smallest of the configured
 limit, the manifest's and the model's exact range (`ModelConfig.max_context`). A request that
-could not run alone in the page pool is refused at admission (capacity), so any admitted
+could not run alone in the page pool is refused at admission (validation), so any admitted
 request can always finish.
 """
 
@@ -30,6 +30,7 @@ from services.engine.runner.graph_runner import GraphRunner, GraphRunnerConfig
 from services.engine.runner.memory import plan_layout
 from services.engine.runner.snapshots import SnapshotStore
 from services.engine.runner.torch_runner import TorchRunner
+from services.engine.sampling.vocab import token_vocab_size
 from services.engine.scheduler.resources import KVResources
 from services.engine.scheduler.scheduler import Scheduler
 from services.engine.scheduler.state import SchedulerConfig
@@ -145,11 +146,15 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
         min_tokens=min(context, config.prefill_chunk_size), capacity_hint=config.capacity_hint)
     if (layout.num_pages - 1) * layout.page_size < context:
         log.warning("the KV pool holds %d tokens, less than the %d-token context: longer "
-                    "requests are refused with a capacity error",
+                    "requests are refused (400: they can never run)",
                     (layout.num_pages - 1) * layout.page_size, context)
     kv = allocate_kv_cache(model_config, layout.num_pages, layout.page_size, device, dtype)
     snapshots = SnapshotStore(kv, layout.num_snapshots, model_config.hidden_size, dtype, device)
     eos = tuple(manifest.eos_token_ids)
+    # the tokenizer's ids: the sampler never emits the embedding's padding rows past them,
+    # and every validation message names this size (sampling/vocab.py)
+    tokenizer = source.path(manifest.tokenizer_file) if manifest.tokenizer_file else None
+    token_vocab = token_vocab_size(tokenizer, model_config.vocab_size)
     choice = resolve_runner(config, device)
     runner: Runner
     if choice.graph:
@@ -157,19 +162,19 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
             num_slots=config.max_num_seqs, max_model_len=context,
             max_num_batched_tokens=config.batched_tokens,
             graph_max_batch=choice.graph_max_batch, overlap=choice.overlap,
-            eos_token_ids=eos))
+            eos_token_ids=eos, token_vocab=token_vocab))
         graph_runner.capture()
         runner = graph_runner
     else:
         runner = TorchRunner(model, kv, snapshots, num_slots=config.max_num_seqs,
-                             eos_token_ids=eos)
+                             eos_token_ids=eos, token_vocab=token_vocab)
     resources = KVResources(num_pages=layout.num_pages, page_size=layout.page_size,
                             num_snapshots=layout.num_snapshots)
     scheduler_config = SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_waiting=config.waiting_capacity,
         prefill_chunk_size=config.prefill_chunk_size,
         max_num_batched_tokens=config.batched_tokens, max_model_len=context,
-        vocab_size=model_config.vocab_size, eos_token_ids=frozenset(eos),
+        vocab_size=token_vocab, eos_token_ids=frozenset(eos),
         checkpoint_extra_fraction=config.checkpoint_extra_fraction,
         context_hint=manifest.context_hint or config.context_hint,
         capacity_hint=manifest.capacity_hint or config.capacity_hint,
@@ -181,7 +186,7 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
                     num_snapshots=layout.num_snapshots, max_model_len=context,
                     max_num_seqs=config.max_num_seqs,
                     prefill_chunk_size=config.prefill_chunk_size,
-                    kv_cache_bytes=layout.budget_bytes, vocab_size=model_config.vocab_size)
+                    kv_cache_bytes=layout.budget_bytes, vocab_size=token_vocab)
     log.info("engine built", extra={"fields": {
         "device": info.device, "dtype": info.dtype, "pages": layout.num_pages,
         "page_size": layout.page_size, "snapshots": layout.num_snapshots,

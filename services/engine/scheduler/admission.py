@@ -47,8 +47,8 @@ def validate_request(request: EngineRequest, limits: AdmissionLimits) -> StopRul
     stop = request.stop
     bad = next((t for t in stop.stop_token_ids if not 0 <= t < limits.vocab_size), None)
     if bad is not None:
-        raise ValidationError(f"stop token id {bad} is outside the vocabulary",
-                              param="sampling.stop_token_ids")
+        raise ValidationError(f"stop token id {bad} is outside the vocabulary "
+                              f"(0..{limits.vocab_size - 1})", param="sampling.stop_token_ids")
     if request.prompt_logprobs is not None and not 0 <= request.prompt_logprobs <= \
             MAX_PROMPT_LOGPROBS:
         raise ValidationError(f"prompt_logprobs must be between 0 and {MAX_PROMPT_LOGPROBS}",

@@ -69,7 +69,8 @@ class GeneratePipeline:
         max_tokens = resolve_max_tokens(prompt_tokens=len(ids),
                                         requested=request.sampling.max_tokens,
                                         context=self.model.max_model_len,
-                                        hint=self.context_hint)
+                                        hint=self.context_hint,
+                                        pool_tokens=self.model.kv_pool_tokens)
         engine_request = EngineRequest(
             request_id=request.request_id or f"gen-{uuid.uuid4().hex}",
             prompt_token_ids=ids,

@@ -66,14 +66,13 @@ class EngineClient:
     def generate(self, request: EngineRequest) -> EngineStream:
         return EngineStream(self._stub, request)
 
-    async def max_model_len(self, timeout_s: float = 5.0) -> int | None:
-        """The engine's effective context limit, or None if it cannot tell (yet)."""
+    async def model_info(self, timeout_s: float = 5.0) -> engine_pb2.ModelInfo | None:
+        """The engine's model info (limits), or None if it cannot tell (yet)."""
         try:
-            info = await self._stub.GetModelInfo(engine_pb2.GetModelInfoRequest(),
+            return await self._stub.GetModelInfo(engine_pb2.GetModelInfoRequest(),
                                                  timeout=timeout_s)
         except grpc.aio.AioRpcError:
             return None
-        return info.max_model_len or None
 
 
 class ImagePrepClient:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import CapacityError
+from services.common.errors import CapacityError, ValidationError
 from tests.engine.fakes import reference_tokens, run_step, run_until_idle
 from tests.engine.scheduler.conftest import VOCAB, make_engine, prompt_of, request
 
@@ -39,10 +39,11 @@ def test_cache_leaves_are_evicted_before_anyone_is_preempted():
 
 
 def test_a_request_that_can_never_fit_is_refused_with_the_hint():
+    """Never fitting the whole pool is a validation error (400), not capacity (503 + retry)."""
     scheduler, _ = make_engine(num_pages=10)
-    with pytest.raises(CapacityError) as info:
+    with pytest.raises(ValidationError) as info:
         scheduler.admit(request("huge", prompt_of(30), 20))
-    assert "add pages" in str(info.value)
+    assert "add pages" in str(info.value) and "kv_cache_bytes" in str(info.value)
     assert scheduler.state.counters.requests_rejected == 1 and not scheduler.state.requests
 
 

@@ -70,8 +70,8 @@ def test_capacity_errors_carry_the_hint(tmp_path, demo_core):
         info = engine.stub.GetModelInfo(engine_pb2.GetModelInfoRequest())
         assert info.num_pages == 40 and info.max_model_len == 4096
         code, error = typed_error(_generate(engine, generate_request("big", [5] * 300, 400)))
-        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert isinstance(error, CapacityError) and "pages" in error.message
+        assert code == grpc.StatusCode.INVALID_ARGUMENT   # it can never run: no retry
+        assert isinstance(error, ValidationError) and "pages" in error.message
         assert error.hint == info.capacity_hint and error.hint
         # the waiting queue holds one request: two long ones run, one waits, the next fails
         calls = []

@@ -14,7 +14,8 @@ def model_card_to_pb(card: ModelCard) -> frontend_pb2.ModelCard:
                                              reasoning=card.reasoning),
         created=card.created, owned_by=card.owned_by, architecture=card.architecture,
         family=card.family, num_parameters=card.num_parameters, dtype=card.dtype,
-        size_bytes=card.size_bytes, digest=card.digest, chat_template=card.chat_template)
+        size_bytes=card.size_bytes, digest=card.digest, chat_template=card.chat_template,
+        max_num_seqs=card.max_num_seqs, max_waiting=card.max_waiting)
 
 
 def model_card_from_pb(pb: frontend_pb2.ModelCard) -> ModelCard:
@@ -24,4 +25,5 @@ def model_card_from_pb(pb: frontend_pb2.ModelCard) -> ModelCard:
         tools=caps.tools, vision=caps.vision, reasoning=caps.reasoning, created=pb.created,
         owned_by=pb.owned_by or "helios", architecture=pb.architecture, family=pb.family,
         num_parameters=pb.num_parameters, dtype=pb.dtype, size_bytes=pb.size_bytes,
-        digest=pb.digest, chat_template=pb.chat_template)
+        digest=pb.digest, chat_template=pb.chat_template, max_num_seqs=pb.max_num_seqs,
+        max_waiting=pb.max_waiting)
