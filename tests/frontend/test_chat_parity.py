@@ -17,7 +17,7 @@ from services.common.api.convert import chat_input_from_pb as chat_from_pb
 from services.common.pb import frontend_pb2
 from services.frontend.chat.renderer import ChatRenderer, ChatTemplateError
 from tests.frontend.conftest import ASSET_NAMES, frontend_assets
-from tests.frontend.fixtures.chat_cases import CASES
+from tests.frontend.fixtures.chat_cases import CASES, CONTENT_FORMATS
 
 GOLDEN_DIR = Path(__file__).parent / "fixtures" / "chat"
 
@@ -80,4 +80,5 @@ def test_goldens_are_what_transformers_renders_now(asset):
     tokenizer = AutoTokenizer.from_pretrained(str(fetch(asset)))
     expected = golden(asset)["cases"]
     for case_name, case in CASES.items():
-        assert render_case(tokenizer, case) == expected[case_name], case_name
+        assert render_case(tokenizer, case, CONTENT_FORMATS[asset]) == expected[case_name], \
+            case_name

@@ -62,7 +62,7 @@ class ChatRenderer:
                                                self.default_kwargs)
         try:
             rendered = template.render(
-                template_data.messages_data(chat), tools=template_data.tools_data(chat),
+                template_data.messages_data(chat, template.content_format), tools=template_data.tools_data(chat),
                 documents=chat.documents, add_generation_prompt=add_generation_prompt,
                 continue_final_message=chat.continue_final_message, kwargs=kwargs)
         except Exception as exc:  # the template is untrusted code: any failure is the input's

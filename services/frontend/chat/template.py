@@ -19,6 +19,7 @@ import jinja2
 import jinja2.meta
 
 from services.frontend.chat import marks
+from services.frontend.chat.content_format import ContentFormat, detect_content_format
 from services.frontend.chat.environment import make_environment
 
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
@@ -39,6 +40,7 @@ class ChatTemplate:
         env = make_environment()
         tree = env.parse(source)
         self.variables = frozenset(jinja2.meta.find_undeclared_variables(tree))
+        self.content_format: ContentFormat = detect_content_format(tree)
         self._sentinel = marks.new_sentinel()
         self.num_marked_loops = marks.annotate(tree, self._sentinel)
         self._template = env.from_string(tree)

@@ -5,6 +5,8 @@ The shapes follow transformers' `apply_chat_template` (and vLLM's request conver
 - a message is `{"role", "content"?, "name"?, "tool_calls"?, "tool_call_id"?}`; keys whose value
   is None are left out, exactly as transformers drops them before rendering;
 - content is a string or a list of parts, `{"type": "text", "text": ...}` and `{"type": "image"}`;
+  templates that read content as a string (content_format.py) get text-only parts joined with
+  newlines, as vLLM renders them; parts with images stay parts;
 - a tool call is `{"id", "type": "function", "function": {"name", "arguments": <object>}}` with
   the arguments parsed (key order kept; the servicer checked them), so `tojson` reproduces the
   caller's order;
@@ -20,14 +22,17 @@ from typing import Any
 
 from services.common.api.chat import ChatInput, ChatMessage, ImagePart, ToolCall, ToolDefinition
 from services.common.errors import ValidationError
+from services.frontend.chat.content_format import ContentFormat
 
 # Names the renderer passes itself; chat_template_kwargs may not override them.
 RESERVED_KWARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt",
                              "continue_final_message"})
 
 
-def content_value(content: Any) -> Any:
+def content_value(content: Any, fmt: ContentFormat = ContentFormat.OPENAI) -> Any:
     if isinstance(content, tuple):
+        if fmt is ContentFormat.STRING and not any(isinstance(p, ImagePart) for p in content):
+            return "\n".join(part.text for part in content)
         return [{"type": "image"} if isinstance(part, ImagePart)
                 else {"type": "text", "text": part.text} for part in content]
     return content
@@ -38,10 +43,11 @@ def arguments_value(call: ToolCall) -> dict[str, Any]:
     return json.loads(call.arguments_json) if call.arguments_json.strip() else {}
 
 
-def message_dict(message: ChatMessage) -> dict[str, Any]:
+def message_dict(message: ChatMessage, fmt: ContentFormat = ContentFormat.OPENAI
+                 ) -> dict[str, Any]:
     data: dict[str, Any] = {"role": message.role}
     if message.content is not None:
-        data["content"] = content_value(message.content)
+        data["content"] = content_value(message.content, fmt)
     if message.name:
         data["name"] = message.name
     if message.tool_calls:
@@ -86,8 +92,10 @@ def template_kwargs(chat: ChatInput, special_tokens: dict[str, str],
     return {**special_tokens, **defaults, **chat.template_kwargs}
 
 
-def messages_data(chat: ChatInput) -> list[dict[str, Any]]:
-    return [message_dict(message) for message in chat.messages]
+def messages_data(chat: ChatInput, fmt: ContentFormat = ContentFormat.OPENAI
+                  ) -> list[dict[str, Any]]:
+    """The messages as the template reads them (`fmt`: the template's content format)."""
+    return [message_dict(message, fmt) for message in chat.messages]
 
 
 def tools_data(chat: ChatInput) -> list[dict[str, Any]] | None:
