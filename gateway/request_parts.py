@@ -2,7 +2,7 @@
 
 OpenAI chat, Responses, Anthropic and Ollama bodies differ in shape, not in what they mean:
 content parts become `TextPart` / `ImagePart` (each protocol's part model converts itself with
-`to_part`), text-only content collapses to one string, tool choices are checked against the
+`to_part`; an empty list is a 400 naming the field), tool choices are checked against the
 tools, JSON schemas become a response format, and `tool_choice: none` turns tool-call parsing
 off.
 """
@@ -33,12 +33,21 @@ class PartModel(Protocol):
 
 
 def convert_parts(parts: Sequence[PartModel], param: str) -> tuple[ContentPart, ...]:
-    """Each part converted, named `param[j]` in errors."""
+    """Each part converted, named `param[j]` in errors. An empty list is refused (templates
+    would otherwise fail on it with their own, raw message)."""
+    check_not_empty(parts, param)
     return tuple(part.to_part(f"{param}[{j}]") for j, part in enumerate(parts))
 
 
+def check_not_empty(parts: Sequence[object], param: str) -> None:
+    if not parts:
+        raise ValidationError(f"{param}: must not be an empty list (send a string, or at "
+                              "least one content part)", param=param)
+
+
 def collapse_text(parts: Iterable[ContentPart], separator: str = "") -> Content:
-    """Text-only parts as one string (chat templates render strings best), else the parts."""
+    """Text-only parts as one string, else the parts. Message content keeps its parts (the
+    frontend gives each chat template the form it reads); this is for places that need text."""
     parts = tuple(parts)
     if all(isinstance(p, TextPart) for p in parts):
         return separator.join(p.text for p in parts)  # type: ignore[union-attr]

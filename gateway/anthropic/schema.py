@@ -16,6 +16,7 @@ from pydantic import Field
 
 from gateway.images import image_from_base64, image_from_url
 from gateway.request_parts import (
+    check_not_empty,
     checked_tool_choice,
     collapse_text,
     convert_parts,
@@ -194,6 +195,9 @@ class ChatFields(ApiModel):
         turns: list[ChatMessage] = []
         for i, message in enumerate(self.messages):
             param = f"messages[{i}].content"
+            final_assistant = message.role == "assistant" and i == len(self.messages) - 1
+            if isinstance(message.content, list) and not final_assistant:
+                check_not_empty(message.content, param)   # as Anthropic: except a prefill
             if message.role in ("system", "developer"):
                 system.append(message.content if isinstance(message.content, str) else
                               "".join(b.text for b in message.content
@@ -221,14 +225,16 @@ def _user(content: str | list[Block], param: str) -> list[ChatMessage]:
         elif isinstance(block, ToolUseBlock | ThinkingBlock):
             raise ValidationError(f"{block.type} blocks belong in assistant messages",
                                   param=where)
-    user = [ChatMessage(role="user", content=collapse_text(parts, "\n"))] if parts else []
+    user = [ChatMessage(role="user", content=tuple(parts))] if parts else []
     return tool_messages + user
 
 
 def _tool_result(block: ToolResultBlock, param: str) -> ChatMessage:
     content: Content
-    if block.content is None or isinstance(block.content, str):
-        content = block.content or ""
+    if isinstance(block.content, str):
+        content = block.content
+    elif not block.content:          # null or [] : an empty result
+        content = ""
     else:
         content = collapse_text(convert_parts(block.content, f"{param}.content"))
     if block.is_error and isinstance(content, str):

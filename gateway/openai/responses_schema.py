@@ -223,8 +223,11 @@ class ResponsesRequest(ApiModel):
 
 
 def _content(content: str | list[Part], param: str) -> Content:
+    """A function call's output as text ([] is an empty output)."""
     if isinstance(content, str):
         return content
+    if not content:
+        return ""
     return collapse_text(convert_parts(content, param))
 
 
@@ -240,7 +243,9 @@ def input_messages(request: ResponsesRequest) -> list[ChatMessage]:
             texts = [c.text for c in item.content or ()] or [s.text for s in item.summary]
             reasoning = (reasoning or "") + "".join(texts)
         elif isinstance(item, MessageItem):
-            content = _content(item.content, f"{param}.content")
+            # Message text stays parts: the frontend renders them as the template reads them.
+            content = item.content if isinstance(item.content, str) else convert_parts(
+                item.content, f"{param}.content")
             if item.role == "assistant":
                 messages.append(ChatMessage(role="assistant", content=content,
                                             reasoning_content=reasoning))

@@ -173,6 +173,9 @@ def _with_call(arguments: str) -> frontend_pb2.ChatInput:
     (frontend_pb2.ChatInput(messages=[frontend_pb2.ChatMessage(
         role="user", parts=frontend_pb2.ContentParts(parts=[frontend_pb2.ContentPart(
             image=frontend_pb2.ImageInput())]))]), "messages[0].content[0]"),
+    # an empty parts list (a direct gRPC caller; the gateway refuses it first)
+    (chat_input_to_pb(ChatInput((ChatMessage("user", "hi"), ChatMessage("user", ())))),
+     "messages[1].content"),
 ])
 def test_malformed_chat_input_names_the_field(pb, param):
     with pytest.raises(ValidationError) as info:

@@ -43,6 +43,7 @@ def message_to_pb(message: ChatMessage) -> frontend_pb2.ChatMessage:
     if isinstance(message.content, str):
         pb.text = message.content
     elif message.content is not None:
+        pb.parts.SetInParent()    # an empty list stays a list (and is refused as one)
         pb.parts.parts.extend(_part_to_pb(p) for p in message.content)
     elif message.role == "assistant":
         # A tool-call-only turn (OpenAI content null, Anthropic tool_use blocks only): templates
@@ -93,6 +94,9 @@ def _content_from_pb(message: frontend_pb2.ChatMessage, where: str) -> Content:
         return message.text
     if kind is None:
         return None
+    if not message.parts.parts:
+        raise ValidationError(f"{where}.content: must not be an empty list (send a string, or "
+                              "at least one content part)", param=f"{where}.content")
     parts: list[ContentPart] = []
     for index, part in enumerate(message.parts.parts):
         which = part.WhichOneof("part")
