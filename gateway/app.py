@@ -26,9 +26,11 @@ from gateway.cors import OriginPolicy
 from gateway.errors import HttpError, error_body, http_error, protocol_for_path, route_error
 from gateway.ingress import BodyLimits, Ingress
 from gateway.metrics import GatewayMetrics, scrape_upstreams
+from gateway.ollama.embed import router as ollama_embed_router
 from gateway.ollama.routes import router as ollama_router
 from gateway.openai.chat import router as chat_router
 from gateway.openai.completions import router as completions_router
+from gateway.openai.embeddings import router as embeddings_router
 from gateway.openai.models import router as models_router
 from gateway.openai.responses import router as responses_router
 from gateway.state import GatewayState
@@ -126,7 +128,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     for router in (models_router, chat_router, completions_router, responses_router,
-                   anthropic_router, ollama_router):
+                   anthropic_router, ollama_router, embeddings_router, ollama_embed_router):
         app.include_router(router)
     app.add_middleware(Ingress, api_key=config.api_key, admission=admission,
                        body_readers=body_readers, metrics=metrics,

@@ -58,6 +58,9 @@ _KNOWN_FILES = {
     "preprocessor_config.json": ROLE_PREPROCESSOR,
     "special_tokens_map.json": ROLE_OTHER,
     "model.safetensors.index.json": ROLE_OTHER,
+    # sentence-transformers: the embedding's pooling and normalization (engine/model/pooling)
+    "modules.json": ROLE_OTHER,
+    "1_Pooling/config.json": ROLE_OTHER,
 }
 
 _IMAGE_PROFILES = {

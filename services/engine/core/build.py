@@ -25,6 +25,7 @@ from services.engine.model import (
     load_dummy_model,
     load_model,
 )
+from services.engine.model.pooling import pooling_config
 from services.engine.runner.base import Runner
 from services.engine.runner.graph_runner import GraphRunner, GraphRunnerConfig
 from services.engine.runner.memory import plan_layout
@@ -168,6 +169,7 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
     else:
         runner = TorchRunner(model, kv, snapshots, num_slots=config.max_num_seqs,
                              eos_token_ids=eos, token_vocab=token_vocab)
+    pooling = pooling_config(source)
     resources = KVResources(num_pages=layout.num_pages, page_size=layout.page_size,
                             num_snapshots=layout.num_snapshots)
     scheduler_config = SchedulerConfig(
@@ -178,7 +180,9 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
         checkpoint_extra_fraction=config.checkpoint_extra_fraction,
         context_hint=manifest.context_hint or config.context_hint,
         capacity_hint=manifest.capacity_hint or config.capacity_hint,
-        supports_images=False, overlap=choice.overlap, cost_model=choice.cost_model)
+        supports_images=False, overlap=choice.overlap, cost_model=choice.cost_model,
+        pooling=pooling.mode, normalize_embeddings=pooling.normalize,
+        pooling_hint=pooling.reason)
     grammars = build_grammars(config, source, model_config.vocab_size, device)
     scheduler = Scheduler(scheduler_config, resources, manifest.identity_bytes, grammars)
     info = CoreInfo(device=describe_device(device), dtype=str(dtype).removeprefix("torch."),

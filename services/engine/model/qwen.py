@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from services.engine.model.architecture import Architecture
 from services.engine.model.causal_lm import CausalLM
@@ -56,7 +57,24 @@ class Qwen3ForCausalLM(Qwen2ForCausalLM):
     pass
 
 
+def parse_qwen3_model(config: Mapping[str, Any]) -> ModelConfig:
+    """A Qwen3 checkpoint saved as the bare `Qwen3Model` (embedding models such as
+    Qwen3-Embedding): no lm_head, so the output projection is tied to the embeddings (only
+    the pooled final hidden states serve; logits exist for prompt scoring)."""
+    parsed = parse_qwen3(config)
+    return dataclasses.replace(parsed, architecture="Qwen3Model", tie_word_embeddings=True)
+
+
+class Qwen3Model(Qwen3ForCausalLM):
+    """`Qwen3Model` tensor names lack the `model.` prefix (embed_tokens, layers, norm)."""
+
+    checkpoint_prefixes: ClassVar[dict[str, str]] = {
+        "embed_tokens.": "model.embed_tokens.", "layers.": "model.layers.",
+        "norm.": "model.norm."}
+
+
 ARCHITECTURES = (
     Architecture("Qwen2ForCausalLM", Qwen2ForCausalLM, parse_qwen2),
     Architecture("Qwen3ForCausalLM", Qwen3ForCausalLM, parse_qwen3),
+    Architecture("Qwen3Model", Qwen3Model, parse_qwen3_model),
 )

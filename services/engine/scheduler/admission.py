@@ -29,6 +29,8 @@ class AdmissionLimits:
     context_hint: str = ""
     capacity_hint: str = ""
     supports_images: bool = False
+    pooling: str = "last"         # embeddings ("": refused with pooling_hint)
+    pooling_hint: str = ""
 
 
 def validate_request(request: EngineRequest, limits: AdmissionLimits) -> StopRules:
@@ -57,6 +59,9 @@ def validate_request(request: EngineRequest, limits: AdmissionLimits) -> StopRul
                           request.prompt_logprobs is not None):
         raise ValidationError("an embedding request scores the prompt alone: max_tokens 0, "
                               "n 1, no grammar and no prompt_logprobs", param="embed")
+    if request.embed and not limits.pooling:
+        raise UnsupportedError(f"this model does not serve embeddings: {limits.pooling_hint}",
+                               param="embed")
     if stop.max_tokens == 0 and not request.scores_prompt:
         raise ValidationError("max_tokens 0 needs prompt_logprobs or an embedding (nothing "
                               "would be computed)", param="sampling.max_tokens")

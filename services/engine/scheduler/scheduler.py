@@ -75,7 +75,8 @@ class Scheduler:
             vocab_size=config.vocab_size, max_model_len=config.max_model_len,
             page_size=resources.page_size, num_pages=resources.pages.capacity,
             max_waiting=config.max_waiting, context_hint=config.context_hint,
-            capacity_hint=config.capacity_hint, supports_images=config.supports_images)
+            capacity_hint=config.capacity_hint, supports_images=config.supports_images,
+            pooling=config.pooling, pooling_hint=config.pooling_hint)
 
     # -- admission --------------------------------------------------------------------------
     def admit(self, request: EngineRequest, *, grammar: CompiledGrammar | None = None,

@@ -34,7 +34,9 @@ class SchedulerConfig:
     cost_model: bool = False              # size prefill chunks by measured step durations
     output_token_value: float = 64.0      # an output token's value in prompt tokens (costs)
     proposer: Proposer | None = None      # drafts for verification steps (None: decode 1)
-    pooling: str = "last"                 # embeddings: "last" token or "mean" over the prompt
+    pooling: str = "last"                 # embeddings: "last" token, "mean" over the prompt,
+                                          # "" none (pooling_hint says why)
+    pooling_hint: str = ""
     normalize_embeddings: bool = True     # embeddings are L2-normalized
 
     def __post_init__(self) -> None:
