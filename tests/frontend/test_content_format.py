@@ -134,3 +134,19 @@ def test_images_with_text_stay_parts_on_a_vision_template(qwen3):
     assert rendered.prompt == ("<|im_start|>userLook:<|vision_start|><|image_pad|>"
                                "<|vision_end|>What?<|im_end|>\n<|im_start|>assistant")
     assert rendered.num_images == 1
+
+
+def test_the_real_smollm2_chatml_template_joins_text_parts(smollm2_gguf, hf_tokenizers):
+    """The real GGUF checkpoint's ChatML template (tests/conftest.py) reads strings."""
+    from transformers import AutoTokenizer
+
+    from services.common.core import TOKENIZER_ROLES, open_model
+    from services.frontend.assets import load_assets
+
+    source = open_model(smollm2_gguf, verify=TOKENIZER_ROLES)
+    loaded = load_assets(source)
+    assert [t.content_format for t in loaded.templates.values()] == [ContentFormat.STRING]
+    renderer = ChatRenderer(loaded.tokenizer, loaded.templates)
+    hf = AutoTokenizer.from_pretrained(str(source.root))
+    assert renderer.render(parts_chat()).prompt == hf.apply_chat_template(
+        hf_messages("string"), tokenize=False, add_generation_prompt=True)
