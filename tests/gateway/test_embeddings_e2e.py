@@ -110,3 +110,35 @@ def test_ollama_pull_is_refused(olla):
     with pytest.raises(ollama.ResponseError, match="does not download models") as refused:
         olla.pull(MODEL)
     assert refused.value.status_code == 400
+
+
+def test_qwen3_embedding_checkpoint_served(tmp_path, demo_model_dir):
+    """`helios run` of a Qwen3-Embedding-layout directory (Qwen3Model, no lm_head,
+    sentence-transformers pooling files): openai and ollama clients get its vectors."""
+    from tests.support.embedding_checkpoint import build_embedding_checkpoint
+    from tests.support.processes import free_port
+
+    model_dir, model = build_embedding_checkpoint(tmp_path, demo_model_dir, mode="last")
+    config = tmp_path / "helios.yaml"
+    config.write_text("engine:\n  kv_cache_bytes: 16777216\n  max_num_seqs: 4\n")
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    run = HeliosRun([str(model_dir), "--config", str(config)], tmp_path / "helios-run.log",
+                    runtime, free_port())
+    try:
+        run.wait_output("Helios is serving", timeout=300)
+        client = openai.OpenAI(base_url=run.url + "/v1", api_key="k", max_retries=0,
+                               timeout=120)
+        (card,) = client.models.list().data
+        ids = [2000 + 13 * i for i in range(30)]
+        with torch.no_grad():
+            hidden = model(torch.tensor([ids])).last_hidden_state[0, -1]
+        reply = client.embeddings.create(model=card.id, input=[ids])
+        _close(reply.data[0].embedding, torch.nn.functional.normalize(hidden, dim=0))
+        vectors = ollama.Client(host=run.url, timeout=120).embed(
+            model=card.id, input=["a question", "another one"]).embeddings
+        assert len(vectors) == 2 and len(vectors[0]) == 48
+        assert abs(sum(v * v for v in vectors[0]) - 1.0) < 1e-4
+        assert run.terminate() == 0, run.output()[-4000:]
+    finally:
+        run.stop()

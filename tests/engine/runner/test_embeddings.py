@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import shutil
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from services.common.errors import ValidationError
 from services.engine.scheduler.requests import FinishReason
 from tests.engine.fakes import run_step
 from tests.engine.runner.conftest import greedy_request, make_engine
+from tests.support.embedding_checkpoint import build_embedding_checkpoint
 
 TOL = 1e-4
 
@@ -75,55 +75,22 @@ def test_decoder_checkpoint_pools_the_last_token(demo_source, hf_demo, runner):
 
 
 @pytest.fixture(scope="module")
-def embedding_checkpoint(tmp_path_factory, demo_model_dir):
-    """A random Qwen3 model saved as `Qwen3Model` (no lm_head) with the demo tokenizer."""
-    import transformers
-
-    config = json.loads((demo_model_dir / "config.json").read_text())
-    config.update(architectures=["Qwen3Model"], tie_word_embeddings=False,
-                  num_hidden_layers=2, hidden_size=48, head_dim=16, num_attention_heads=3,
-                  num_key_value_heads=1, intermediate_size=96, torch_dtype="float32")
-    hf_config = transformers.Qwen3Config(**{k: v for k, v in config.items()
-                                            if k not in ("architectures",)})
-    torch.manual_seed(11)
-    model = transformers.Qwen3Model(hf_config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.normal_(1.0, 0.1)      # norms that are not exactly one
+def checkpoints(tmp_path_factory, demo_model_dir):
     root = tmp_path_factory.mktemp("qwen3-embedding")
-    model.save_pretrained(root / "model", safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        if (demo_model_dir / name).is_file():
-            shutil.copyfile(demo_model_dir / name, root / "model" / name)
-    return root, model
-
-
-def _embedding_core(root, mode: str):
-    model_dir = root / "model"
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling",
-                "type": "sentence_transformers.models.Pooling"},
-               {"idx": 2, "name": "2", "path": "2_Normalize",
-                "type": "sentence_transformers.models.Normalize"}]
-    (model_dir / "modules.json").write_text(json.dumps(modules))
-    (model_dir / "1_Pooling").mkdir(exist_ok=True)
-    (model_dir / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": 48, "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": mode == "mean", "pooling_mode_max_tokens": False,
-        "pooling_mode_lasttoken": mode == "last"}))
-    core = root / f"core-{mode}"
-    if not core.exists():
-        prepare_core(model_dir, core, model_id=f"qwen3-embedding-{mode}")
-    return open_model(core, verify=())
+    return {mode: build_embedding_checkpoint(root, demo_model_dir, mode=mode)
+            for mode in ("last", "mean")}
 
 
 @pytest.mark.parametrize("mode", ["last", "mean"])
-def test_qwen3_embedding_layout(embedding_checkpoint, mode):
-    root, model = embedding_checkpoint
-    source = _embedding_core(root, mode)
+def test_qwen3_embedding_layout(checkpoints, mode):
+    model_dir, model = checkpoints[mode]
+    assert json.loads((model_dir / "config.json").read_text())["architectures"] == \
+        ["Qwen3Model"]
     assert "lm_head.weight" not in model.state_dict()
-    engine = make_engine(source, prefill_chunk_size=64, max_num_batched_tokens=64)
+    core = model_dir.parent / f"core-{mode}"
+    prepare_core(model_dir, core, model_id=f"qwen3-embedding-{mode}")
+    engine = make_engine(open_model(core, verify=()), prefill_chunk_size=64,
+                         max_num_batched_tokens=64)
     assert engine.scheduler.state.config.pooling == mode
     for length, seed in ((1, 1), (40, 2), (130, 3)):
         prompt = _prompt(length, seed)
