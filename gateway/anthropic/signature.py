@@ -34,7 +34,10 @@ class ThinkingSigner:
         return base64.urlsafe_b64encode(_VERSION + digest).decode("ascii")
 
     def verify(self, thinking: str, signature: str) -> bool:
-        return hmac.compare_digest(self.sign(thinking), signature)
+        # As bytes: compare_digest refuses str with non-ASCII characters (a TypeError, a 500
+        # on a fuzzed signature).
+        return hmac.compare_digest(self.sign(thinking).encode("ascii"),
+                                   signature.encode("utf-8", "surrogatepass"))
 
 
 @functools.cache

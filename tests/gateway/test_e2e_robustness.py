@@ -192,6 +192,18 @@ def test_nul_characters_reach_the_model_and_answer(oai):
     assert message.usage.output_tokens <= 2
 
 
+def test_a_non_ascii_thinking_signature_is_a_400(stack):
+    """Schemathesis' one server error (a 500 TypeError from hmac.compare_digest)."""
+    response = post(stack, "/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "t",
+                                           "signature": "s\u00e9\u00f7"}]},
+        {"role": "user", "content": "Again"}]})
+    assert response.status_code == 400, response.text[:300]
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert "signature" in error_text(response)
+
+
 @pytest.mark.parametrize("num_predict", [-1, -2])
 def test_ollama_unbounded_generation_is_cancelled_by_a_disconnect(stack, num_predict):
     """-1 (infinite) and -2 (fill the context) run until the context (here the KV pool) ends;
