@@ -322,3 +322,76 @@ def test_200_concurrent_streams(stack):
     # (each token's logprob arrived exactly once).
     assert results == [(8, 8, "length")] * 200
     wait_for(lambda: engine_load(stack).slots_live == 0)
+
+
+def padding_row_prompts(model_dir, vocab: int, count: int) -> list[list[int]]:
+    """Prompts after which the demo model's own argmax is one of its embedding's padding rows
+    (found with transformers: about 1 random prompt in 500)."""
+    import random
+
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    rng, found = random.Random(0), []
+    with torch.inference_mode():
+        while len(found) < count:
+            prompts = [[rng.randrange(vocab) for _ in range(3)] for _ in range(128)]
+            best = model(torch.tensor(prompts)).logits[:, -1].argmax(-1).tolist()
+            found += [p for p, b in zip(prompts, best, strict=True) if b >= vocab]
+    return found[:count]
+
+
+def test_sampled_ids_stay_inside_the_tokenizer_vocabulary(stack, demo_model_dir, oai):
+    """The demo model's embedding has 151,936 rows for 151,669 tokens: the padding rows are
+    never emitted, not even where the model's own argmax is one of them (greedy), nor in
+    high-temperature draws, and every vocabulary message, engine and frontend, names the
+    tokenizer's size."""
+    import re
+
+    import tokenizers
+
+    from services.common.pb import common_pb2
+
+    vocab = tokenizers.Tokenizer.from_file(str(demo_model_dir / "tokenizer.json")) \
+        .get_vocab_size(with_added_tokens=True)
+    assert vocab == 151669
+    requests = [engine_pb2.EngineGenerateRequest(
+        request_id=f"vocab-greedy-{k}", prompt_token_ids=prompt,
+        sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True,
+                                           logprobs=True, top_logprobs=5))
+        for k, prompt in enumerate(padding_row_prompts(demo_model_dir, vocab, 4))]
+    requests.append(engine_pb2.EngineGenerateRequest(
+        request_id="vocab-sampled", prompt_token_ids=[9707, 11, 1879], n=8,
+        sampling=common_pb2.SamplingParams(temperature=2.0, seed=3, max_tokens=40,
+                                           ignore_eos=True)))
+    sampled: list[int] = []
+    alternatives: list[int] = []
+    with grpc.insecure_channel(stack.addresses["engine"]) as channel:
+        engine = engine_pb2_grpc.EngineStub(channel)
+        for request in requests:
+            for message in engine.Generate(request, timeout=300):
+                for output in message.outputs:
+                    sampled.extend(output.token_ids)
+                    alternatives += [t.token_id for lp in output.logprobs for t in lp.top]
+        with pytest.raises(grpc.RpcError) as refused:
+            engine.Generate(engine_pb2.EngineGenerateRequest(
+                request_id="vocab-bad", prompt_token_ids=[1, vocab + 30],
+                sampling=common_pb2.SamplingParams(max_tokens=2)), timeout=60).next()
+    assert len(sampled) == 4 * 3 + 8 * 40 and len(alternatives) == 4 * 3 * 5
+    assert max(sampled) < vocab and max(alternatives) < vocab, \
+        [t for t in sampled + alternatives if t >= vocab]
+
+    messages = [refused.value.details()]
+    chat = [{"role": "user", "content": "hi"}]
+    for extra in ({"logit_bias": {str(vocab + 30): 5}},
+                  {"extra_body": {"stop_token_ids": [vocab + 30]}}):
+        with pytest.raises(openai.BadRequestError) as error:
+            oai.chat.completions.create(model=MODEL, messages=chat, max_tokens=2, **extra)
+        messages.append(error.value.message)
+    with pytest.raises(openai.BadRequestError) as error:
+        oai.completions.create(model=MODEL, prompt=[1, vocab + 30], max_tokens=2)
+    messages.append(error.value.message)
+    named = [re.search(r"\(0\.\.(\d+)\)", m) for m in messages]
+    assert all(named), messages
+    assert {int(m.group(1)) for m in named if m} == {vocab - 1}, messages

@@ -57,6 +57,7 @@ class GraphRunnerConfig:
     graph_max_batch: int             # largest captured decode capacity (0: no graphs)
     overlap: bool                    # window 2 (two frames) or 1
     eos_token_ids: tuple[int, ...] = ()
+    token_vocab: int | None = None   # the tokenizer's ids (logits past it masked; None: all)
 
 
 @dataclass(slots=True)
@@ -88,7 +89,8 @@ class GraphRunner:
                                       device=device)
         hidden_size = model.config.hidden_size
         self.state = SlotState(config.num_slots, model.config.vocab_size, hidden_size,
-                               snapshots.hidden.dtype, device, config.eos_token_ids)
+                               snapshots.hidden.dtype, device, config.eos_token_ids,
+                               token_vocab=config.token_vocab)
         self.outputs = SampleOutputs.allocate(max_rows, device)
         self.frames = InputFrames(StepLimits.for_runner(
             num_slots=config.num_slots, max_num_batched_tokens=config.max_num_batched_tokens,

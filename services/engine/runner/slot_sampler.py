@@ -23,6 +23,7 @@ from services.engine.runner.slot_state import SamplingMode, SlotState
 from services.engine.sampling import filters
 from services.engine.sampling.params import MAX_TOP_LOGPROBS
 from services.engine.sampling.random_stream import gumbel_noise, row_keys
+from services.engine.sampling.vocab import mask_beyond_vocab_
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,8 @@ def sample_rows(logits: torch.Tensor, slots: torch.Tensor, state: SlotState,
     num_rows, vocab = logits.shape
     ints, floats = state.ints, state.floats
     x = logits
+    if state.token_vocab < vocab:   # the embedding's padding rows: never drawn (a static slice)
+        x = mask_beyond_vocab_(logits.clone(), state.token_vocab)
     if grammar:     # structured outputs: each row's bitmask (all ones for free rows)
         x = filters.apply_token_bitmask(x, state.token_bitmask.index_select(0, slots))
     if mode is SamplingMode.FULL:
@@ -75,8 +78,8 @@ def sample_rows(logits: torch.Tensor, slots: torch.Tensor, state: SlotState,
     if logprobs:
         model_logprobs = torch.log_softmax(logits, dim=-1)                   # [S, V]
         out.logprobs[0, :num_rows].copy_(model_logprobs.gather(1, ids[:, None])[:, 0])
-        k = min(MAX_TOP_LOGPROBS, vocab)
-        top = torch.topk(model_logprobs, k, dim=-1)
+        k = min(MAX_TOP_LOGPROBS, state.token_vocab)
+        top = torch.topk(model_logprobs[:, :state.token_vocab], k, dim=-1)
         out.ids[1:1 + k, :num_rows].copy_(top.indices.t())
         out.logprobs[1:1 + k, :num_rows].copy_(top.values.t())
     # the rows' state moves on (duplicate padding rows all land in the padding row)

@@ -63,11 +63,13 @@ class SlotState:
 
     def __init__(self, num_slots: int, vocab_size: int, hidden_size: int,
                  hidden_dtype: torch.dtype, device: torch.device,
-                 eos_token_ids: tuple[int, ...] = ()) -> None:
+                 eos_token_ids: tuple[int, ...] = (), token_vocab: int | None = None) -> None:
         rows = num_slots + 1
         self.num_slots = num_slots
         self.padding_row = num_slots
-        self.vocab_size = vocab_size
+        self.vocab_size = vocab_size        # logits columns (the model's embedding rows)
+        # the tokenizer's ids: columns past it are masked before sampling (sampling/vocab.py)
+        self.token_vocab = vocab_size if token_vocab is None else min(token_vocab, vocab_size)
         self.device = device
         self.eos_token_ids = eos_token_ids
         self.floats = {name: torch.zeros(rows, dtype=torch.float32, device=device)

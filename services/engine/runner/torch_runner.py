@@ -42,11 +42,12 @@ class SlotSampling:
 
 class TorchRunner:
     def __init__(self, model: CausalLM, kv: KVCache, snapshots: SnapshotStore, *,
-                 num_slots: int, eos_token_ids: tuple[int, ...] = ()) -> None:
+                 num_slots: int, eos_token_ids: tuple[int, ...] = (),
+                 token_vocab: int | None = None) -> None:
         self.model = model
         self.kv = kv
         self.snapshots = snapshots
-        self.sampler = Sampler()
+        self.sampler = Sampler(token_vocab)   # ids past the tokenizer's are never sampled
         self.device = model.device
         self.page_size = kv.page_size
         self.vocab_size = model.config.vocab_size

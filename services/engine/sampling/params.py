@@ -112,15 +112,16 @@ class SamplingParams:
     # -- admission ------------------------------------------------------------------------
 
     def check_vocab(self, vocab_size: int) -> None:
-        """Token ids the request names must exist in the model's vocabulary."""
+        """Token ids the request names must be the tokenizer's (`vocab_size`: its size, the
+        one every vocabulary message names, sampling/vocab.py)."""
         for token_id, _ in self.logit_bias:
             if token_id >= vocab_size:
-                raise _fail("logit_bias", f"names token id {token_id}, beyond the vocabulary "
-                                          f"({vocab_size} tokens)")
+                raise _fail("logit_bias", f"names token id {token_id}, outside the vocabulary "
+                                          f"(0..{vocab_size - 1})")
         for token_id in self.stop_token_ids:
             if token_id >= vocab_size:
-                raise _fail("stop_token_ids", f"names token id {token_id}, beyond the "
-                                              f"vocabulary ({vocab_size} tokens)")
+                raise _fail("stop_token_ids", f"names token id {token_id}, outside the "
+                                              f"vocabulary (0..{vocab_size - 1})")
 
     def with_seed(self) -> SamplingParams:
         """These params with a seed: the given one, or fresh entropy (done at admission)."""

@@ -1,7 +1,9 @@
 """Sampler: logits [N, V] + a SamplingBatch -> sampled ids, their logprobs, top alternatives.
 
-Order of the transforms (as vLLM's): the grammar's token bitmask, logit_bias, min_tokens suppression, penalties -> greedy
-rows take the argmax here -> temperature -> min_p -> top_k -> top_p -> a Gumbel-max draw with
+Ids past the tokenizer's vocabulary (embedding padding rows) are masked first, so no draw
+and no top alternative is one of them (`vocab.py`). Order of the transforms (as vLLM's): the
+grammar's token bitmask, logit_bias, min_tokens suppression, penalties -> greedy rows take the
+argmax here -> temperature -> min_p -> top_k -> top_p -> a Gumbel-max draw with
 counter-based noise (random_stream). Returned logprobs are those of the model's own
 distribution (log_softmax of the raw logits, before any of the above), like vLLM's default.
 
@@ -18,6 +20,7 @@ import torch
 from services.engine.sampling import filters
 from services.engine.sampling.batch import SamplingBatch
 from services.engine.sampling.random_stream import gumbel_noise, row_keys
+from services.engine.sampling.vocab import mask_beyond_vocab_
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +40,14 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Stateless; one instance serves every step (state lives in the batch)."""
+    """Stateless; one instance serves every step (state lives in the batch).
+
+    `token_vocab`: the tokenizer's vocabulary size; ids at or past it are never drawn nor
+    listed as alternatives (None: every logit column is a token). The logprobs stay the
+    model's own (log_softmax over every column, as transformers computes them)."""
+
+    def __init__(self, token_vocab: int | None = None) -> None:
+        self.token_vocab = token_vocab
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         logits = logits.float()                                         # [N, V]
@@ -46,7 +56,9 @@ class Sampler:
         chosen = model_logprobs.gather(1, token_ids[:, None])[:, 0]
         k = batch.max_top_logprobs
         if k:
-            top = torch.topk(model_logprobs, k, dim=-1)
+            tokens = model_logprobs[:, :self.token_vocab] if self.token_vocab else \
+                model_logprobs
+            top = torch.topk(tokens, min(k, tokens.shape[-1]), dim=-1)
             top_values, top_ids = top.values, top.indices
         else:
             top_values = model_logprobs.new_empty(logits.shape[0], 0)
@@ -56,6 +68,8 @@ class Sampler:
     def choose(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """The token id of each row (int64 [N]) from float32 logits [N, V]."""
         logits = logits.clone()
+        if self.token_vocab is not None:
+            mask_beyond_vocab_(logits, self.token_vocab)
         if batch.token_bitmask is not None:
             logits = filters.apply_token_bitmask(logits, batch.token_bitmask)
         if batch.bias_rows is not None:

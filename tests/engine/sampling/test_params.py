@@ -69,7 +69,7 @@ def test_out_of_range_values_name_the_field(fields: dict, param: str) -> None:
 
 def test_token_ids_must_be_in_the_vocabulary() -> None:
     SamplingParams.create(logit_bias={99: 1.0}, stop_token_ids=[99]).check_vocab(100)
-    with pytest.raises(ValidationError, match="beyond the vocabulary") as info:
+    with pytest.raises(ValidationError, match=r"outside the vocabulary \(0\.\.99\)") as info:
         SamplingParams.create(logit_bias={100: 1.0}).check_vocab(100)
     assert info.value.param == "sampling.logit_bias"
     with pytest.raises(ValidationError) as info:
