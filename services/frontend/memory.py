@@ -8,7 +8,7 @@ heaps, and each preparation thread has its own arena that is trimmed only from i
 reference cycles with its frames (the gRPC abort is raised while handling it), which keep the
 prompt alive until the cyclic collector happens to run. `MemoryReleaser` runs `gc.collect()`
 and then `malloc_trim(0)` (every arena, free pages returned with madvise) shortly after the
-last large request ends, on a thread (ctypes releases the GIL). On a C library without
+last large request ends (and once more a second later), on a thread (ctypes releases the GIL). On a C library without
 `malloc_trim` it does nothing.
 """
 
@@ -24,7 +24,9 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 LARGE_REQUEST_BYTES = 1 << 20     # requests at least this big are followed by a trim
-TRIM_DELAY_S = 0.05               # lets the request's handler and gRPC drop their references
+# After the last large request: soon (its handler and gRPC have dropped their references by
+# then, as a rule), and once more a second later for what a loaded machine released late.
+TRIM_DELAYS_S = (0.05, 1.0)
 
 
 def _malloc_trim() -> Callable[[], None] | None:
@@ -77,11 +79,15 @@ class MemoryReleaser:
         self._trim()
 
     async def _release(self) -> None:
-        await asyncio.sleep(TRIM_DELAY_S)
-        if self._active or self._trim is None:
-            return  # another large request began: the last one to end trims
-        try:
-            await asyncio.to_thread(self._collect_and_trim)
-            self.num_trims += 1
-        except Exception:  # never fail a request over housekeeping
-            log.exception("malloc_trim failed")
+        waited = 0.0
+        for delay in TRIM_DELAYS_S:
+            await asyncio.sleep(delay - waited)
+            waited = delay
+            if self._active or self._trim is None:
+                return  # another large request began: the last one to end trims
+            try:
+                await asyncio.to_thread(self._collect_and_trim)
+                self.num_trims += 1
+            except Exception:  # never fail a request over housekeeping
+                log.exception("malloc_trim failed")
+                return

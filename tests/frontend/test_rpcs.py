@@ -81,10 +81,10 @@ async def test_errors_are_typed(frontend):
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await call
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
-    bad = frontend_pb2.ChatInput(messages=[frontend_pb2.ChatMessage(role="user", parts=
-                                 frontend_pb2.ContentParts(parts=[frontend_pb2.ContentPart(
-                                     text="list content")]))])
+    # (list content no longer fails on Qwen3's template: text parts are joined for it)
+    bad = frontend_pb2.ChatInput(messages=[frontend_pb2.ChatMessage(role="user", text="hi")],
+                                 add_generation_prompt=True, continue_final_message=True)
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await frontend.stub.RenderChat(frontend_pb2.RenderChatRequest(chat=bad))
     error = error_from_rpc(info.value)
-    assert isinstance(error, ValidationError) and "startswith" in error.message
+    assert isinstance(error, ValidationError) and "not compatible" in error.message
