@@ -20,7 +20,7 @@ import numpy as np
 from services.engine.model.attention import kv_slot
 from services.engine.runner.layout import layout_step, verified_tokens
 from services.engine.scheduler.plan import Completion, SeqResult, Step
-from services.engine.scheduler.requests import RequestUpdate
+from services.engine.scheduler.requests import PromptLogprob, RequestUpdate
 from services.engine.scheduler.scheduler import Scheduler, choice_seed
 
 
@@ -45,6 +45,19 @@ def reference_tokens(prompt: Sequence[int], count: int, *, seed: int = 0, vocab:
         if token in eos:
             break
     return out
+
+
+def fake_prompt_logprob(prefix: Sequence[int | None], token: int) -> float:
+    """The fake model's logprob of `token` after `prefix` (read through the page table)."""
+    digest = hashlib.blake2b(_fingerprint(prefix) + token.to_bytes(8, "little"),
+                             digest_size=4).digest()
+    return -int.from_bytes(digest, "little") / 2**32 * 10
+
+
+def fake_hidden(prefix: Sequence[int | None]) -> tuple[float, ...]:
+    """The fake model's 4-dim "hidden state" of the last row of `prefix`."""
+    digest = _fingerprint(prefix)
+    return tuple(float(b) - 128.0 for b in digest[:4])
 
 
 def first_allowed(bitmask, token: int, banned: set[int]) -> int:
@@ -108,8 +121,20 @@ class FakeRunner:
                 tail = self.kv[s.capture.page_id][:s.capture.num_tokens] \
                     if s.capture.num_tokens else []
                 self.snapshot_tail[s.capture.snapshot_id] = tuple(tail)
+            scored = tuple(
+                PromptLogprob(s.start + 1 + j, target,
+                              fake_prompt_logprob(self._read(s.page_ids, s.start + 1 + j),
+                                                  target), 1)
+                for j, target in enumerate(s.score_targets))
+            pooled: tuple[float, ...] = ()
+            if s.pool == "last":
+                pooled = fake_hidden(self._read(s.page_ids, s.end))
+            elif s.pool == "mean":
+                rows = [fake_hidden(self._read(s.page_ids, p + 1)) for p in range(s.start, s.end)]
+                pooled = tuple(sum(column) for column in zip(*rows, strict=True))
             if not s.sample:
-                results.append(SeqResult(s.handle, s.end))
+                results.append(SeqResult(s.handle, s.end, prompt_logprobs=scored,
+                                         pooled=pooled))
                 continue
             sampled = []
             for offset in range(s.max_emit):
@@ -121,7 +146,8 @@ class FakeRunner:
                 sampled.append(self._sample(s, row_state, s.output_index + offset))
             tokens = verified_tokens(sampled, s.draft_token_ids)
             self.last_token[s.handle.slot] = tokens[-1]
-            results.append(SeqResult(s.handle, s.sample_from + len(tokens), tuple(tokens)))
+            results.append(SeqResult(s.handle, s.sample_from + len(tokens), tuple(tokens),
+                                     prompt_logprobs=scored, pooled=pooled))
         completion = Completion(step.fence, tuple(results), duration_s=0.001)
         self.completed.append(completion)
         (self.held if self.hold else self.done).append(completion)
