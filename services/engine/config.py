@@ -65,6 +65,10 @@ class EngineConfig(ServiceConfig):
                                "appended to context-overflow errors")
     capacity_hint: str = option("raise --max-num-seqs or the KV cache budget (engine)",
                                 "appended to capacity errors")
+    prefix_block_reuse: bool = option(True, "reuse every complete 64-token block a cached "
+                                            "prompt shares (and wait for blocks a running "
+                                            "prompt is prefilling); off: exact checkpoints "
+                                            "only (message boundaries, whole prompts)")
     kv_events_endpoint: str = option("", "ZMQ PUB endpoint for prefix-cache events in vLLM's "
                                          "KV-events format (e.g. tcp://*:5557; empty: off)")
     kv_events_replay_endpoint: str = option("", "ZMQ ROUTER endpoint replaying buffered KV "

@@ -171,7 +171,8 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
                              eos_token_ids=eos, token_vocab=token_vocab)
     pooling = pooling_config(source)
     resources = KVResources(num_pages=layout.num_pages, page_size=layout.page_size,
-                            num_snapshots=layout.num_snapshots)
+                            num_snapshots=layout.num_snapshots,
+                            block_reuse=config.prefix_block_reuse)
     scheduler_config = SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_waiting=config.waiting_capacity,
         prefill_chunk_size=config.prefill_chunk_size,

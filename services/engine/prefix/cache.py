@@ -95,7 +95,8 @@ class CacheCounters:
 
 
 class PrefixCheckpointCache:
-    def __init__(self, *, page_size: int, num_pages: int, num_snapshots: int) -> None:
+    def __init__(self, *, page_size: int, num_pages: int, num_snapshots: int,
+                 block_reuse: bool = True) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
         self.num_snapshots = num_snapshots
@@ -115,7 +116,8 @@ class PrefixCheckpointCache:
         self._completed = 0
         self._blocks = BlockIndex()
         self._holders: dict[bytes, list[_Node]] = {}   # block key -> ready nodes whose tail has it
-        self._splits = BLOCK_TOKENS % page_size == 0   # block boundaries are page boundaries
+        # block checkpoints need block boundaries on page boundaries (off: exact ones only)
+        self.block_reuse = block_reuse and BLOCK_TOKENS % page_size == 0
         self.num_cached_pages = 0        # tail pages of live checkpoints
         self.num_evictable_pages = 0     # tail pages of ready, unpinned checkpoints
         self.num_retired_pages = 0
@@ -363,7 +365,7 @@ class PrefixCheckpointCache:
         """A block checkpoint at `boundary` (block key `key`), split out of a ready checkpoint
         whose tail covers that block; None when none does (or the page size forbids it)."""
         holders = self._holders.get(key)
-        if not self._splits or not holders or key in self._by_key:
+        if not self.block_reuse or not holders or key in self._by_key:
             return None
         node = holders[0]
         start = node.parent.ref.endpoint if node.parent else 0

@@ -14,13 +14,15 @@ from services.engine.prefix.records import CheckpointRef, RetiredResources
 
 
 class KVResources:
-    def __init__(self, *, num_pages: int, page_size: int, num_snapshots: int) -> None:
+    def __init__(self, *, num_pages: int, page_size: int, num_snapshots: int,
+                 block_reuse: bool = True) -> None:
         self.page_size = page_size
         self.fences = FenceTimeline()
         self.pages = FencedIdPool(num_pages, kind="page")
         self.snapshots = FencedIdPool(num_snapshots, kind="snapshot")
         self.cache = PrefixCheckpointCache(page_size=page_size, num_pages=num_pages,
-                                           num_snapshots=num_snapshots)
+                                           num_snapshots=num_snapshots,
+                                           block_reuse=block_reuse)
 
     @property
     def completed(self) -> int:

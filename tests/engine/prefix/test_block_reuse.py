@@ -122,3 +122,13 @@ def test_no_block_checkpoints_when_pages_straddle_block_boundaries():
     cache.advance_completed(0)
     assert cache.lookup(PrefixHistory(IDENTITY, [*first[:150], 1])).checkpoint is None
     assert cache.counters.splits == 0
+
+
+def test_the_switch_turns_block_reuse_off():
+    """`prefix_block_reuse: false` (the benchmarks' same-run baseline): exact checkpoints only."""
+    cache = PrefixCheckpointCache(page_size=P, num_pages=64, num_snapshots=4, block_reuse=False)
+    first = tokens(200)
+    cached(cache, first)
+    assert cache.lookup(PrefixHistory(IDENTITY, first[:150])).checkpoint is None
+    assert cache.lookup(PrefixHistory(IDENTITY, first)).endpoint == 200
+    assert cache.counters.splits == 0
