@@ -220,8 +220,24 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
                                              max_model_len=self.model.max_model_len)
 
     async def CountTokens(self, request, context):
-        ids = await self._token_ids(request, add_special_tokens=True)
-        return frontend_pb2.CountTokensResponse(input_tokens=len(ids))
+        """Counted in chunks, so a huge input never holds all its ids (docs/frontend.md)."""
+        self.model.check_name(request.model)
+        which = request.WhichOneof("input")
+        if which not in ("chat", "text"):
+            raise ValidationError("give text or chat messages", param="input")
+        large = self.lifecycle.memory.started(request.ByteSize())
+        try:
+            if which == "chat":
+                count = await self.lifecycle.pool.run(
+                    self.model.renderer.count, chat_input_from_pb(request.chat), large=large)
+            else:
+                count = await self.lifecycle.pool.run(
+                    functools.partial(self.model.tokenizer.count_tokens, add_special_tokens=True),
+                    request.text, large=large)
+        finally:
+            if large:
+                self.lifecycle.memory.ended()
+        return frontend_pb2.CountTokensResponse(input_tokens=count)
 
     async def Detokenize(self, request, context):
         self.model.check_name(request.model)

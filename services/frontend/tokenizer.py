@@ -9,7 +9,7 @@ that streams tokens.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,8 @@ import tokenizers
 from services.frontend.bounded_encode import ChunkedSpans, PromptTooLong, TokenBounds, chunk_chars
 from services.frontend.detokenizer import IncrementalDetokenizer
 from services.frontend.token_bytes import DecoderModel, TokenBytes
+
+COUNT_CHUNK_TOKENS = 1 << 16    # count_tokens encodes ~1 Mi characters at a time
 
 # transformers' named special-token attributes (SPECIAL_TOKENS_ATTRIBUTES).
 NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
@@ -103,20 +105,36 @@ class Tokenizer:
         prefix, suffix = affixes
         ids: list[int] = list(prefix)
         spans = ChunkedSpans()
+        for start, end in self._chunks(text, size):
+            encoding = self._tok.encode_batch([text[start:end]], add_special_tokens=False)[0]
+            spans.add(start, len(ids), encoding)
+            ids.extend(encoding.ids)
+            if limit is not None and len(ids) + len(suffix) > limit:
+                raise PromptTooLong(len(ids) + len(suffix), limit)
+        ids.extend(suffix)
+        return Encoding(ids, None if add_special_tokens else spans)
+
+    def count_tokens(self, text: str, *, add_special_tokens: bool = False) -> int:
+        """len(encode(text)), with memory bounded by one chunk (nothing is kept)."""
+        size = chunk_chars(COUNT_CHUNK_TOKENS)
+        affixes = self._affixes if add_special_tokens else ([], [])
+        if len(text) <= size or not self.bounds.chunkable or affixes is None:
+            return len(self.encode(text, add_special_tokens=add_special_tokens))
+        return len(affixes[0]) + len(affixes[1]) + sum(
+            len(self._tok.encode_batch([text[start:end]], add_special_tokens=False)[0].ids)
+            for start, end in self._chunks(text, size))
+
+    def _chunks(self, text: str, size: int) -> Iterator[tuple[int, int]]:
+        """Consecutive (start, end) spans of about `size` characters, cut where no token
+        crosses (a span is longer where no cut is found in time)."""
         start = 0
         while start < len(text):
             end = len(text)
             if end - start > size:
                 end = self.bounds.find_cut(text, start + size, start) or self._next_cut(
                     text, start + size)
-            encoding = self._tok.encode_batch([text[start:end]], add_special_tokens=False)[0]
-            spans.add(start, len(ids), encoding)
-            ids.extend(encoding.ids)
-            if limit is not None and len(ids) + len(suffix) > limit:
-                raise PromptTooLong(len(ids) + len(suffix), limit)
+            yield start, end
             start = end
-        ids.extend(suffix)
-        return Encoding(ids, None if add_special_tokens else spans)
 
     def _next_cut(self, text: str, after: int) -> int:
         """The first cut after `after`, else the end of the text."""

@@ -59,6 +59,8 @@ def test_chunked_equals_whole(tokenizer, small_chunks, pieces):
             assert chunked.spans.char_to_token(p) == whole.spans.char_to_token(p)
     with_specials = tokenizer.encode_bounded(text, None, add_special_tokens=True)
     assert with_specials.ids == tokenizer.encode(text, add_special_tokens=True)
+    assert tokenizer.count_tokens(text) == len(whole.ids)
+    assert tokenizer.count_tokens(text, add_special_tokens=True) == len(with_specials.ids)
 
 
 @settings(max_examples=40, deadline=None,

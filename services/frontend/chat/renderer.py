@@ -69,6 +69,11 @@ class ChatRenderer:
             raise ChatTemplateError(f"chat template error: {exc}", param="messages") from exc
         return rendered.prompt, rendered.char_ends
 
+    def count(self, chat: ChatInput) -> int:
+        """The rendered prompt's token count, without holding its ids (CountTokens)."""
+        prompt, _ = self.render_text(chat)
+        return self.tokenizer.count_tokens(prompt)
+
     def render(self, chat: ChatInput, *, token_limit: int | None = None) -> RenderedPrompt:
         """Render and tokenize; past `token_limit` tokens raise PromptTooLong early."""
         prompt, char_ends = self.render_text(chat)
