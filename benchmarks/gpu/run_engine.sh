@@ -123,6 +123,15 @@ YAML
     --serve /tmp/helios-cores/qwen3-8b --config /tmp/helios-prefix.yaml --model qwen3-8b \
     --out "$OUT/prefix_reuse.json" ${PREFIX_ARGS:-} > "$OUT/prefix_reuse.log" 2>&1
   prefix_rc=$?
+  if [ "${PREFIX_BASELINE:-1}" = 1 ]; then   # the same workload, block reuse switched off
+    sed 's/^engine:$/engine:\n  prefix_block_reuse: false/' /tmp/helios-prefix.yaml \
+      > /tmp/helios-prefix-off.yaml
+    # shellcheck disable=SC2086
+    timeout "${PREFIX_TIMEOUT_S:-300}" "$PY" benchmarks/bench_prefix_reuse.py \
+      --serve /tmp/helios-cores/qwen3-8b --config /tmp/helios-prefix-off.yaml --model qwen3-8b \
+      --workloads shared --out "$OUT/prefix_reuse_off.json" ${PREFIX_ARGS:-} \
+      > "$OUT/prefix_reuse_off.log" 2>&1 || prefix_rc=$?
+  fi
   echo "== prefix reuse benchmark: rc=$prefix_rc in $(( $(date +%s) - start )) s"
 fi
 
@@ -131,4 +140,5 @@ echo
 [ -f "$OUT/decode.log" ] && { grep -E "^(shape|qwen|llama|poll|  error)" "$OUT/decode.log" || tail -n 20 "$OUT/decode.log"; }
 [ -f "$OUT/serving.log" ] && { grep -A 12 -E "^target" "$OUT/serving.log" || tail -n 25 "$OUT/serving.log"; }
 [ -f "$OUT/prefix_reuse.log" ] && tail -n 8 "$OUT/prefix_reuse.log"
+[ -f "$OUT/prefix_reuse_off.log" ] && { echo "block reuse off:"; tail -n 4 "$OUT/prefix_reuse_off.log"; }
 echo "tests rc=$test_rc step rc=$step_rc decode rc=$decode_rc serving rc=$serving_rc prefix rc=$prefix_rc"
