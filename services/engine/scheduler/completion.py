@@ -49,13 +49,15 @@ def validate(state: SchedulerState, completion: Completion) -> Step:
               f"slot {planned.handle}: a token outside the vocabulary in {result.token_ids}")
         check(not result.logprobs or len(result.logprobs) == emitted,
               f"slot {planned.handle}: {len(result.logprobs)} logprobs for {emitted} tokens")
-        check(len(result.prompt_logprobs) == len(planned.score_targets) and
-              all(e.token_id == t for e, t in zip(result.prompt_logprobs,
-                                                  planned.score_targets, strict=False)),
-              f"slot {planned.handle}: {len(result.prompt_logprobs)} prompt logprobs for "
-              f"{len(planned.score_targets)} score targets")
-        check(bool(result.pooled) == bool(planned.pool),
-              f"slot {planned.handle}: pooled state {'missing' if planned.pool else 'sent'}")
+        if planned.score_targets or result.prompt_logprobs:
+            check(len(result.prompt_logprobs) == len(planned.score_targets) and
+                  all(e.token_id == t for e, t in zip(result.prompt_logprobs,
+                                                      planned.score_targets, strict=False)),
+                  f"slot {planned.handle}: {len(result.prompt_logprobs)} prompt logprobs for "
+                  f"{len(planned.score_targets)} score targets")
+        if planned.pool or result.pooled:
+            check(bool(result.pooled) == bool(planned.pool),
+                  f"slot {planned.handle}: pooled state {'missing' if planned.pool else 'sent'}")
     return step
 
 
@@ -83,7 +85,8 @@ def apply_result(state: SchedulerState, step: Step, planned: SeqStep, result: Se
         release(state, seq)
         seq.phase = Phase.FINISHED
         return None
-    prompt_logprobs = seq.output.scored(result.prompt_logprobs)
+    prompt_logprobs = seq.output.scored(result.prompt_logprobs) if result.prompt_logprobs \
+        else ()
     if result.pooled:
         seq.output.pool(result.pooled, restart=planned.start == 0,
                         accumulate=planned.pool == "mean")

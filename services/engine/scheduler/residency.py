@@ -40,7 +40,7 @@ def admit_waiting(state: SchedulerState) -> None:
             continue
         # a scoring sequence needs logits for every prompt row: no cached prefix (limit 0)
         hit = res.cache.lookup(seq.request.history,
-                               0 if seq.scores_prompt else seq.prompt_len, count=False)
+                               0 if seq.scoring else seq.prompt_len, count=False)
         if not seq.scores_prompt and seq.phase is Phase.QUEUED and res.cache.block_reuse and \
                 state.inflight.worth_waiting(seq.request.history, hit.endpoint,
                                              seq.prompt_len):

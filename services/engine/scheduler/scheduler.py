@@ -115,7 +115,8 @@ class Scheduler:
             record.cached_tokens = hit.endpoint
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         record.seqs = [Sequence(Choice(record, i, choice_seed(seed, i)), output=Output(
-            matcher=grammar.matcher() if grammar is not None else None))
+            matcher=grammar.matcher() if grammar is not None else None),
+            scoring=i == 0 and request.scores_prompt)
             for i in range(request.n)]
         state.requests[request.request_id] = record
         if grammar is not None:
@@ -244,8 +245,11 @@ class Scheduler:
             if not rules.ignore_eos:
                 ids |= self.state.config.eos_token_ids
             suppress = tuple(sorted(ids))
-        score_targets, pool = self._scoring(seq, start, end) if seq.scores_prompt and \
-            num_tokens and not planned.follows else ((), "")
+        score_targets: tuple[int, ...] = ()
+        score_top, pool = 0, ""
+        if seq.scoring and num_tokens and not planned.follows:
+            score_targets, pool = self._scoring(seq, start, end)
+            score_top = seq.request.request.prompt_logprobs or 0
         for pin in cache.pins:
             res.cache.mark_used(pin.checkpoint, fence)
         progress.submitted(fence, end, can_follow=max_emit == 1 and capture is None)
@@ -261,8 +265,7 @@ class Scheduler:
             suppress_token_ids=suppress,
             resume_snapshot=progress.resume_snapshot if num_tokens == 0 else None,
             restore=restore, capture=capture, init=init, allowed_tokens=allowed_tokens,
-            score_targets=score_targets, score_top=seq.request.request.prompt_logprobs or 0,
-            pool=pool)
+            score_targets=score_targets, score_top=score_top, pool=pool)
 
     def _scoring(self, seq: Sequence, start: int, end: int) -> tuple[tuple[int, ...], str]:
         """A scoring sequence's step over [start, end): the next prompt token of each fed

@@ -229,6 +229,9 @@ class Sequence:
     progress: Progress = field(default_factory=Progress)
     cache: CacheHold = field(default_factory=CacheHold)
     output: Output = field(default_factory=Output)
+    # choice 0 of a request with prompt logprobs or an embedding: it prefills from position 0
+    # and its steps score every prompt row (fixed at admission)
+    scoring: bool = False
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -292,9 +295,8 @@ class Sequence:
 
     @property
     def scores_prompt(self) -> bool:
-        """Choice 0 of a request with prompt logprobs or an embedding: it prefills from
-        position 0 and its steps score every prompt row."""
-        return self.index == 0 and self.request.request.scores_prompt
+        """Choice 0 of a request with prompt logprobs or an embedding (`scoring`)."""
+        return self.scoring
 
     @property
     def prompt_only(self) -> bool:
