@@ -136,3 +136,36 @@ def test_max_tokens_zero_needs_scoring(demo_source):
     engine = make_engine(demo_source)
     with pytest.raises(ValidationError, match="max_tokens 0"):
         engine.scheduler.admit(greedy_request("z", _prompt(5, 1), 0))
+
+
+def test_graph_runner_with_two_frames(demo_source, hf_logprobs):
+    """The GraphRunner's two-frame loop (as core/loop.py drives it): the scored steps'
+    results come with their completion frames."""
+    engine = make_engine(demo_source, runner="graph", overlap="on", prefill_chunk_size=64,
+                         max_num_batched_tokens=64)
+    scheduler, runner = engine.scheduler, engine.runner
+    assert runner.window == 2
+    plain = _prompt(30, 12)
+    prompt = _prompt(100, 13)
+    scheduler.admit(greedy_request("plain", plain, 6))
+    scheduler.admit(_scoring("s", prompt, 4, 1))
+    entries, tokens = [], {"plain": [], "s": []}
+    overlapped = 0
+    for _ in range(500):
+        submitted = False
+        if runner.outstanding < runner.window:
+            plan = scheduler.plan()
+            if plan is not None:
+                runner.submit(scheduler.commit(plan, scheduler.state.resources.fences.next_fence))
+                submitted = True
+        overlapped = max(overlapped, runner.outstanding)
+        if runner.outstanding and (runner.outstanding >= runner.window or not submitted):
+            for update in scheduler.complete(runner.wait()):
+                for delta in update.deltas:
+                    entries.extend(delta.prompt_logprobs)
+                    tokens[update.request_id].extend(delta.token_ids)
+        if not scheduler.has_work:
+            break
+    _check(entries, prompt, hf_logprobs(prompt), 1)
+    assert len(tokens["s"]) == 4 and len(tokens["plain"]) == 6
+    assert overlapped == 2
