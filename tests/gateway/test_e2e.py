@@ -374,13 +374,13 @@ def test_sampled_ids_stay_inside_the_tokenizer_vocabulary(stack, demo_model_dir,
                 for output in message.outputs:
                     sampled.extend(output.token_ids)
                     alternatives += [t.token_id for lp in output.logprobs for t in lp.top]
+        assert len(sampled) == 4 * 3 + 8 * 40 and len(alternatives) == 4 * 3 * 5
+        assert max(sampled) < vocab and max(alternatives) < vocab, \
+            [t for t in sampled + alternatives if t >= vocab]
         with pytest.raises(grpc.RpcError) as refused:
             engine.Generate(engine_pb2.EngineGenerateRequest(
                 request_id="vocab-bad", prompt_token_ids=[1, vocab + 30],
                 sampling=common_pb2.SamplingParams(max_tokens=2)), timeout=60).next()
-    assert len(sampled) == 4 * 3 + 8 * 40 and len(alternatives) == 4 * 3 * 5
-    assert max(sampled) < vocab and max(alternatives) < vocab, \
-        [t for t in sampled + alternatives if t >= vocab]
 
     messages = [refused.value.details()]
     chat = [{"role": "user", "content": "hi"}]
