@@ -2,8 +2,8 @@
 
 Checkpoints often pad the embedding / LM head past the tokenizer (Qwen3: 151,936 rows for
 151,669 tokens; the padding keeps matrix shapes friendly). Those rows are trained for nothing
-(or random, in the demo model) and decode to no text, so no sampler may pick them, as in vLLM:
-the engine reads the tokenizer's size from the core's `tokenizer.json` at load and every
+(or random, in the demo model) and decode to no text, so no sampler may pick them: the
+engine reads the tokenizer's size from the core's `tokenizer.json` at load and every
 sampler (`Sampler`, the graph runner's `sample_rows`) sets the logits of ids at or past it to
 -inf before any sampling transform, and lists top alternatives among the tokenizer's ids only.
 The logprobs reported stay the model's own (log_softmax over every column, as transformers
