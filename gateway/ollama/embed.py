@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from gateway.embeddings import embed
-from gateway.ollama.schema import Options
+from gateway.ollama.schema import Options, model_name
 from gateway.schema import ApiModel, ModelName, RequiredModelName
 from services.common.api.chat import CompletionInput
 from services.common.errors import UnsupportedError, ValidationError
@@ -56,7 +56,7 @@ class PullRequest(ApiModel):
 @router.post("/api/embed", tags=["ollama"])
 async def embed_route(request: Request, body: EmbedRequest) -> dict[str, Any]:
     started = time.monotonic_ns()
-    result = await embed(request, model=body.model, inputs=body.inputs(),
+    result = await embed(request, model=model_name(body.model), inputs=body.inputs(),
                          dimensions=body.dimensions, truncate=body.truncate is not False)
     return {"model": result.model, "embeddings": result.vectors,
             "total_duration": time.monotonic_ns() - started, "load_duration": 0,
@@ -67,8 +67,9 @@ async def embed_route(request: Request, body: EmbedRequest) -> dict[str, Any]:
 async def embeddings_route(request: Request, body: EmbeddingsRequest) -> dict[str, Any]:
     if not body.prompt:
         return {"embedding": []}            # Ollama answers an empty prompt with no vector
-    result = await embed(request, model=body.model, inputs=[CompletionInput(text=body.prompt)],
-                         dimensions=None, truncate=True)
+    result = await embed(request, model=model_name(body.model),
+                         inputs=[CompletionInput(text=body.prompt)], dimensions=None,
+                         truncate=True)
     return {"embedding": result.vectors[0]}
 
 

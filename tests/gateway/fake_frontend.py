@@ -77,6 +77,9 @@ def _logprobs(text: str) -> list[frontend_pb2.TokenLogprobInfo]:
                                          logprob=-1.5)])]
 
 
+EMBEDDING = [0.6, 0.0, 0.8, 0.0]   # what every embedding request gets (normalized)
+
+
 class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
     def __init__(self) -> None:
         self.requests: list[frontend_pb2.GenerateRequest] = []
@@ -98,6 +101,10 @@ class FakeFrontend(frontend_pb2_grpc.FrontendServicer):
     def _events(self, request: frontend_pb2.GenerateRequest, spec: dict[str, Any]
                 ) -> tuple[list[frontend_pb2.GenerateEvent], int]:
         E = frontend_pb2.GenerateEvent
+        if request.embed:        # an embedding: a fixed unit vector, then finish length
+            return [E(index=0, embedding=frontend_pb2.EmbeddingEvent(values=EMBEDDING)),
+                    E(index=0, finish=frontend_pb2.Finish(
+                        reason=common_pb2.FINISH_REASON_LENGTH))], 0
         n = request.n if request.HasField("n") else 1
         logprobs = request.sampling.logprobs or spec.get("logprobs", False)
         events = []
