@@ -8,8 +8,10 @@ heaps, and each preparation thread has its own arena that is trimmed only from i
 reference cycles with its frames (the gRPC abort is raised while handling it), which keep the
 prompt alive until the cyclic collector happens to run. `MemoryReleaser` runs `gc.collect()`
 and then `malloc_trim(0)` (every arena, free pages returned with madvise) shortly after the
-last large request ends (and once more a second later), on a thread (ctypes releases the GIL). On a C library without
-`malloc_trim` it does nothing.
+last large request ends (and once more a second later), on a thread (ctypes releases the GIL);
+and the frontend fixes the mmap threshold at 1 MiB at start (`cap_mmap_threshold`), so big
+blocks are unmapped as soon as they are freed. On a C library without `malloc_trim` /
+`mallopt` these do nothing.
 """
 
 from __future__ import annotations
@@ -29,14 +31,37 @@ LARGE_REQUEST_BYTES = 1 << 20     # requests at least this big are followed by a
 TRIM_DELAYS_S = (0.05, 1.0)
 
 
-def _malloc_trim() -> Callable[[], None] | None:
+M_MMAP_THRESHOLD = -3            # glibc mallopt parameter
+MMAP_THRESHOLD_BYTES = 1 << 20    # blocks this big are mapped, and unmapped when freed
+
+
+def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if not name:
         return None
     try:
-        libc = ctypes.CDLL(name)
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+def cap_mmap_threshold() -> bool:
+    """Fix glibc's mmap threshold at 1 MiB: a freed prompt copy goes back to the system at
+    once instead of raising the threshold and staying in a heap (measured: two 30 MiB prompts
+    left the frontend at 254 MiB of 207 with trims alone, 115 MiB with the cap as well)."""
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
+def _malloc_trim() -> Callable[[], None] | None:
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is None:
         return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int

@@ -36,7 +36,7 @@ from services.frontend.config import FrontendConfig
 from services.frontend.generate.pipeline import GeneratePipeline
 from services.frontend.generate.upstream import EngineClient, ImagePrepClient
 from services.frontend.generate.workers import PreparationPool
-from services.frontend.memory import MemoryReleaser
+from services.frontend.memory import MemoryReleaser, cap_mmap_threshold
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.model import FrontendModel
 
@@ -55,6 +55,7 @@ class FrontendLifecycle:
         self.model: FrontendModel | None = model
         self.pool = PreparationPool(config.frontend_workers)
         self.memory = MemoryReleaser()    # malloc_trim after large requests
+        cap_mmap_threshold()              # big blocks are unmapped when freed
         self.pipeline: GeneratePipeline | None = None
         self._health: HealthReporter | None = None
         self._upstreams: list[UpstreamHealth] = []

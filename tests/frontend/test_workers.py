@@ -65,3 +65,7 @@ async def test_one_trim_after_the_last_large_request(monkeypatch):
 
 def test_the_c_library_trim_is_found_here():
     assert memory.MemoryReleaser().available         # glibc on the test machine
+
+
+def test_the_mmap_threshold_can_be_capped_here():
+    assert memory.cap_mmap_threshold()               # glibc's mallopt accepts it
