@@ -17,7 +17,7 @@ from pydantic import Field
 
 from gateway.embeddings import embed
 from gateway.ollama.schema import Options, model_name
-from gateway.schema import ApiModel, ModelName, RequiredModelName
+from gateway.schema import MAX_NAME_CHARS, ApiModel, RequiredModelName
 from services.common.api.chat import CompletionInput
 from services.common.errors import UnsupportedError, ValidationError
 
@@ -46,13 +46,6 @@ class EmbeddingsRequest(ApiModel):
     keep_alive: float | str | None = None
 
 
-class PullRequest(ApiModel):
-    model: ModelName = ""
-    name: ModelName = ""
-    insecure: bool | None = None
-    stream: bool | None = None
-
-
 @router.post("/api/embed", tags=["ollama"])
 async def embed_route(request: Request, body: EmbedRequest) -> dict[str, Any]:
     started = time.monotonic_ns()
@@ -74,8 +67,15 @@ async def embeddings_route(request: Request, body: EmbeddingsRequest) -> dict[st
 
 
 @router.post("/api/pull", tags=["ollama"])
-async def pull(body: PullRequest) -> dict[str, Any]:
-    name = body.model or body.name
+async def pull(request: Request) -> dict[str, Any]:
+    """Whatever the body names (it is not validated: the answer is the same)."""
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    name = ""
+    if isinstance(body, dict):
+        name = str(body.get("model") or body.get("name") or "")[:MAX_NAME_CHARS]
     raise UnsupportedError(
         f"pull {name or 'a model'}: Helios does not download models; it serves the models "
         "it was started with, from disk (`helios run <model dir or file.gguf>`)",

@@ -25,6 +25,9 @@ BODIES = {
     "/api/chat": {"model": MODEL_ID, "messages": CHAT, "stream": False},
     "/api/generate": {"model": MODEL_ID, "prompt": "Why is the sky blue?", "stream": False},
     "/api/show": {"model": MODEL_ID},
+    "/v1/embeddings": {"model": "m", "input": "Why is the sky blue?"},
+    "/api/embed": {"model": MODEL_ID, "input": "Why is the sky blue?"},
+    "/api/embeddings": {"model": MODEL_ID, "prompt": "Why is the sky blue?"},
 }
 CONTENT_TYPES = [None, "application/x-www-form-urlencoded", "text/plain;charset=UTF-8",
                  "application/octet-stream", "application/json"]
