@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 _ROUTES = (
     "/v1/chat/completions", "/v1/completions", "/v1/messages/count_tokens", "/v1/messages",
     "/v1/models", "/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/version",
-    "/health", "/metrics",
+    "/health", "/metrics", "/v1/embeddings", "/api/embed", "/api/embeddings", "/api/pull",
 )
 
 

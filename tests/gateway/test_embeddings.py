@@ -74,3 +74,10 @@ def test_ollama_embed_embeddings_and_pull(gateway, frontend):
     assert refused.value.status_code == 400
     response = httpx.post(gateway.url + "/api/pull", json={"model": "llama3"})
     assert response.status_code == 400 and "llama3" in response.json()["error"]
+
+
+def test_the_routes_have_their_own_metric_labels():
+    from gateway.metrics import route_label
+
+    for path in ("/v1/embeddings", "/api/embed", "/api/embeddings", "/api/pull"):
+        assert route_label(path) == path
