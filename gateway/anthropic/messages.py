@@ -87,7 +87,7 @@ def to_generation(body: MessagesRequest, message_id: str) -> GenerateRequest:
                           max_tokens=body.max_tokens),
         stop=tuple(s for s in body.stop_sequences or () if s),
         parse_reasoning=None if body.thinking is None else body.thinking.type != "disabled",
-        parse_tool_calls=tool_call_parsing(chat))
+        parse_tool_calls=tool_call_parsing(chat), cache_salt=body.cache_salt or "")
 
 
 @router.post("/v1/messages", tags=["anthropic"])

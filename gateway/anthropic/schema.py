@@ -22,7 +22,7 @@ from gateway.request_parts import (
     convert_parts,
     json_schema_format,
 )
-from gateway.schema import ApiModel, Int32, ModelName, PositiveUInt32
+from gateway.schema import ApiModel, Identifier, Int32, ModelName, PositiveUInt32
 from services.common.api.chat import (
     ChatInput,
     ChatMessage,
@@ -284,6 +284,7 @@ class MessagesRequest(ChatFields):
     metadata: Metadata | None = None
     service_tier: str | None = None
     output_config: OutputConfig | None = None
+    cache_salt: Identifier | None = None     # vLLM's extension: prefix-cache tenant
 
     def response_format(self) -> ResponseFormat:
         fmt = self.output_config.format if self.output_config else None

@@ -254,4 +254,5 @@ class ChatCompletionRequest(SamplingFields):
             response_format=self.response_format_domain(),
             parse_reasoning=self.separate_reasoning,
             continuous_usage=self.continuous_usage, priority=self.priority,
-            parse_tool_calls=tool_call_parsing(chat), prompt_logprobs=self.prompt_logprobs)
+            parse_tool_calls=tool_call_parsing(chat), prompt_logprobs=self.prompt_logprobs,
+            cache_salt=self.cache_salt or "")

@@ -113,7 +113,7 @@ class CompletionRequest(SamplingFields):
             spaces_between_special_tokens=self.spaces_between_special_tokens, n=self.n,
             parse_reasoning=False, parse_tool_calls=False,
             continuous_usage=self.continuous_usage, priority=self.priority,
-            prompt_logprobs=self.scored_prompt())
+            prompt_logprobs=self.scored_prompt(), cache_salt=self.cache_salt or "")
             for p, prompt in enumerate(prompts)]
 
 

@@ -71,7 +71,8 @@ def _generation(body: ResponsesRequest, response_id: str,
     return GenerateRequest(request_id=response_id, model=body.model, input=chat,
                              sampling=sampling, response_format=body.response_format(),
                              parse_tool_calls=tool_call_parsing(chat),
-                             continuous_usage=bool(body.stream))
+                             continuous_usage=bool(body.stream),
+                             cache_salt=body.cache_salt or "")
 
 
 def _output_message(builder: ResponseBuilder) -> ChatMessage:

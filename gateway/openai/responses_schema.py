@@ -177,6 +177,7 @@ class ResponsesRequest(ApiModel):
     conversation: Any = None
     user: UserString | None = None
     truncation: str | None = None
+    cache_salt: Identifier | None = None     # vLLM: prefix-cache tenant (salts share no KV)
 
     @property
     def logprobs_top(self) -> int | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from gateway.schema import ApiModel, Int32, Seed, TokenId, UInt32, UserString
+from gateway.schema import ApiModel, Identifier, Int32, Seed, TokenId, UInt32, UserString
 from services.common.api.generate import Sampling
 from services.common.errors import ValidationError
 
@@ -39,6 +39,7 @@ class SamplingFields(ApiModel):
     # vLLM: the prompt tokens' logprobs with this many alternatives (`prompt_logprobs`)
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
     user: UserString | None = None
+    cache_salt: Identifier | None = None     # vLLM: prefix-cache tenant (salts share no KV)
     priority: Int32 = 0
     request_id: str | None = None
     stream: bool | None = False

@@ -17,7 +17,7 @@ from services.engine.core.build import CoreInfo
 from services.engine.core.messages import AdmissionState, DrainResult
 from services.engine.core.telemetry import LoadQuery, LoadSnapshot
 from services.engine.grammar.spec import GrammarKind, GrammarSpec
-from services.engine.prefix.history import IDENTITY_BYTES, ConditioningEvent
+from services.engine.prefix.history import IDENTITY_BYTES, MAX_SALT_CHARS, ConditioningEvent
 from services.engine.prefix.records import BlockEvent
 from services.engine.sampling import SamplingParams
 from services.engine.scheduler.requests import (
@@ -84,6 +84,9 @@ def request_from_pb(message: engine_pb2.EngineGenerateRequest, vocab_size: int
         events.append(ConditioningEvent(image.token_offset, bytes(image.identity)))
     if [e.position for e in events] != sorted(e.position for e in events):
         raise ValidationError("images must be in prompt order", param="multimodal.images")
+    if len(message.cache_salt) > MAX_SALT_CHARS:
+        raise ValidationError(f"cache_salt is {len(message.cache_salt)} characters; at most "
+                              f"{MAX_SALT_CHARS}", param="cache_salt")
     return EngineRequest(
         request_id=message.request_id or f"engine-{uuid.uuid4().hex}",
         prompt_token_ids=tuple(message.prompt_token_ids),
@@ -102,6 +105,7 @@ def request_from_pb(message: engine_pb2.EngineGenerateRequest, vocab_size: int
         prompt_logprobs=message.prompt_logprobs if message.HasField("prompt_logprobs")
         else None,
         embed=message.embed,
+        cache_salt=message.cache_salt,
     )
 
 

@@ -38,6 +38,7 @@ def engine_request_to_pb(request: EngineRequest) -> engine_pb2.EngineGenerateReq
         n=request.n,
         priority=request.priority,
         embed=request.embed,
+        cache_salt=request.cache_salt,
     )
     if request.prompt_logprobs is not None:
         message.prompt_logprobs = request.prompt_logprobs

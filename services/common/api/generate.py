@@ -73,6 +73,7 @@ class GenerateRequest:
     parse_tool_calls: bool | None = None             # None: when tools were offered
     prompt_logprobs: int | None = None               # prompt tokens' logprobs (k alternatives)
     embed: bool = False                              # the pooled embedding of the prompt
+    cache_salt: str = ""                             # prefix-cache tenant ("" = unsalted)
 
     @property
     def chat(self) -> ChatInput | None:

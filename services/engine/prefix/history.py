@@ -32,6 +32,17 @@ KEY_BYTES = 16
 IDENTITY_BYTES = 32
 
 _ROOT, _BLOCK, _PARTIAL = b"helios-root", b"helios-block", b"helios-partial"
+_SALT = b"helios-salt"
+MAX_SALT_CHARS = 256
+
+
+def salted_identity(identity: bytes, salt: str) -> bytes:
+    """The identity a salted request's history hashes from (`cache_salt`: tenants with
+    different salts never share a key, so never share cached KV; "" keeps the model's)."""
+    if not salt:
+        return identity
+    return hashlib.blake2b(identity + salt.encode("utf-8", "surrogatepass"),
+                           digest_size=IDENTITY_BYTES, person=_SALT).digest()
 
 
 @dataclass(frozen=True, slots=True)

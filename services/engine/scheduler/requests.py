@@ -55,6 +55,7 @@ class EngineRequest:
     grammar: GrammarSpec | None = None     # structured output: every choice matches it
     prompt_logprobs: int | None = None     # prompt tokens' logprobs with k alternatives
     embed: bool = False                    # return the pooled final hidden state (embedding)
+    cache_salt: str = ""                   # prefix-cache tenant: salts never share KV
 
     @property
     def scores_prompt(self) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 
 from services.common.errors import CapacityError, InternalError, ValidationError
 from services.engine.grammar import CompiledGrammar, GrammarCompiler, fill_bitmasks
-from services.engine.prefix.history import PrefixHistory
+from services.engine.prefix.history import PrefixHistory, salted_identity
 from services.engine.scheduler import completion as completing
 from services.engine.scheduler.admission import AdmissionLimits, validate_request
 from services.engine.scheduler.plan import (
@@ -103,7 +103,8 @@ class Scheduler:
         except Exception:
             state.counters.requests_rejected += 1
             raise
-        history = PrefixHistory(self.identity, request.prompt_token_ids, request.conditioning)
+        history = PrefixHistory(salted_identity(self.identity, request.cache_salt),
+                                request.prompt_token_ids, request.conditioning)
         record = RequestState(request, history, stop,
                               arrival=now - PRIORITY_STEP_S * request.priority,
                               serial=state.next_serial)

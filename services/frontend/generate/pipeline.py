@@ -81,7 +81,8 @@ class GeneratePipeline:
             multimodal=multimodal,
             grammar=prepared.grammar,
             prompt_logprobs=request.prompt_logprobs,
-            embed=request.embed)
+            embed=request.embed,
+            cache_salt=request.cache_salt)
         return prepared, engine_request
 
     async def run(self, request: GenerateRequest) -> AsyncIterator[GenerationEvent]:

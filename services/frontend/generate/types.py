@@ -58,6 +58,7 @@ class EngineRequest:
     grammar: EngineGrammar | None = None
     prompt_logprobs: int | None = None       # prompt scoring with k alternatives
     embed: bool = False                      # the pooled embedding of the prompt
+    cache_salt: str = ""                     # prefix-cache tenant
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,7 +112,7 @@ def generate_request_to_pb(request: GenerateRequest) -> frontend_pb2.GenerateReq
         include_stop_str_in_output=request.include_stop_str_in_output,
         response_format=response_format_to_pb(request.response_format),
         continuous_usage=request.continuous_usage, priority=request.priority,
-        embed=request.embed)
+        embed=request.embed, cache_salt=request.cache_salt)
     if isinstance(request.input, ChatInput):
         pb.chat.CopyFrom(chat_input_to_pb(request.input))
     elif isinstance(request.input, CompletionInput):
@@ -142,5 +142,6 @@ def generate_request_from_pb(pb: frontend_pb2.GenerateRequest) -> GenerateReques
         continuous_usage=pb.continuous_usage,
         priority=pb.priority,
         embed=pb.embed,
+        cache_salt=pb.cache_salt,
         **{name: _optional(pb, name) for name in _OPTIONAL_REQUEST},
     )
