@@ -226,7 +226,7 @@ class GraphRunner:
                 assert shape is not None
                 hidden = self.body.run(views, shape, mode, logprobs, grammar)
                 self._captures(step, layout, hidden)
-                scores = score_step(self.model, step, layout, hidden)
+                scores = score_step(self.model, step, layout, hidden, self.config.token_vocab)
                 self.eager_steps += 1
                 rows = len(sampled)
             self.completions.record(frame, rows, logprobs)

@@ -7,7 +7,8 @@ Only sequences whose `SeqStep` asks (`score_targets`, `pool`) cost anything: a s
 them returns an empty `StepScores` without touching the device. For scored rows the logits
 of the final hidden states go through log_softmax (float32), the next prompt token's logprob
 is gathered, its rank counted (1 + tokens with a strictly higher logprob) and the best
-`score_top` alternatives taken. Rows are scored in blocks of `ROW_BLOCK` so that a long prefill
+`score_top` alternatives taken among the tokenizer's ids (`token_vocab`: an embedding's
+padding rows are never listed, as the samplers never draw them). Rows are scored in blocks of `ROW_BLOCK` so that a long prefill
 chunk never materialises [T, V] logits at once. Both runners call this from their eager path:
 the TorchRunner collects at once, the GraphRunner when the step's completion is read.
 """
@@ -62,7 +63,7 @@ class StepScores:
 
 
 def score_step(model: CausalLM, step: Step, layout: StepLayout,
-               hidden: torch.Tensor | None) -> StepScores:
+               hidden: torch.Tensor | None, token_vocab: int | None = None) -> StepScores:
     """Enqueue the scoring work of every sequence of `step` that asks for it."""
     scores = StepScores()
     if hidden is None or not any(seq.scores for seq in step.seqs):
@@ -86,7 +87,9 @@ def score_step(model: CausalLM, step: Step, layout: StepLayout,
                 chosen = logprobs.gather(1, targets[a:b, None])                  # [r, 1]
                 entry.logprobs.append(chosen[:, 0])
                 entry.ranks.append((logprobs > chosen).sum(dim=-1) + 1)
-                top = torch.topk(logprobs, seq.score_top, dim=-1) if seq.score_top else None
+                listed = logprobs[:, :token_vocab]       # the tokenizer's ids only
+                top = torch.topk(listed, min(seq.score_top, listed.shape[-1]), dim=-1) \
+                    if seq.score_top else None
                 entry.top_ids.append(top.indices if top is not None else
                                      targets.new_zeros((b - a, 0)))
                 entry.top_logprobs.append(top.values if top is not None else

@@ -48,6 +48,7 @@ class TorchRunner:
         self.kv = kv
         self.snapshots = snapshots
         self.sampler = Sampler(token_vocab)   # ids past the tokenizer's are never sampled
+        self.token_vocab = token_vocab
         self.device = model.device
         self.page_size = kv.page_size
         self.vocab_size = model.config.vocab_size
@@ -138,7 +139,7 @@ class TorchRunner:
                 else:
                     state = self.last_hidden[seq.handle.slot, (c.endpoint - 1) % 2]
                 self.snapshots.capture(c.snapshot_id, c.page_id, c.num_tokens, state)
-        scores = score_step(self.model, step, layout, hidden).collect()
+        scores = score_step(self.model, step, layout, hidden, self.token_vocab).collect()
         emitted = self._sample(step, layout, hidden)
         results = []
         for index, seq in enumerate(step.seqs):

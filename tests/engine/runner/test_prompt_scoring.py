@@ -19,6 +19,7 @@ from tests.engine.fakes import run_step
 from tests.engine.runner.conftest import greedy_request, make_engine
 
 TOL = 1e-4
+TOKENIZER_VOCAB = 151_669     # the demo's Qwen3 tokenizer; its embedding has 151,936 rows
 
 
 def _prompt(length: int, seed: int) -> list[int]:
@@ -77,11 +78,38 @@ def _check(entries, prompt, reference, k):
         assert abs(e.logprob - want) < TOL, e.position
         # rank: tokens strictly above (within the tolerance: a random model has near-ties)
         assert int((row > want + TOL).sum()) + 1 <= e.rank <= int((row > want - TOL).sum()) + 1
-        values, ids = torch.topk(row, k)
+        values, ids = torch.topk(row[:TOKENIZER_VOCAB], k)   # alternatives: tokenizer ids
         assert len(e.top) == k
         for got, value in zip(e.top, values.tolist(), strict=True):
             assert abs(got.logprob - value) < TOL
         assert [t.token_id for t in e.top][:1] == ids.tolist()[:1]
+        assert all(t.token_id < TOKENIZER_VOCAB for t in e.top)
+
+
+def test_alternatives_leave_out_the_embedding_padding():
+    """Rows whose top logits are padding columns (past the tokenizer's ids): the logprob and
+    rank are the model's own, the listed alternatives are tokenizer ids only."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from services.engine.runner.scoring import score_step
+
+    vocab, tokens = 12, 10                       # columns 10 and 11 are padding
+    logits = torch.arange(vocab, dtype=torch.float32).repeat(3, 1)       # [3, V]: 11 is top
+    model = SimpleNamespace(compute_logits=lambda hidden: logits[:hidden.shape[0]])
+    seq = SimpleNamespace(scores=True, score_targets=(4, 9), start=0, token_ids=(1, 4, 9),
+                          score_top=3, pool="", handle=0)
+    layout = SimpleNamespace(forward_seqs=[0], query_start_loc=[0, 3])
+    step = SimpleNamespace(seqs=[seq])
+    hidden = torch.zeros(3, 2)
+    (entries, _), = score_step(model, step, layout, hidden, tokens).collect().values()
+    expected = torch.log_softmax(logits[0], dim=-1)
+    assert [e.token_id for e in entries] == [4, 9]
+    assert abs(entries[1].logprob - expected[9].item()) < 1e-6 and entries[1].rank == 3
+    assert [t.token_id for t in entries[0].top] == [9, 8, 7]
+    (entries, _), = score_step(model, step, layout, hidden).collect().values()
+    assert [t.token_id for t in entries[0].top] == [11, 10, 9]      # without the bound
 
 
 @pytest.mark.parametrize("runner", ["torch", "graph"])
