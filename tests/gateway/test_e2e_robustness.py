@@ -110,6 +110,9 @@ HUGE_MODEL_BODIES = {
     "/api/chat": {"model": HUGE, "messages": CHAT},
     "/api/generate": {"model": HUGE, "prompt": "Hi"},
     "/api/show": {"model": HUGE},
+    "/v1/embeddings": {"model": HUGE, "input": "Hi"},
+    "/api/embed": {"model": HUGE, "input": "Hi"},
+    "/api/embeddings": {"model": HUGE, "prompt": "Hi"},
 }
 
 
