@@ -9,7 +9,8 @@
 # Env: SKIP_TESTS=1, TEST_PATHS (default: tests/engine/gpu tests/kernels), SKIP_STEP=1, SKIP_DECODE=1, SKIP_SERVING=1, DECODE_SHAPES, DECODE_ARGS,
 #      STEP_ARGS, SERVING_ARGS, TEST_TIMEOUT_S, STEP_TIMEOUT_S, DECODE_TIMEOUT_S,
 #      SERVING_TIMEOUT_S, TEST_WORKERS, SKIP_HF=1 (no HF generate rows after the serving levels),
-#      SKIP_PREFIX=1, PREFIX_ARGS, PREFIX_TIMEOUT_S.
+#      SKIP_PREFIX=1, PREFIX_ARGS, PREFIX_TIMEOUT_S, PREFIX_BASELINE=0 (no block-reuse-off run),
+#      SERVING_BASELINE=1 (the serving levels again with prefix_block_reuse off).
 # Prints the machine, the test summary and the benchmark tables last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -67,11 +68,48 @@ if [ "${SKIP_DECODE:-0}" != 1 ]; then
   echo "== decode benchmark: rc=$decode_rc in $(( $(date +%s) - start )) s"
 fi
 
+# the Qwen3-8B-shape core (random weights drawn on the device), made once per machine
+qwen3_8b_core() {
+  [ -d /tmp/helios-cores/qwen3-8b ] || "$PY" benchmarks/model_shapes.py qwen3-8b \
+    --out /tmp/helios-shapes/qwen3-8b --core /tmp/helios-cores/qwen3-8b > /dev/null
+}
+# the same YAML with prefix block reuse switched off (the same-run before of prefix reuse)
+block_reuse_off() {
+  sed 's/^engine:$/engine:\n  prefix_block_reuse: false/' "$1"
+}
+# bench_serving's 1024/1024 levels against a stack started with config $1, JSON/log named $2
+serving_levels() {
+  local config=$1 name=$2
+  shift 2
+  # shellcheck disable=SC2086
+  timeout "${SERVING_TIMEOUT_S:-420}" "$PY" benchmarks/bench_serving.py --targets "$targets" \
+    --serve /tmp/helios-cores/qwen3-8b --config "$config" --model qwen3-8b \
+    --input-len 1024 --output-len 1024 --concurrency 64,256 --http-concurrency 64 \
+    --prompts-per-concurrency 2 --min-prompts 8 --out "$OUT/$name.json" "$@" ${SERVING_ARGS:-} \
+    > "$OUT/$name.log" 2>&1
+}
+# bench_prefix_reuse against a stack started with config $1, JSON/log named $2
+prefix_levels() {
+  local config=$1 name=$2
+  shift 2
+  # shellcheck disable=SC2086
+  timeout "${PREFIX_TIMEOUT_S:-300}" "$PY" benchmarks/bench_prefix_reuse.py \
+    --serve /tmp/helios-cores/qwen3-8b --config "$config" --model qwen3-8b \
+    --out "$OUT/$name.json" "$@" ${PREFIX_ARGS:-} > "$OUT/$name.log" 2>&1
+}
+
+targets=engine,http
+if ! "$PY" -c "import gateway.app, services.frontend.server, services.imageprep.server" \
+    > /tmp/helios-imports.log 2>&1; then
+  echo "the HTTP services do not import here; measuring the engine alone:"
+  tail -n 3 /tmp/helios-imports.log
+  targets=engine
+fi
+
 serving_rc=skipped
 if [ "${SKIP_SERVING:-0}" != 1 ]; then
   start=$(date +%s)
-  "$PY" benchmarks/model_shapes.py qwen3-8b --out /tmp/helios-shapes/qwen3-8b \
-    --core /tmp/helios-cores/qwen3-8b > /dev/null
+  qwen3_8b_core
   cat > /tmp/helios-serving.yaml <<'YAML'
 engine:
   load_format: dummy
@@ -83,30 +121,21 @@ gateway:
   max_active: 512
   queue_capacity: 1024
 YAML
-  targets=engine,http
   hf_args=(--hf-model /tmp/helios-shapes/qwen3-8b --hf-concurrency 64,256 --hf-output-len 256)
   [ "${SKIP_HF:-0}" = 1 ] && hf_args=()
-  if ! "$PY" -c "import gateway.app, services.frontend.server, services.imageprep.server" \
-      > /tmp/helios-imports.log 2>&1; then
-    echo "the HTTP services do not import here; measuring the engine alone:"
-    tail -n 3 /tmp/helios-imports.log
-    targets=engine
-  fi
-  # shellcheck disable=SC2086
-  timeout "${SERVING_TIMEOUT_S:-420}" "$PY" benchmarks/bench_serving.py --targets "$targets" \
-    --serve /tmp/helios-cores/qwen3-8b --config /tmp/helios-serving.yaml --model qwen3-8b \
-    --input-len 1024 --output-len 1024 --concurrency 64,256 --http-concurrency 64 \
-    --prompts-per-concurrency 2 --min-prompts 8 --out "$OUT/serving.json" "${hf_args[@]}" ${SERVING_ARGS:-} \
-    > "$OUT/serving.log" 2>&1
+  serving_levels /tmp/helios-serving.yaml serving "${hf_args[@]}"
   serving_rc=$?
+  if [ "${SERVING_BASELINE:-0}" = 1 ]; then  # the same levels, prefix block reuse switched off
+    block_reuse_off /tmp/helios-serving.yaml > /tmp/helios-serving-off.yaml
+    serving_levels /tmp/helios-serving-off.yaml serving_off || serving_rc=$?
+  fi
   echo "== serving benchmark: rc=$serving_rc in $(( $(date +%s) - start )) s"
 fi
 
 prefix_rc=skipped
 if [ "${SKIP_PREFIX:-0}" != 1 ]; then
   start=$(date +%s)
-  "$PY" benchmarks/model_shapes.py qwen3-8b --out /tmp/helios-shapes/qwen3-8b \
-    --core /tmp/helios-cores/qwen3-8b > /dev/null
+  qwen3_8b_core
   cat > /tmp/helios-prefix.yaml <<'YAML'
 engine:
   load_format: dummy
@@ -118,19 +147,11 @@ gateway:
   max_active: 512
   queue_capacity: 1024
 YAML
-  # shellcheck disable=SC2086
-  timeout "${PREFIX_TIMEOUT_S:-300}" "$PY" benchmarks/bench_prefix_reuse.py \
-    --serve /tmp/helios-cores/qwen3-8b --config /tmp/helios-prefix.yaml --model qwen3-8b \
-    --out "$OUT/prefix_reuse.json" ${PREFIX_ARGS:-} > "$OUT/prefix_reuse.log" 2>&1
+  prefix_levels /tmp/helios-prefix.yaml prefix_reuse
   prefix_rc=$?
   if [ "${PREFIX_BASELINE:-1}" = 1 ]; then   # the same workload, block reuse switched off
-    sed 's/^engine:$/engine:\n  prefix_block_reuse: false/' /tmp/helios-prefix.yaml \
-      > /tmp/helios-prefix-off.yaml
-    # shellcheck disable=SC2086
-    timeout "${PREFIX_TIMEOUT_S:-300}" "$PY" benchmarks/bench_prefix_reuse.py \
-      --serve /tmp/helios-cores/qwen3-8b --config /tmp/helios-prefix-off.yaml --model qwen3-8b \
-      --workloads shared --out "$OUT/prefix_reuse_off.json" ${PREFIX_ARGS:-} \
-      > "$OUT/prefix_reuse_off.log" 2>&1 || prefix_rc=$?
+    block_reuse_off /tmp/helios-prefix.yaml > /tmp/helios-prefix-off.yaml
+    prefix_levels /tmp/helios-prefix-off.yaml prefix_reuse_off --workloads shared || prefix_rc=$?
   fi
   echo "== prefix reuse benchmark: rc=$prefix_rc in $(( $(date +%s) - start )) s"
 fi
@@ -139,6 +160,7 @@ echo
 [ -f "$OUT/decode_step.log" ] && tail -n 120 "$OUT/decode_step.log"
 [ -f "$OUT/decode.log" ] && { grep -E "^(shape|qwen|llama|poll|  error)" "$OUT/decode.log" || tail -n 20 "$OUT/decode.log"; }
 [ -f "$OUT/serving.log" ] && { grep -A 12 -E "^target" "$OUT/serving.log" || tail -n 25 "$OUT/serving.log"; }
+[ -f "$OUT/serving_off.log" ] && { echo "prefix block reuse off:"; grep -A 4 -E "^target" "$OUT/serving_off.log"; }
 [ -f "$OUT/prefix_reuse.log" ] && tail -n 8 "$OUT/prefix_reuse.log"
 [ -f "$OUT/prefix_reuse_off.log" ] && { echo "block reuse off:"; tail -n 4 "$OUT/prefix_reuse_off.log"; }
 echo "tests rc=$test_rc step rc=$step_rc decode rc=$decode_rc serving rc=$serving_rc prefix rc=$prefix_rc"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 
 import anthropic
 import grpc
@@ -20,7 +19,7 @@ import openai
 import pytest
 
 from services.common.pb import engine_pb2, engine_pb2_grpc, frontend_pb2, frontend_pb2_grpc
-from tests.support.processes import HeliosRun, ServiceProcess, free_port
+from tests.support.processes import HeliosRun, ServiceProcess, engine_load, free_port, wait_for
 
 MODEL = "helios-demo"
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -49,20 +48,6 @@ def frontend_stub(stack):
     channel = grpc.insecure_channel(stack.addresses["frontend"])
     yield frontend_pb2_grpc.FrontendStub(channel)
     channel.close()
-
-
-def engine_load(stack) -> engine_pb2.LoadSnapshot:
-    with grpc.insecure_channel(stack.addresses["engine"]) as channel:
-        return engine_pb2_grpc.EngineStub(channel).GetLoad(engine_pb2.GetLoadRequest(),
-                                                           timeout=10)
-
-
-def wait_for(condition, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        time.sleep(0.05)
 
 
 def test_openai_routes(oai):

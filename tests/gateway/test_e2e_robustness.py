@@ -16,13 +16,11 @@ import json
 import socket
 import time
 
-import grpc
 import httpx
 import openai
 import pytest
 
-from services.common.pb import engine_pb2, engine_pb2_grpc
-from tests.support.processes import HeliosRun
+from tests.support.processes import HeliosRun, engine_load, wait_for
 
 MODEL = "helios-demo"
 EXACT = {"ignore_eos": True, "temperature": 0}
@@ -48,20 +46,6 @@ def stack(tmp_path_factory, demo_core):
 @pytest.fixture(scope="module")
 def oai(stack):
     return openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0, timeout=120)
-
-
-def engine_load(stack) -> engine_pb2.LoadSnapshot:
-    with grpc.insecure_channel(stack.addresses["engine"]) as channel:
-        return engine_pb2_grpc.EngineStub(channel).GetLoad(engine_pb2.GetLoadRequest(),
-                                                           timeout=10)
-
-
-def wait_for(condition, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        time.sleep(0.05)
 
 
 def post(stack, path: str, body: dict | bytes, timeout: float = 60.0) -> httpx.Response:

@@ -160,3 +160,21 @@ class HeliosRun(ServiceProcess):
             yield run
         finally:
             run.stop()
+
+
+def engine_load(run: HeliosRun):
+    """The engine's `GetLoad` snapshot of a running stack."""
+    from services.common.pb import engine_pb2, engine_pb2_grpc
+
+    with grpc.insecure_channel(run.addresses["engine"]) as channel:
+        return engine_pb2_grpc.EngineStub(channel).GetLoad(engine_pb2.GetLoadRequest(),
+                                                           timeout=10)
+
+
+def wait_for(condition, timeout: float = 60.0) -> None:
+    """Poll `condition()` every 50 ms until it holds (AssertionError after `timeout` s)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.05)

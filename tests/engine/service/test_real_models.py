@@ -94,25 +94,31 @@ def test_smollm2_chat_equals_transformers_greedy(tmp_path, smollm2_gguf, transfo
     tokenizer = transformers_gguf.tokenizer("smollm2")
     with helios_run(tmp_path, smollm2_gguf) as run:
         manifest = open_model(smollm2_gguf, verify=()).manifest   # the core helios run serves
-        stop_ids = manifest.eos_token_ids
         api = client(run)
         assert [m.id for m in api.models.list().data] == [manifest.card_id]
         for conversation in CONVERSATIONS:
-            reply = api.chat.completions.create(model=manifest.card_id, messages=conversation,
-                                                temperature=0, max_tokens=MAX_TOKENS)
-            prompt = tokenizer.apply_chat_template(conversation, tokenize=False,
-                                                   add_generation_prompt=True)
-            prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-            generated = greedy(model, prompt_ids, stop_ids)
-            choice = reply.choices[0]
-            check_same(choice, reply.usage, generated, prompt_ids, tokenizer, stop_ids,
-                       choice.message.content)
+            chat_equals_greedy(api, manifest, model, tokenizer, conversation)
         answer = api.chat.completions.create(
             model=manifest.card_id, temperature=0, max_tokens=MAX_TOKENS,
             messages=[{"role": "user", "content": "What is the capital of France?"}])
         assert "Paris" in answer.choices[0].message.content
-        check_block_reuse(api, manifest, model, tokenizer, stop_ids)
+        check_block_reuse(api, manifest, model, tokenizer)
         assert run.terminate() == 0, run.output()[-4000:]
+
+
+def chat_equals_greedy(api, manifest, model, tokenizer, conversation) -> tuple[list[int], int]:
+    """One chat completion checked against transformers: (prompt ids, cached tokens)."""
+    stop_ids = manifest.eos_token_ids
+    reply = api.chat.completions.create(model=manifest.card_id, messages=conversation,
+                                        temperature=0, max_tokens=MAX_TOKENS)
+    prompt = tokenizer.apply_chat_template(conversation, tokenize=False,
+                                           add_generation_prompt=True)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    generated = greedy(model, prompt_ids, stop_ids)
+    choice = reply.choices[0]
+    check_same(choice, reply.usage, generated, prompt_ids, tokenizer, stop_ids,
+               choice.message.content)
+    return prompt_ids, reply.usage.prompt_tokens_details.cached_tokens or 0
 
 
 DOCUMENT = ("The lighthouse on the northern cape was built in 1871 from granite quarried on "
@@ -121,23 +127,14 @@ DOCUMENT = ("The lighthouse on the northern cape was built in 1871 from granite 
             "steps to light the lamp, and every morning he wrote the weather in a log. ") * 3
 
 
-def check_block_reuse(api, manifest, model, tokenizer, stop_ids) -> None:
+def check_block_reuse(api, manifest, model, tokenizer) -> None:
     """A RAG-shaped prompt: the same document, a different question, inside one user message
     (no message boundary is shared). The second request reuses every complete 64-token block
     the two prompts share, and still answers exactly what transformers does."""
-    prompts = []
-    for question in ("Who lived beside the lighthouse?", "When was the lighthouse built?"):
-        conversation = [{"role": "user", "content": f"{DOCUMENT}\n\nQuestion: {question}"}]
-        reply = api.chat.completions.create(model=manifest.card_id, messages=conversation,
-                                            temperature=0, max_tokens=MAX_TOKENS)
-        prompt = tokenizer.apply_chat_template(conversation, tokenize=False,
-                                               add_generation_prompt=True)
-        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-        generated = greedy(model, prompt_ids, stop_ids)
-        check_same(reply.choices[0], reply.usage, generated, prompt_ids, tokenizer, stop_ids,
-                   reply.choices[0].message.content)
-        prompts.append((prompt_ids, reply.usage.prompt_tokens_details.cached_tokens))
-    (first, _), (second, cached) = prompts
+    (first, _), (second, cached) = (
+        chat_equals_greedy(api, manifest, model, tokenizer, [
+            {"role": "user", "content": f"{DOCUMENT}\n\nQuestion: {question}"}])
+        for question in ("Who lived beside the lighthouse?", "When was the lighthouse built?"))
     shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
     assert shared >= 128 and cached == shared // 64 * 64
 
