@@ -73,6 +73,12 @@ qwen3_8b_core() {
   [ -d /tmp/helios-cores/qwen3-8b ] || "$PY" benchmarks/model_shapes.py qwen3-8b \
     --out /tmp/helios-shapes/qwen3-8b --core /tmp/helios-cores/qwen3-8b > /dev/null
 }
+# the serving stack's YAML (dummy weights, 256 slots, 1024-token chunks) at context $1
+stack_yaml() {
+  printf 'engine:\n  load_format: dummy\n  max_model_len: %s\n  max_num_seqs: 256\n' "$1"
+  printf '  prefill_chunk_size: 1024\n  max_num_batched_tokens: 2048\n'
+  printf 'gateway:\n  max_active: 512\n  queue_capacity: 1024\n'
+}
 # the same YAML with prefix block reuse switched off (the same-run before of prefix reuse)
 block_reuse_off() {
   sed 's/^engine:$/engine:\n  prefix_block_reuse: false/' "$1"
@@ -110,17 +116,7 @@ serving_rc=skipped
 if [ "${SKIP_SERVING:-0}" != 1 ]; then
   start=$(date +%s)
   qwen3_8b_core
-  cat > /tmp/helios-serving.yaml <<'YAML'
-engine:
-  load_format: dummy
-  max_model_len: 2304
-  max_num_seqs: 256
-  prefill_chunk_size: 1024
-  max_num_batched_tokens: 2048
-gateway:
-  max_active: 512
-  queue_capacity: 1024
-YAML
+  stack_yaml 2304 > /tmp/helios-serving.yaml
   hf_args=(--hf-model /tmp/helios-shapes/qwen3-8b --hf-concurrency 64,256 --hf-output-len 256)
   [ "${SKIP_HF:-0}" = 1 ] && hf_args=()
   serving_levels /tmp/helios-serving.yaml serving "${hf_args[@]}"
@@ -136,17 +132,7 @@ prefix_rc=skipped
 if [ "${SKIP_PREFIX:-0}" != 1 ]; then
   start=$(date +%s)
   qwen3_8b_core
-  cat > /tmp/helios-prefix.yaml <<'YAML'
-engine:
-  load_format: dummy
-  max_model_len: 4096
-  max_num_seqs: 256
-  prefill_chunk_size: 1024
-  max_num_batched_tokens: 2048
-gateway:
-  max_active: 512
-  queue_capacity: 1024
-YAML
+  stack_yaml 4096 > /tmp/helios-prefix.yaml
   prefix_levels /tmp/helios-prefix.yaml prefix_reuse
   prefix_rc=$?
   if [ "${PREFIX_BASELINE:-1}" = 1 ]; then   # the same workload, block reuse switched off

@@ -19,28 +19,12 @@ import openai
 import pytest
 
 from services.common.pb import engine_pb2, engine_pb2_grpc, frontend_pb2, frontend_pb2_grpc
-from tests.support.processes import HeliosRun, ServiceProcess, engine_load, free_port, wait_for
+from tests.support.processes import ServiceProcess, engine_load, free_port, wait_for
 
 MODEL = "helios-demo"
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 EXACT = {"ignore_eos": True, "temperature": 0}
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, demo_core):
-    with HeliosRun.start_demo(tmp_path_factory.mktemp("e2e")) as run:
-        yield run
-
-
-@pytest.fixture(scope="module")
-def oai(stack):
-    return openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def claude(stack):
-    return anthropic.Anthropic(base_url=stack.url, api_key="k", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -8,17 +8,9 @@ import anthropic
 import openai
 import pytest
 
-from tests.support.processes import HeliosRun
-
 MODEL = "helios-demo"
 PROMPT = "Tell me about the lighthouse on the northern cape and its keeper. " * 8
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, demo_core):
-    with HeliosRun.start_demo(tmp_path_factory.mktemp("salt")) as run:
-        yield run
 
 
 def test_salts_never_share_cached_prompts(stack):

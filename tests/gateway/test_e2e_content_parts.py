@@ -22,19 +22,12 @@ import openai
 import pytest
 
 from services.common.assets import cache_root
-from tests.support.processes import HeliosRun
 
 MODEL = "helios-demo"
 NODE_DIR = Path(__file__).parent / "node"
 EXACT = {"temperature": 0, "ignore_eos": True,
          "chat_template_kwargs": {"enable_thinking": False}}
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, demo_core):
-    with HeliosRun.start_demo(tmp_path_factory.mktemp("parts")) as run:
-        yield run
 
 
 @pytest.fixture(scope="module")

@@ -26,12 +26,6 @@ CONTEXT = 4096
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, demo_core):
-    with HeliosRun.start_demo(tmp_path_factory.mktemp("huge")) as run:
-        yield run
-
-
 def service_pid(run: HeliosRun, name: str) -> int:
     """The pid of `helios serve NAME` started by this run."""
     for entry in Path("/proc").iterdir():

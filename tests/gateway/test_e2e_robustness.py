@@ -43,11 +43,6 @@ def stack(tmp_path_factory, demo_core):
         yield run
 
 
-@pytest.fixture(scope="module")
-def oai(stack):
-    return openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0, timeout=120)
-
-
 def post(stack, path: str, body: dict | bytes, timeout: float = 60.0) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     return httpx.post(stack.url + path, content=content, timeout=timeout,

@@ -19,8 +19,6 @@ import ollama
 import openai
 import pytest
 
-from tests.support.processes import HeliosRun
-
 MODEL = "helios-demo"
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 PERSON = {"type": "object", "properties": {
@@ -49,22 +47,6 @@ WEATHER = {"type": "object", "properties": {
     "required": ["city", "days"], "additionalProperties": False}
 TOOLS = {"get_weather": WEATHER, "place_order": ORDER}
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, demo_core):
-    with HeliosRun.start_demo(tmp_path_factory.mktemp("structured")) as run:
-        yield run
-
-
-@pytest.fixture(scope="module")
-def oai(stack):
-    return openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def claude(stack):
-    return anthropic.Anthropic(base_url=stack.url, api_key="k", max_retries=0, timeout=120)
 
 
 def openai_tools():

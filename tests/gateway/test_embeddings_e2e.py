@@ -25,17 +25,6 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, demo_core):
-    with HeliosRun.start_demo(tmp_path_factory.mktemp("embeddings")) as run:
-        yield run
-
-
-@pytest.fixture(scope="module")
-def oai(stack):
-    return openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
 def olla(stack):
     return ollama.Client(host=stack.url, timeout=120)
 

@@ -7,7 +7,6 @@ import contextlib
 import json
 import re
 import socket
-import time
 
 import anthropic
 import httpx
@@ -18,17 +17,9 @@ import pytest
 from gateway.config import GatewayConfig
 from tests.gateway.fake_frontend import MODEL_ID, script
 from tests.gateway.harness import GatewayThread
+from tests.support.processes import wait_for
 
 HANG = [{"role": "user", "content": script(hang=True)}]
-
-
-def wait_for(condition, timeout: float = 20.0) -> None:
-    """Poll until `condition()` holds (a liveness bound, not a speed assertion)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        time.sleep(0.01)
 
 
 @pytest.fixture(scope="module")

@@ -15,22 +15,9 @@ import httpx
 import openai
 import pytest
 
-from tests.support.processes import HeliosRun
-
 MODEL = "helios-demo"
 pytestmark = pytest.mark.timeout(600)
 TOL = 2e-3
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, demo_core):
-    with HeliosRun.start_demo(tmp_path_factory.mktemp("scoring")) as run:
-        yield run
-
-
-@pytest.fixture(scope="module")
-def oai(stack):
-    return openai.OpenAI(base_url=stack.url + "/v1", api_key="k", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")

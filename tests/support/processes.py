@@ -171,10 +171,11 @@ def engine_load(run: HeliosRun):
                                                            timeout=10)
 
 
-def wait_for(condition, timeout: float = 60.0) -> None:
-    """Poll `condition()` every 50 ms until it holds (AssertionError after `timeout` s)."""
+def wait_for(condition, timeout: float = 60.0, interval: float = 0.01) -> None:
+    """Poll `condition()` until it holds: a liveness bound, not a speed assertion
+    (AssertionError after `timeout` s)."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached")
-        time.sleep(0.05)
+        time.sleep(interval)
