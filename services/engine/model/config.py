@@ -55,6 +55,34 @@ class LayerAttention:
 
 
 @dataclass(frozen=True, slots=True)
+class MoEConfig:
+    """A mixture-of-experts model's sparse MLPs (services/engine/model/moe.py runs them)."""
+
+    num_experts: int
+    top_k: int                           # experts per token (num_experts_per_tok)
+    intermediate_size: int               # each expert's (moe_intermediate_size)
+    sparse_layers: tuple[bool, ...]      # per decoder layer: True = experts, False = dense MLP
+    renormalize: bool = True             # top-k probabilities renormalized to sum 1
+    activation: str = "silu"             # moe.MOE_ACTIVATIONS ("swiglu_oai": gpt-oss)
+    expert_bias: bool = False            # gate/up and down biases per expert (gpt-oss)
+    router_bias: bool = False
+    swiglu_limit: float = 7.0            # "swiglu_oai" clamp
+    swiglu_alpha: float = 1.702          # "swiglu_oai" sigmoid scale
+
+    def __post_init__(self) -> None:
+        if self.num_experts < 1 or not 1 <= self.top_k <= self.num_experts:
+            raise ValidationError(f"config.json: {self.top_k} experts per token out of "
+                                  f"{self.num_experts}", param="num_experts_per_tok")
+        if self.intermediate_size < 1:
+            raise ValidationError("config.json: the experts' intermediate size must be >= 1",
+                                  param="moe_intermediate_size")
+
+    @property
+    def num_sparse_layers(self) -> int:
+        return sum(self.sparse_layers)
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     """Everything the forward pass needs to know about the model's shape."""
 
@@ -80,6 +108,7 @@ class ModelConfig:
     embedding_multiplier: float = 1.0   # input embeddings are scaled by this (Gemma: sqrt(H))
     final_logit_softcap: float = 0.0    # logits = cap * tanh(logits / cap) when > 0
     torch_dtype: str = "float32"        # checkpoint dtype
+    moe: MoEConfig | None = None        # mixture-of-experts MLPs (None: every MLP dense)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -95,6 +124,10 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValidationError("config.json: head_dim must be even for rotary embeddings",
                                   param="head_dim")
+        if self.moe is not None and len(self.moe.sparse_layers) != self.num_hidden_layers:
+            raise ValidationError(f"config.json: {len(self.moe.sparse_layers)} sparse-layer "
+                                  f"flags for {self.num_hidden_layers} layers",
+                                  param="mlp_only_layers")
         if len(self.layers) != self.num_hidden_layers:
             raise ValidationError(f"config.json: {len(self.layers)} layer types for "
                                   f"{self.num_hidden_layers} layers", param="layer_types")

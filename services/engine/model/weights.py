@@ -19,6 +19,7 @@ from services.common.errors import ManifestError
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.layers.weights import (
     WeightShapeError,
+    covered_shards,
     weight_loader,
     weight_shards,
 )
@@ -43,18 +44,21 @@ def load_weights(model: CausalLM, tensors: Iterable[tuple[str, str, torch.Tensor
             continue
         param_name, shard = target
         param = params.get(param_name)
-        if param is None or (param_name, shard) not in expected:
+        fills = [(param_name, s) for s in covered_shards(param, shard)] if param is not None \
+            else []
+        if param is None or not fills or any(fill not in expected for fill in fills):
             raise ManifestError(
                 f"{file_name}: unexpected tensor {name!r} for {architecture} "
                 "(the checkpoint does not match its config.json)", param=name)
-        if target in filled:
-            raise ManifestError(f"{file_name}: tensor {name!r} appears twice", param=name)
+        if any(fill in filled for fill in fills):
+            raise ManifestError(f"{file_name}: tensor {name!r} appears twice (or overlaps "
+                                "another tensor's weights)", param=name)
         try:
             weight_loader(param)(param, tensor, shard)
         except WeightShapeError as exc:
             raise ManifestError(f"{file_name}: tensor {name!r} has shape {exc.got}, the "
                                 f"config implies {exc.expected}", param=name) from exc
-        filled.add(target)
+        filled.update(fills)
     missing = sorted(expected - filled, key=lambda t: (t[0], t[1] or ""))
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""

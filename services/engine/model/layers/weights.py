@@ -65,11 +65,16 @@ def offset_loader(offset: float) -> WeightLoader:
 
 def parameter(*shape: int, device: torch.device | str, dtype: torch.dtype,
               loader: WeightLoader = load_whole,
-              shards: tuple[str | None, ...] = (None,)) -> nn.Parameter:
-    """An uninitialised, frozen parameter with its loader and the shards it expects."""
+              shards: tuple[str | None, ...] = (None,),
+              covers: Mapping[str, tuple[str | None, ...]] | None = None) -> nn.Parameter:
+    """An uninitialised, frozen parameter with its loader and the shards it expects.
+
+    `covers`: checkpoint shards that fill several expected shards at once (a fused-experts
+    tensor fills every expert's gate and up rows: {"fused": all of them})."""
     param = nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
     param.weight_loader = loader            # type: ignore[attr-defined]
     param.weight_shards = shards            # type: ignore[attr-defined]
+    param.weight_shard_covers = dict(covers or {})   # type: ignore[attr-defined]
     return param
 
 
@@ -79,3 +84,10 @@ def weight_loader(param: nn.Parameter) -> WeightLoader:
 
 def weight_shards(param: nn.Parameter) -> tuple[str | None, ...]:
     return getattr(param, "weight_shards", (None,))
+
+
+def covered_shards(param: nn.Parameter, shard: str | None) -> tuple[str | None, ...]:
+    """The expected shards one checkpoint tensor for `shard` fills (itself, or what a fused
+    shard covers)."""
+    covers: Mapping[str, tuple[str | None, ...]] = getattr(param, "weight_shard_covers", {})
+    return covers.get(shard, (shard,)) if shard is not None else (shard,)

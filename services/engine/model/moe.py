@@ -1,0 +1,423 @@
+"""Mixture-of-experts MLPs: routing, the fused experts op, the `Experts` module and its weights.
+
+    weights, ids = softmax_topk(router_logits, k, renormalize=True)   # f32 [T, k], i32 [T, k]
+    out = fused_experts(x, w_gate_up, w_down, weights, ids)           # [T, H]
+    #   out[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t])
+    #   expert_e(x) = (act(x @ w_gate_up[e, :I].T (+b), x @ w_gate_up[e, I:].T (+b))) @ w_down[e].T (+b)
+
+Shapes: T tokens, H hidden, E experts, I each expert's intermediate size, k experts per token.
+`w_gate_up` is [E, 2I, H] (rows [0:I] the gate, [I:2I] the up projection), `w_down` [E, H, I];
+optional biases [E, 2I] and [E, H] (the down bias is added inside the expert, so it is scaled
+by the routing weight). Activations (MOE_ACTIVATIONS): "silu" is silu(gate) * up; "swiglu_oai"
+is gpt-oss's clamped SwiGLU: gate.clamp(max=limit), up.clamp(-limit, limit),
+(up + 1) * gate * sigmoid(alpha * gate).
+
+`fused_experts` dispatches to the Triton fused-MoE kernel (`services.engine.kernels.
+fused_experts`, docs/kernels.md) when x is on CUDA and the kernels are available
+(`HELIOS_KERNELS=torch` forces the reference); elsewhere `reference_fused_experts` runs:
+per expert, its selected tokens only (reads the routing on the host), or, while a CUDA graph
+is being captured, every expert over every token masked by the routing (no host reads).
+
+Checkpoints name experts per expert (`<block>.experts.<e>.gate_proj|up_proj|down_proj.weight`,
+Mixtral's `w1|w3|w2`) or fused (`<block>.experts.gate_up_proj` [E, 2I, H], `down_proj`
+[E, H, I], `gate_up_proj_bias`, `down_proj_bias`: transformers 5's in-memory layout);
+`expert_checkpoint_target` maps both onto the `Experts` parameters, whose loaders place each
+expert's rows (per-expert shards "<e>.gate", "<e>.up", "<e>") or the whole tensor ("fused",
+which covers every shard: the strict loader accepts one layout or the other, not both).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, ClassVar, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.engine.model import ops
+from services.engine.model.attention import AttentionMetadata
+from services.engine.model.causal_lm import CausalLM
+from services.engine.model.config import ModelConfig, MoEConfig
+from services.engine.model.layers import Attention, GatedMLP, Linear, RMSNorm
+from services.engine.model.layers.weights import WeightShapeError, parameter
+
+log = logging.getLogger(__name__)
+
+MOE_ACTIVATIONS = ("silu", "swiglu_oai")
+FUSED = "fused"          # the shard of a fused-experts checkpoint tensor (all experts at once)
+
+# checkpoint projection names -> which part of the expert they fill
+EXPERT_PROJECTIONS = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down",
+                      "w1": "gate", "w3": "up", "w2": "down"}
+FUSED_EXPERT_TENSORS = {"gate_up_proj": "w_gate_up", "gate_up_proj.weight": "w_gate_up",
+                        "down_proj": "w_down", "down_proj.weight": "w_down",
+                        "gate_up_proj_bias": "gate_up_bias", "down_proj_bias": "down_bias"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing
+
+
+def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen-MoE / Mixtral routing: softmax over the experts (float32), the top k; with
+    `renormalize` the k probabilities are divided by their sum. -> (f32 [T, k], int32 [T, k])."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+def topk_softmax(router_logits: torch.Tensor, top_k: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """gpt-oss routing: the top k logits, softmax over those k (float32; equal to
+    `softmax_topk(..., renormalize=True)` up to rounding)."""
+    values, ids = torch.topk(router_logits.float(), top_k, dim=-1)
+    return torch.softmax(values, dim=-1), ids.to(torch.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# The experts op
+
+
+def expert_activation(gate_up: torch.Tensor, activation: str, limit: float = 7.0,
+                      alpha: float = 1.702) -> torch.Tensor:
+    """gate_up [N, 2I] (gate then up) -> [N, I], computed in float32, cast back."""
+    inter = gate_up.shape[-1] // 2
+    gate, up = gate_up[..., :inter].float(), gate_up[..., inter:].float()
+    if activation == "silu":
+        out = F.silu(gate) * up
+    elif activation == "swiglu_oai":
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+        out = (up + 1.0) * (gate * torch.sigmoid(gate * alpha))
+    else:
+        raise ValueError(f"unknown expert activation {activation!r} (known: {MOE_ACTIVATIONS})")
+    return out.to(gate_up.dtype)
+
+
+def _expert(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+            gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None,
+            activation: str, limit: float, alpha: float) -> torch.Tensor:
+    """One expert over rows x [N, H] -> [N, H] (weights of that expert: [2I, H], [H, I])."""
+    hidden = expert_activation(F.linear(x, w_gate_up, gate_up_bias), activation, limit, alpha)
+    return F.linear(hidden, w_down, down_bias)
+
+
+def check_experts_call(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                       topk_weights: torch.Tensor, topk_ids: torch.Tensor, activation: str
+                       ) -> None:
+    """Shape checks shared by the reference and the kernel wrapper (host metadata only)."""
+    if x.dim() != 2 or w_gate_up.dim() != 3 or w_down.dim() != 3:
+        raise ValueError("fused_experts: x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I]")
+    num_experts, two_inter, hidden = w_gate_up.shape
+    if (hidden != x.shape[1] or two_inter % 2 or
+            tuple(w_down.shape) != (num_experts, hidden, two_inter // 2)):
+        raise ValueError(f"fused_experts: shapes x {tuple(x.shape)}, w_gate_up "
+                         f"{tuple(w_gate_up.shape)}, w_down {tuple(w_down.shape)} disagree")
+    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"fused_experts: topk ids {tuple(topk_ids.shape)} / weights "
+                         f"{tuple(topk_weights.shape)} for {x.shape[0]} tokens")
+    if activation not in MOE_ACTIVATIONS:
+        raise ValueError(f"unknown expert activation {activation!r} (known: {MOE_ACTIVATIONS})")
+
+
+def reference_fused_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                            topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
+                            gate_up_bias: torch.Tensor | None = None,
+                            down_bias: torch.Tensor | None = None, activation: str = "silu",
+                            limit: float = 7.0, alpha: float = 1.702) -> torch.Tensor:
+    """The plain-torch fused_experts: [T, H] in x's dtype, accumulated in float32."""
+    check_experts_call(x, w_gate_up, w_down, topk_weights, topk_ids, activation)
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        return dense_fused_experts(x, w_gate_up, w_down, topk_weights, topk_ids,
+                                   gate_up_bias=gate_up_bias, down_bias=down_bias,
+                                   activation=activation, limit=limit, alpha=alpha)
+    num_experts = w_gate_up.shape[0]
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    ids = topk_ids.long()
+    present = torch.bincount(ids.flatten(), minlength=num_experts).nonzero().flatten().tolist()
+    for e in present:
+        rows, slots = (ids == e).nonzero(as_tuple=True)
+        y = _expert(x[rows], w_gate_up[e], w_down[e],
+                    None if gate_up_bias is None else gate_up_bias[e],
+                    None if down_bias is None else down_bias[e], activation, limit, alpha)
+        out.index_add_(0, rows, y.float() * topk_weights[rows, slots, None].float())
+    return out.to(x.dtype)
+
+
+def dense_fused_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                        topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
+                        gate_up_bias: torch.Tensor | None = None,
+                        down_bias: torch.Tensor | None = None, activation: str = "silu",
+                        limit: float = 7.0, alpha: float = 1.702) -> torch.Tensor:
+    """The reference without host reads (a CUDA graph captures it): every expert over every
+    token, each token's output the routing-weighted sum of its selected experts' (E times
+    the work: the torch fallback of a captured step only)."""
+    num_experts = w_gate_up.shape[0]
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    combine = torch.zeros(x.shape[0], num_experts, dtype=torch.float32, device=x.device)
+    combine.scatter_add_(1, topk_ids.long(), topk_weights.float())
+    for e in range(num_experts):
+        y = _expert(x, w_gate_up[e], w_down[e],
+                    None if gate_up_bias is None else gate_up_bias[e],
+                    None if down_bias is None else down_bias[e], activation, limit, alpha)
+        weight = combine[:, e:e + 1]
+        out += torch.where(weight > 0, weight * y.float(), 0.0)
+    return out.to(x.dtype)
+
+
+@functools.cache
+def _kernel() -> Callable[..., Any] | None:
+    """services.engine.kernels.fused_experts, unless HELIOS_KERNELS=torch or it is absent."""
+    if os.environ.get("HELIOS_KERNELS", "").strip().lower() == "torch":
+        return None
+    try:
+        kernels = importlib.import_module("services.engine.kernels")
+        fn = getattr(kernels, "fused_experts", None)
+    except Exception:  # a broken kernel module must not take the engine down
+        log.exception("the fused-MoE kernel failed to import; using the torch reference")
+        return None
+    return fn if callable(fn) else None
+
+
+def fused_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                  topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
+                  gate_up_bias: torch.Tensor | None = None,
+                  down_bias: torch.Tensor | None = None, activation: str = "silu",
+                  limit: float = 7.0, alpha: float = 1.702) -> torch.Tensor:
+    """x [T, H] -> sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]) [T, H] (x's dtype).
+
+    topk_weights: float32 [T, k], normalized as the model wants; topk_ids: int32 [T, k]."""
+    kernel = _kernel() if x.is_cuda else None
+    fn = kernel or reference_fused_experts
+    return fn(x, w_gate_up, w_down, topk_weights, topk_ids, gate_up_bias=gate_up_bias,
+              down_bias=down_bias, activation=activation, limit=limit, alpha=alpha)
+
+
+# ---------------------------------------------------------------------------------------------
+# The experts' parameters and their loaders
+
+
+def _expert_rows_loader(num_experts: int, inter: int) -> Callable[..., None]:
+    """w_gate_up [E, 2I, ...] / gate_up_bias: "<e>.gate" -> rows [0:I] of expert e, "<e>.up"
+    -> [I:2I]; "fused" -> the whole tensor."""
+
+    def load(param: nn.Parameter, tensor: torch.Tensor, shard: str | None) -> None:
+        if shard == FUSED:
+            _copy(param.data, tensor)
+            return
+        expert, part = _split_shard(shard, num_experts)
+        start = 0 if part == "gate" else inter
+        _copy(param.data[expert, start:start + inter], tensor)
+
+    return load
+
+
+def _expert_loader(num_experts: int) -> Callable[..., None]:
+    """w_down [E, H, I] / down_bias [E, H]: "<e>" -> expert e; "fused" -> the whole tensor."""
+
+    def load(param: nn.Parameter, tensor: torch.Tensor, shard: str | None) -> None:
+        if shard == FUSED:
+            _copy(param.data, tensor)
+            return
+        expert, _ = _split_shard(shard, num_experts)
+        _copy(param.data[expert], tensor)
+
+    return load
+
+
+def _split_shard(shard: str | None, num_experts: int) -> tuple[int, str]:
+    head, _, part = (shard or "").partition(".")
+    if not head.isdigit() or int(head) >= num_experts:
+        raise KeyError(f"no expert shard {shard!r} ({num_experts} experts)")
+    return int(head), part
+
+
+def _copy(destination: torch.Tensor, tensor: torch.Tensor) -> None:
+    if tuple(tensor.shape) != tuple(destination.shape):
+        raise WeightShapeError(tuple(tensor.shape), tuple(destination.shape))
+    destination.copy_(tensor)
+
+
+class Experts(nn.Module):
+    """E experts' weights, fused: `w_gate_up` [E, 2I, H], `w_down` [E, H, I] (+ biases)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
+                 bias: bool = False, activation: str = "silu", limit: float = 7.0,
+                 alpha: float = 1.702, device: torch.device | str, dtype: torch.dtype) -> None:
+        super().__init__()
+        if activation not in MOE_ACTIVATIONS:
+            raise ValueError(f"unknown expert activation {activation!r}")
+        self.num_experts, self.hidden_size = num_experts, hidden_size
+        self.intermediate_size = intermediate_size
+        self.activation, self.limit, self.alpha = activation, limit, alpha
+        gate_up = tuple(f"{e}.{part}" for e in range(num_experts) for part in ("gate", "up"))
+        down = tuple(str(e) for e in range(num_experts))
+        rows = _expert_rows_loader(num_experts, intermediate_size)
+        whole = _expert_loader(num_experts)
+        self.w_gate_up = parameter(num_experts, 2 * intermediate_size, hidden_size,
+                                   device=device, dtype=dtype, loader=rows, shards=gate_up,
+                                   covers={FUSED: gate_up})
+        self.w_down = parameter(num_experts, hidden_size, intermediate_size, device=device,
+                                dtype=dtype, loader=whole, shards=down, covers={FUSED: down})
+        self.gate_up_bias = self.down_bias = None
+        if bias:
+            self.gate_up_bias = parameter(num_experts, 2 * intermediate_size, device=device,
+                                          dtype=dtype, loader=rows, shards=gate_up,
+                                          covers={FUSED: gate_up})
+            self.down_bias = parameter(num_experts, hidden_size, device=device, dtype=dtype,
+                                       loader=whole, shards=down, covers={FUSED: down})
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+                ) -> torch.Tensor:
+        return fused_experts(x, self.w_gate_up, self.w_down, topk_weights, topk_ids,
+                             gate_up_bias=self.gate_up_bias, down_bias=self.down_bias,
+                             activation=self.activation, limit=self.limit, alpha=self.alpha)
+
+
+def expert_checkpoint_target(name: str) -> tuple[str, str] | None:
+    """An expert tensor's (parameter name, shard), or None when `name` is not one:
+    `<block>.experts.<e>.<gate_proj|up_proj|down_proj|w1|w3|w2>.<weight|bias>` (per expert)
+    and `<block>.experts.<gate_up_proj|down_proj>[.weight]`, `..._bias` (fused)."""
+    head, marker, rest = name.partition(".experts.")
+    if not marker:
+        return None
+    block = f"{head}.experts"
+    fused = FUSED_EXPERT_TENSORS.get(rest)
+    if fused is not None:
+        return f"{block}.{fused}", FUSED
+    parts = rest.split(".")
+    if len(parts) != 3 or not parts[0].isdigit() or parts[2] not in ("weight", "bias"):
+        return None
+    expert, projection, kind = parts
+    part = EXPERT_PROJECTIONS.get(projection)
+    if part is None:
+        return None
+    if part == "down":
+        return f"{block}.{'w_down' if kind == 'weight' else 'down_bias'}", expert
+    return f"{block}.{'w_gate_up' if kind == 'weight' else 'gate_up_bias'}", f"{expert}.{part}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The sparse MLP block and the MoE model base
+
+
+class SparseMoeBlock(nn.Module):
+    """Router (`gate`: [E, H], bias when configured) -> top-k routing -> the experts."""
+
+    def __init__(self, config: ModelConfig, moe: MoEConfig, *, device: torch.device | str,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        self.top_k, self.renormalize = moe.top_k, moe.renormalize
+        self.gate = Linear(config.hidden_size, moe.num_experts, bias=moe.router_bias,
+                           device=device, dtype=dtype)
+        self.experts = Experts(moe.num_experts, config.hidden_size, moe.intermediate_size,
+                               bias=moe.expert_bias, activation=moe.activation,
+                               limit=moe.swiglu_limit, alpha=moe.swiglu_alpha, device=device,
+                               dtype=dtype)
+        # tokens routed to each expert, cumulative (real rows only); read by expert_load()
+        self.expert_tokens: torch.Tensor
+        self.register_buffer("expert_tokens", torch.zeros(moe.num_experts, dtype=torch.int64,
+                                                          device=device), persistent=False)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = ops.linear(x, self.gate.weight, self.gate.bias, out_dtype=torch.float32)
+        return softmax_topk(logits, self.top_k, self.renormalize)
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """x [T, H] (normed) -> [T, H]; counts the real rows' (slot >= 0) routing."""
+        weights, ids = self.route(x)
+        real = (meta.slot_mapping[:x.shape[0]] >= 0).to(torch.int64)       # [T]
+        self.expert_tokens.index_add_(0, ids.flatten().long(),
+                                      real.repeat_interleave(ids.shape[1]))
+        return self.experts(x, weights, ids)
+
+
+class MoEDecoderLayer(nn.Module):
+    """A pre-norm decoder layer whose MLP is a `SparseMoeBlock` or, where the config says the
+    layer is dense, the gated MLP (layers/decoder.py's call: residual add deferred)."""
+
+    def __init__(self, config: ModelConfig, layer_index: int, *, device: torch.device | str,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        assert config.moe is not None
+        self.eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, self.eps, device=device, dtype=dtype)
+        self.self_attn = Attention(config, layer_index, device=device, dtype=dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, self.eps, device=device,
+                                                dtype=dtype)
+        self.sparse = config.moe.sparse_layers[layer_index]
+        self.mlp: nn.Module = (
+            SparseMoeBlock(config, config.moe, device=device, dtype=dtype) if self.sparse
+            else GatedMLP(config, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        attn = self.self_attn
+        qkv, residual = ops.norm_linear(x, residual, self.input_layernorm.weight, self.eps,
+                                        attn.qkv_proj.weight, attn.qkv_proj.bias)
+        x = attn(qkv, positions, cos_sin_cache, k_cache, v_cache, meta)
+        norm = self.post_attention_layernorm.weight
+        if self.sparse:
+            normed, residual = ops.fused_add_rms_norm(x, residual, norm, self.eps)
+            return self.mlp(normed, meta), residual
+        mlp = cast(GatedMLP, self.mlp)
+        activation, residual = ops.norm_linear(
+            x, residual, norm, self.eps, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias,
+            activation=mlp.activation)
+        return mlp(activation), residual
+
+
+class MoECausalLM(CausalLM):
+    """A CausalLM with sparse MLP blocks: expert checkpoint names and the expert load."""
+
+    layer_class: ClassVar[Callable[..., nn.Module]] = MoEDecoderLayer
+    # the block that holds router + experts in checkpoints (Mixtral: block_sparse_moe)
+    moe_block_name: ClassVar[str] = "mlp"
+    # canonical per-expert checkpoint names, for "checkpoint lacks tensor ..." messages
+    expert_projection_names: ClassVar[dict[str, str]] = {
+        "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+
+    def moe_blocks(self) -> list[SparseMoeBlock]:
+        return [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
+
+    def expert_load(self) -> list[int]:
+        """Tokens routed to each expert since start, summed over the sparse layers (one
+        device read: call it off the hot path)."""
+        blocks = self.moe_blocks()
+        if not blocks:
+            return []
+        return torch.stack([b.expert_tokens for b in blocks]).sum(dim=0).tolist()
+
+    def checkpoint_target(self, name: str) -> tuple[str, str | None] | None:
+        for prefix, replacement in self.checkpoint_prefixes.items():
+            if name.startswith(prefix):
+                name = replacement + name[len(prefix):]
+                break
+        if self.moe_block_name != "mlp":
+            name = name.replace(f".{self.moe_block_name}.", ".mlp.")
+        expert = expert_checkpoint_target(name)
+        if expert is not None:
+            return expert
+        return super().checkpoint_target(name)
+
+    def checkpoint_name(self, param_name: str, shard: str | None) -> str:
+        head, marker, tensor = param_name.rpartition(".experts.")
+        if not marker or shard is None or shard == FUSED:
+            name = super().checkpoint_name(param_name, shard)
+        else:
+            expert, _, part = shard.partition(".")
+            part = part or "down"
+            kind = "weight" if tensor.startswith("w_") else "bias"
+            name = (f"{head}.experts.{expert}.{self.expert_projection_names[part]}.{kind}")
+        if self.moe_block_name != "mlp":
+            name = name.replace(".mlp.", f".{self.moe_block_name}.")
+        return name
