@@ -32,6 +32,7 @@ from typing import Any
 
 from services.common.assets import sha256_file
 from services.common.errors import ManifestError, ValidationError
+from services.common.quantization import parse_quantization
 
 MANIFEST_NAME = "helios-core.json"
 MANIFEST_FORMAT = 1
@@ -108,6 +109,7 @@ class Manifest:
     context_hint: str = ""                 # appended to context-overflow errors
     capacity_hint: str = ""                # appended to capacity errors
     capture_batch_sizes: tuple[int, ...] = ()  # decode graph capacities (empty: engine chooses)
+    quantization: str = ""                 # FP8 scheme of the checkpoint ("": dense weights)
     created_at: int = 0                    # unix seconds
     files: tuple[FileFingerprint, ...] = ()
     format: int = MANIFEST_FORMAT
@@ -321,6 +323,7 @@ def inspect_model_dir(
     vocab_tokens = {t.get("content") for t in tokenizer.get("added_tokens", [])}
     text_config = config.get("text_config", config)
     context = max_model_len or text_config.get("max_position_embeddings") or 4096
+    scheme = parse_quantization(config)   # an unsupported quantization_config fails here
     capabilities = CoreCapabilities(
         tools="tools" in template,
         vision="vision_config" in config or architecture in _IMAGE_PROFILES,
@@ -348,6 +351,7 @@ def inspect_model_dir(
         context_hint=context_hint,
         capacity_hint=capacity_hint,
         capture_batch_sizes=tuple(capture_batch_sizes),
+        quantization=scheme.name if scheme else "",
         created_at=int(time.time()),
         files=tuple(fingerprints),
     )

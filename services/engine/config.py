@@ -8,10 +8,14 @@ from services.common.config import ServiceConfig, option
 from services.common.errors import ValidationError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("", "fp8")
+KV_CACHE_DTYPES = ("auto", "fp8")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 RUNNERS = ("auto", "torch", "graph")
 SWITCHES = ("auto", "on", "off")
 STRUCTURED_OUTPUTS = ("auto", "eager", "lazy", "off")
+SPECULATIVE_METHODS = ("none", "ngram", "draft", "eagle3")
+MAX_SPECULATIVE_TOKENS = 15      # drafts per step at most (a verification row width of 16)
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,12 @@ class EngineConfig(ServiceConfig):
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     dtype: str = option("auto", "compute dtype: auto (float32 on CPU, bfloat16 on GPU), "
                                 "float32, bfloat16 or float16")
+    quantization: str = option("", "weights: empty (as the checkpoint stores them; FP8 "
+                                   "checkpoints run FP8) or fp8 (quantize a dense checkpoint's "
+                                   "decoder projections to e4m3 at load, one scale per output "
+                                   "row; activations per token)")
+    kv_cache_dtype: str = option("auto", "KV pages: auto (the compute dtype) or fp8 (e4m3 "
+                                         "with per-head scales: twice the pages for the bytes)")
     max_num_seqs: int = option(64, "live request slots")
     max_waiting: int = option(0, "bounded waiting queue in requests (0: 4 x max_num_seqs)")
     prefill_chunk_size: int = option(512, "prompt tokens per prefill step (multiple of 64)")
@@ -69,6 +79,20 @@ class EngineConfig(ServiceConfig):
                                             "prompt shares (and wait for blocks a running "
                                             "prompt is prefilling); off: exact checkpoints "
                                             "only (message boundaries, whole prompts)")
+    speculative_method: str = option(
+        "none", "speculative decoding: none, ngram (copy proposals: prompt lookup over the "
+                "request's own prompt and output, no extra model), draft (a draft model, "
+                "speculative_model) or eagle3 (an EAGLE-3 head, speculative_model); every "
+                "proposal is verified by the target, so output is unchanged")
+    speculative_model: str = option("", "the draft model or EAGLE-3 head directory "
+                                        "(speculative_method draft or eagle3)")
+    num_speculative_tokens: int = option(4, "drafts a request may verify per step at most "
+                                            f"(1..{MAX_SPECULATIVE_TOKENS}); the scheduler "
+                                            "picks each request's width up to it")
+    kv_offload_gib: float = option(0.0, "host memory (GiB, pinned) for a second KV tier: "
+                                        "complete blocks evicted from the GPU are copied there "
+                                        "and brought back on a prefix hit instead of being "
+                                        "recomputed (0: off; needs prefix_block_reuse)")
     kv_events_endpoint: str = option("", "ZMQ PUB endpoint for prefix-cache events in vLLM's "
                                          "KV-events format (e.g. tcp://*:5557; empty: off)")
     kv_events_replay_endpoint: str = option("", "ZMQ ROUTER endpoint replaying buffered KV "
@@ -98,6 +122,8 @@ class EngineConfig(ServiceConfig):
             raise ValidationError("max_waiting must be >= 0", param="max_waiting")
         if self.page_size < 1:
             raise ValidationError("page_size must be >= 1", param="page_size")
+        if self.kv_offload_gib < 0:
+            raise ValidationError("kv_offload_gib must be >= 0", param="kv_offload_gib")
         if self.kv_cache_bytes < 0 or not 0 < self.kv_cache_memory_fraction <= 1:
             raise ValidationError("kv_cache_bytes must be >= 0 and kv_cache_memory_fraction "
                                   "in (0, 1]", param="kv_cache_bytes")
@@ -107,9 +133,17 @@ class EngineConfig(ServiceConfig):
             raise ValidationError("num_snapshots must be >= 0", param="num_snapshots")
         if self.dtype not in DTYPES:
             raise ValidationError(f"dtype must be one of {DTYPES}", param="dtype")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValidationError(f"quantization {self.quantization!r} is not supported "
+                                  "(supported: fp8, or empty for the checkpoint's own)",
+                                  param="quantization")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValidationError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}",
+                                  param="kv_cache_dtype")
         for name, allowed in (("load_format", LOAD_FORMATS), ("runner", RUNNERS),
                               ("overlap", SWITCHES), ("cost_model", SWITCHES),
-                              ("structured_outputs", STRUCTURED_OUTPUTS)):
+                              ("structured_outputs", STRUCTURED_OUTPUTS),
+                              ("speculative_method", SPECULATIVE_METHODS)):
             if getattr(self, name) not in allowed:
                 raise ValidationError(f"{name} must be one of {allowed}", param=name)
         if self.cuda_graph_max_batch < -1:
@@ -117,6 +151,13 @@ class EngineConfig(ServiceConfig):
                                   param="cuda_graph_max_batch")
         if self.grammar_cache_size < 1:
             raise ValidationError("grammar_cache_size must be >= 1", param="grammar_cache_size")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValidationError(f"num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}",
+                                  param="num_speculative_tokens")
+        if self.speculative_method in ("draft", "eagle3") and not self.speculative_model:
+            raise ValidationError(f"speculative_method {self.speculative_method} needs "
+                                  "speculative_model (a model directory)",
+                                  param="speculative_model")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValidationError("max_model_len must be >= 2", param="max_model_len")
 

@@ -36,3 +36,66 @@ def test_flags_and_environment():
                                         "--kv-cache-bytes", "1048576"],
                          env={"HELIOS_MAX_NUM_SEQS": "4"})
     assert (config.page_size, config.kv_cache_bytes, config.max_num_seqs) == (32, 1 << 20, 4)
+
+
+def test_speculative_settings_from_flags_environment_and_yaml(tmp_path):
+    from services.engine.core.build import build_proposer
+    from services.engine.scheduler.proposals import NgramProposer
+
+    flags = load_config(EngineConfig, ["--model", "m", "--speculative-method", "ngram",
+                                       "--num-speculative-tokens", "6"], env={})
+    assert (flags.speculative_method, flags.num_speculative_tokens) == ("ngram", 6)
+    assert build_proposer(flags) == NgramProposer(num_tokens=6)
+    env = load_config(EngineConfig, ["--model", "m"],
+                      env={"HELIOS_SPECULATIVE_METHOD": "ngram",
+                           "HELIOS_NUM_SPECULATIVE_TOKENS": "3"})
+    assert build_proposer(env) == NgramProposer(num_tokens=3)
+    path = tmp_path / "helios.yaml"
+    path.write_text("engine:\n  speculative_method: draft\n  speculative_model: /m/small\n")
+    yaml = load_config(EngineConfig, ["--model", "m", "--config", str(path)], env={},
+                       section="engine")
+    assert (yaml.speculative_method, yaml.speculative_model) == ("draft", "/m/small")
+    assert build_proposer(EngineConfig(model="m")) is None      # none: off by default
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"speculative_method": "medusa"}, "speculative_method"),
+    ({"speculative_method": "draft"}, "speculative_model"),
+    ({"speculative_method": "eagle3"}, "speculative_model"),
+    ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
+    ({"num_speculative_tokens": 16}, "num_speculative_tokens"),
+])
+def test_invalid_speculative_settings_name_the_field(fields, param):
+    with pytest.raises(ValidationError) as info:
+        EngineConfig(**{"model": "m", **fields})
+    assert info.value.param == param
+
+
+def test_methods_not_built_refuse_to_start():
+    from services.common.errors import UnsupportedError
+    from services.engine.core.build import build_proposer
+
+    for method in ("draft", "eagle3"):
+        with pytest.raises(UnsupportedError, match=f"speculative_method {method}"):
+            build_proposer(EngineConfig(model="m", speculative_method=method,
+                                        speculative_model="/m/small"))
+
+
+def test_fp8_settings_from_flags_environment_and_yaml(tmp_path):
+    flags = load_config(EngineConfig, ["--model", "m", "--quantization", "fp8",
+                                       "--kv-cache-dtype", "fp8"], env={})
+    assert (flags.quantization, flags.kv_cache_dtype) == ("fp8", "fp8")
+    env = load_config(EngineConfig, ["--model", "m"],
+                      env={"HELIOS_QUANTIZATION": "fp8", "HELIOS_KV_CACHE_DTYPE": "fp8"})
+    assert (env.quantization, env.kv_cache_dtype) == ("fp8", "fp8")
+    path = tmp_path / "helios.yaml"
+    path.write_text("engine:\n  quantization: fp8\n  kv_cache_dtype: fp8\n")
+    yaml = load_config(EngineConfig, ["--model", "m", "--config", str(path)], env={},
+                       section="engine")
+    assert (yaml.quantization, yaml.kv_cache_dtype) == ("fp8", "fp8")
+    defaults = EngineConfig(model="m")
+    assert (defaults.quantization, defaults.kv_cache_dtype) == ("", "auto")
+    for name, value in (("quantization", "int4"), ("kv_cache_dtype", "fp4")):
+        with pytest.raises(ValidationError) as info:
+            EngineConfig(model="m", **{name: value})
+        assert info.value.param == name

@@ -9,6 +9,7 @@ request can always finish.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,7 @@ from services.common.errors import UnsupportedError, ValidationError
 from services.engine.config import EngineConfig
 from services.engine.grammar import GrammarCompiler, GrammarVocabulary
 from services.engine.model import (
+    KVCache,
     ModelConfig,
     allocate_kv_cache,
     default_dtype,
@@ -26,12 +28,15 @@ from services.engine.model import (
     load_model,
 )
 from services.engine.model.pooling import pooling_config
+from services.engine.prefix.history import BLOCK_TOKENS
 from services.engine.runner.base import Runner
 from services.engine.runner.graph_runner import GraphRunner, GraphRunnerConfig
+from services.engine.runner.host_kv import HostKVStore
 from services.engine.runner.memory import plan_layout
 from services.engine.runner.snapshots import SnapshotStore
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.sampling.vocab import token_vocab_size
+from services.engine.scheduler.proposals import NgramProposer, Proposer
 from services.engine.scheduler.resources import KVResources
 from services.engine.scheduler.scheduler import Scheduler
 from services.engine.scheduler.state import SchedulerConfig
@@ -65,6 +70,28 @@ class Engine:
     grammars: GrammarCompiler | None = None   # structured outputs (None: off)
 
 
+def build_host_tier(config: EngineConfig, kv: KVCache) -> HostKVStore | None:
+    """The host tier's pinned pages (`kv_offload_gib`), or None when it is off."""
+    if config.kv_offload_gib <= 0:
+        return None
+    if not config.prefix_block_reuse or BLOCK_TOKENS % kv.page_size:
+        log.warning("kv_offload_gib needs prefix_block_reuse and a page size dividing %d: "
+                    "the host tier is off", BLOCK_TOKENS)
+        return None
+    page_bytes = kv.num_bytes // kv.num_pages
+    per_block = BLOCK_TOKENS // kv.page_size
+    pages = int(config.kv_offload_gib * 2**30) // page_bytes // per_block * per_block
+    if pages < per_block:
+        raise ValidationError(f"kv_offload_gib {config.kv_offload_gib} holds no "
+                              f"{BLOCK_TOKENS}-token block ({page_bytes * per_block} bytes)",
+                              param="kv_offload_gib")
+    started = time.perf_counter()
+    store = HostKVStore(kv, pages)
+    log.info("KV host tier: %d pages (%d blocks, %.2f GiB pinned) in %.1f s", pages,
+             pages // per_block, store.num_bytes / 2**30, time.perf_counter() - started)
+    return store
+
+
 def build_grammars(config: EngineConfig, source: ModelSource, vocab_size: int,
                    device: torch.device) -> GrammarCompiler | None:
     """The grammar compiler over the core's tokenizer.json, its vocabulary loaded now (eager)
@@ -87,6 +114,19 @@ def build_grammars(config: EngineConfig, source: ModelSource, vocab_size: int,
             # auto: serve everything else; grammar requests get this error at admission
             log.warning("structured outputs unavailable: %s", exc.message)
     return compiler
+
+
+def build_proposer(config: EngineConfig) -> Proposer | None:
+    """The speculative proposer of `speculative_method` (None: speculation off)."""
+    method = config.speculative_method
+    if method == "none":
+        return None
+    if method == "ngram":
+        return NgramProposer(num_tokens=config.num_speculative_tokens)
+    # draft models and EAGLE-3 heads are not built yet: refuse to start rather than serve
+    # without the speculation that was asked for
+    raise UnsupportedError(f"speculative_method {method} is not available in this build "
+                           "(ngram is)", param="speculative_method")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -129,7 +169,7 @@ def resolve_runner(config: EngineConfig, device: torch.device) -> RunnerChoice:
 def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
     device = resolve_device(config.device)
     dtype = default_dtype(device) if config.dtype == "auto" else _DTYPES[config.dtype]
-    model_config = ModelConfig.from_dict(source.config)
+    model_config = ModelConfig.from_dict(source.config, config.quantization)
     manifest = source.manifest
     context = min(config.max_model_len or manifest.max_model_len, manifest.max_model_len,
                   model_config.max_context)
@@ -137,7 +177,8 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
         model = load_dummy_model(model_config, device, dtype, max_positions=context,
                                  seed=config.dummy_seed)
     else:
-        model = load_model(source, device, dtype, max_positions=context)
+        model = load_model(source, device, dtype, max_positions=context,
+                           quantization=config.quantization)
     itemsize = torch.empty((), dtype=dtype).element_size()
     layout = plan_layout(
         device=device, page_bytes=kv_cache_bytes_per_page(model_config, config.page_size, dtype),
@@ -151,6 +192,7 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
                     (layout.num_pages - 1) * layout.page_size, context)
     kv = allocate_kv_cache(model_config, layout.num_pages, layout.page_size, device, dtype)
     snapshots = SnapshotStore(kv, layout.num_snapshots, model_config.hidden_size, dtype, device)
+    host_kv = build_host_tier(config, kv)
     eos = tuple(manifest.eos_token_ids)
     # the tokenizer's ids: the sampler never emits the embedding's padding rows past them,
     # and every validation message names this size (sampling/vocab.py)
@@ -163,16 +205,17 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
             num_slots=config.max_num_seqs, max_model_len=context,
             max_num_batched_tokens=config.batched_tokens,
             graph_max_batch=choice.graph_max_batch, overlap=choice.overlap,
-            eos_token_ids=eos, token_vocab=token_vocab))
+            eos_token_ids=eos, token_vocab=token_vocab), host_kv=host_kv)
         graph_runner.capture()
         runner = graph_runner
     else:
         runner = TorchRunner(model, kv, snapshots, num_slots=config.max_num_seqs,
-                             eos_token_ids=eos, token_vocab=token_vocab)
+                             eos_token_ids=eos, token_vocab=token_vocab, host_kv=host_kv)
     pooling = pooling_config(source)
     resources = KVResources(num_pages=layout.num_pages, page_size=layout.page_size,
                             num_snapshots=layout.num_snapshots,
-                            block_reuse=config.prefix_block_reuse)
+                            block_reuse=config.prefix_block_reuse,
+                            host_pages=host_kv.num_pages if host_kv is not None else 0)
     scheduler_config = SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_waiting=config.waiting_capacity,
         prefill_chunk_size=config.prefill_chunk_size,
@@ -183,7 +226,7 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
         capacity_hint=manifest.capacity_hint or config.capacity_hint,
         supports_images=False, overlap=choice.overlap, cost_model=choice.cost_model,
         pooling=pooling.mode, normalize_embeddings=pooling.normalize,
-        pooling_hint=pooling.reason)
+        pooling_hint=pooling.reason, proposer=build_proposer(config))
     grammars = build_grammars(config, source, model_config.vocab_size, device)
     scheduler = Scheduler(scheduler_config, resources, manifest.identity_bytes, grammars)
     info = CoreInfo(device=describe_device(device), dtype=str(dtype).removeprefix("torch."),

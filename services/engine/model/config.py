@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import UnsupportedError, ValidationError
+from services.common.quantization import Fp8Scheme
 
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 ACTIVATIONS = ("silu", "gelu_tanh")   # the gated MLP's activation (ops.gated_activation)
@@ -108,6 +109,7 @@ class ModelConfig:
     embedding_multiplier: float = 1.0   # input embeddings are scaled by this (Gemma: sqrt(H))
     final_logit_softcap: float = 0.0    # logits = cap * tanh(logits / cap) when > 0
     torch_dtype: str = "float32"        # checkpoint dtype
+    quantization: Fp8Scheme | None = None   # FP8 decoder projections (quantization.py)
     moe: MoEConfig | None = None        # mixture-of-experts MLPs (None: every MLP dense)
 
     def __post_init__(self) -> None:
@@ -192,11 +194,11 @@ class ModelConfig:
         return limit
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> ModelConfig:
+    def from_dict(cls, config: Mapping[str, Any], quantization: str = "") -> ModelConfig:
         """Parse config.json through the registry (registry.parse_model_config)."""
         from services.engine.model.registry import parse_model_config
 
-        return parse_model_config(config)
+        return parse_model_config(config, quantization)
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -5,7 +5,8 @@
 of a forward pass does not depend on the values, and nothing is read from disk. Values are a
 pure function of the seed (per device type: the CPU and CUDA generators differ), drawn with a
 small standard deviation so activations stay finite in bf16 through every layer: matrices and
-embeddings N(0, 0.02) (transformers' `initializer_range`), norm weights 1, biases 0.
+embeddings N(0, 0.02) (transformers' `initializer_range`), norm weights 1, biases 0. An FP8
+projection draws its dense rows the same way and quantizes them with its scheme.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import torch
 
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.config import ModelConfig
+from services.engine.model.layers.fp8_linear import Fp8Linear
 from services.engine.model.registry import build_model
 
 log = logging.getLogger(__name__)
 
 STD = 0.02
+DUMMY_ROWS = 4096   # an FP8 layer's dense rows drawn (then quantized) at a time
 
 
 @torch.inference_mode()
@@ -28,7 +31,22 @@ def init_dummy_weights(model: CausalLM, seed: int = 0, std: float = STD) -> Caus
     """Fill every parameter of `model` in place (in parameter order, one generator)."""
     generator = torch.Generator(device=model.device)
     generator.manual_seed(seed)
+    fp8 = {name: module for name, module in model.named_modules()
+           if isinstance(module, Fp8Linear)}
     for name, param in model.named_parameters():
+        owner = fp8.get(name.rpartition(".")[0])
+        if owner is not None:
+            if param is owner.weight:   # dense rows drawn, then quantized with the scheme
+                for start in range(0, owner.out_features, DUMMY_ROWS):
+                    rows = min(DUMMY_ROWS, owner.out_features - start)
+                    dense = torch.empty(rows, owner.in_features, device=param.device,
+                                        dtype=model.dtype)
+                    owner.quantize_into(dense.normal_(0.0, std, generator=generator), start)
+            elif param is owner.input_scale:
+                param.fill_(std * 4 / 448.0)
+            elif name.endswith("bias"):
+                param.zero_()
+            continue
         if param.dim() >= 2:
             param.normal_(0.0, std, generator=generator)
         elif name.endswith("bias"):

@@ -123,11 +123,11 @@ class Gemma3DecoderLayer(nn.Module):
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         attn, mlp = self.self_attn, self.mlp
         qkv, residual = ops.norm_linear(x, residual, self.input_layernorm.weight, self.eps,
-                                        attn.qkv_proj.weight, attn.qkv_proj.bias)
+                                        attn.qkv_proj.linear_weight, attn.qkv_proj.bias)
         out = attn(qkv, positions, cos_sin_cache, k_cache, v_cache, meta)      # [T, H]
         out = ops.rms_norm(out, self.post_attention_layernorm.weight, self.eps)
         act, residual = ops.norm_linear(out, residual, self.pre_feedforward_layernorm.weight,
-                                        self.eps, mlp.gate_up_proj.weight,
+                                        self.eps, mlp.gate_up_proj.linear_weight,
                                         mlp.gate_up_proj.bias, activation=mlp.activation)
         out = ops.rms_norm(mlp(act), self.post_feedforward_layernorm.weight, self.eps)
         return out, residual

@@ -23,19 +23,22 @@ def default_dtype(device: torch.device | str) -> torch.dtype:
 
 @torch.inference_mode()
 def load_model(source: ModelSource, device: torch.device | str = "cpu",
-               dtype: torch.dtype | None = None, *, max_positions: int | None = None
-               ) -> CausalLM:
+               dtype: torch.dtype | None = None, *, max_positions: int | None = None,
+               quantization: str = "") -> CausalLM:
     """Build the model for `source` on `device` and fill it from the checkpoint.
 
     dtype defaults to float32 on the CPU and bfloat16 elsewhere; max_positions (the rotary
     tables' length, i.e. the longest context) defaults to the config's `max_context`.
     Unsupported architectures raise UnsupportedError listing the supported ones; weights
-    that do not match the config raise ManifestError naming the tensor.
+    that do not match the config raise ManifestError naming the tensor. An FP8 checkpoint
+    (its `quantization_config`) loads as FP8; `quantization="fp8"` quantizes a dense one
+    at load (model/quantization.py).
     """
-    config = parse_model_config(source.config)
+    config = parse_model_config(source.config, quantization)
     dtype = dtype or default_dtype(device)
     model = build_model(config, device, dtype, max_positions)
     load_weights(model, checkpoint_tensors(source), source=str(source.root))
-    log.info("loaded %s (%s, %d layers) on %s as %s", source.manifest.model_id,
-             config.architecture, config.num_hidden_layers, device, dtype)
+    log.info("loaded %s (%s, %d layers) on %s as %s%s", source.manifest.model_id,
+             config.architecture, config.num_hidden_layers, device, dtype,
+             f", {config.quantization.name}" if config.quantization else "")
     return model.eval()

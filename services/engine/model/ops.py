@@ -24,12 +24,13 @@ import torch
 import torch.nn.functional as F
 
 from services.engine.model.attention import AttentionMetadata
+from services.engine.model.fp8 import Fp8Weight, fp8_linear, fp8_norm_linear
 
 log = logging.getLogger(__name__)
 
 OP_NAMES = ("rms_norm", "fused_add_rms_norm", "apply_rotary", "silu_and_mul",
             "gelu_tanh_and_mul", "write_kv", "paged_attention", "qkv_prologue", "linear",
-            "norm_linear")
+            "norm_linear", "fp8_linear", "fp8_norm_linear")
 GATED_ACTIVATIONS = ("silu", "gelu_tanh")   # norm_linear's `activation` (None: no activation)
 
 
@@ -109,10 +110,13 @@ def gated_activation(x: torch.Tensor, activation: str) -> torch.Tensor:
     raise ValueError(f"unknown gated activation {activation!r} (known: {GATED_ACTIVATIONS})")
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [T, K] @ weight [N, K]^T + bias -> [T, N] in out_dtype (x's by default). On CUDA a
-    skinny kernel for decode-sized T (cuBLAS above it), with the cast fused in."""
+    skinny kernel for decode-sized T (cuBLAS above it), with the cast fused in. An FP8
+    weight (model/fp8.py) takes the FP8 path."""
+    if isinstance(weight, Fp8Weight):
+        return fp8_linear(x, weight, bias, out_dtype)
     kernel = _kernel("linear", x)
     if kernel:
         return kernel(x, weight, bias, out_dtype=out_dtype)
@@ -120,13 +124,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-                eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                eps: float, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None,
                 activation: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A sublayer's way in: (y, new residual) with y = rms_norm(x + residual) @ W^T + b (no
     add when residual is None: then the new residual is x), and with an `activation` (silu,
     gelu_tanh) the weight's gate/up halves combined as act(gate) * up [T, N/2]. One launch on
     CUDA for decode-sized T; elsewhere the composition of the ops above (the same order and
-    roundings)."""
+    roundings). An FP8 weight takes the FP8 path (model/fp8.py)."""
+    if isinstance(weight, Fp8Weight):
+        return fp8_norm_linear(x, residual, norm_weight, eps, weight, bias, activation)
     kernel = _kernel("norm_linear", x)
     if kernel:
         return kernel(x, residual, norm_weight, eps, weight, bias, activation)
@@ -194,19 +200,24 @@ def composed_qkv_prologue(qkv: torch.Tensor, q_norm: torch.Tensor | None,
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float, sliding_window: int = 0
-                    ) -> torch.Tensor:
+                    meta: AttentionMetadata, scale: float, sliding_window: int = 0,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over the paged KV of each row's sequence -> [T, Hq, D].
 
-    With `sliding_window` W > 0 the row at position p sees only positions (p - W, p]. The
-    new rows' K/V must already be written (write_kv). Padding rows return finite garbage.
+    With `sliding_window` W > 0 the row at position p sees only positions (p - W, p]. With
+    `sinks` [Hq] (gpt-oss's attention sinks) each head's softmax denominator also holds
+    exp(sink): a learned logit no value stands behind. The new rows' K/V must already be
+    written (write_kv). Padding rows return finite garbage.
     """
     kernel = _kernel("paged_attention", q)
     if kernel:
-        return kernel(q, k_cache, v_cache, meta, scale, sliding_window)
+        if sinks is None:   # the call without sinks stays what it was
+            return kernel(q, k_cache, v_cache, meta, scale, sliding_window)
+        return kernel(q, k_cache, v_cache, meta, scale, sliding_window, sinks=sinks)
     if q.is_cuda:
-        return reference_paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
-    return varlen_paged_attention(q, k_cache, v_cache, meta, scale, sliding_window)
+        return reference_paged_attention(q, k_cache, v_cache, meta, scale, sliding_window,
+                                         sinks)
+    return varlen_paged_attention(q, k_cache, v_cache, meta, scale, sliding_window, sinks)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,8 +300,9 @@ def _gather_kv(cache: torch.Tensor, page_table: torch.Tensor, num_positions: int
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
-            scale: float) -> torch.Tensor:
-    """q [B, L, Hq, D], k/v [B, S, Hk, D], allowed bool [B, L, S] -> [B, L, Hq, D] (float32)."""
+            scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, L, Hq, D], k/v [B, S, Hk, D], allowed bool [B, L, S] -> [B, L, Hq, D] (float32).
+    sinks [Hq]: one more logit per head in the softmax, its probability dropped."""
     b, L, hq, d = q.shape
     hk = k.shape[2]
     qg = q.float().view(b, L, hk, hq // hk, d).permute(0, 2, 3, 1, 4)   # [B, Hk, G, L, D]
@@ -298,13 +310,18 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Te
     vg = v.float().permute(0, 2, 1, 3).unsqueeze(2)                    # [B, Hk, 1, S, D]
     scores = torch.matmul(qg, kt) * scale                              # [B, Hk, G, L, S]
     scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), vg)              # [B, Hk, G, L, D]
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        sink = sinks.float().view(1, hk, hq // hk, 1, 1).expand(b, hk, hq // hk, L, 1)
+        probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+    out = torch.matmul(probs, vg)                                      # [B, Hk, G, L, D]
     return out.permute(0, 3, 1, 2, 4).reshape(b, L, hq, d)
 
 
 def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                              meta: AttentionMetadata, scale: float, sliding_window: int = 0
-                              ) -> torch.Tensor:
+                              meta: AttentionMetadata, scale: float, sliding_window: int = 0,
+                              sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Graph-safe reference: pad the batch to [B, max_query_len, ...] with tensor ops only."""
     num_rows = q.shape[0]
     num_seqs = meta.seq_lens.shape[0]
@@ -330,13 +347,13 @@ def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     allowed[:, :, 0] |= ~allowed.any(dim=-1)
     k = _gather_kv(k_cache, meta.page_table, max_s)
     v = _gather_kv(v_cache, meta.page_table, max_s)
-    out = _attend(padded_q, k, v, allowed, scale)
+    out = _attend(padded_q, k, v, allowed, scale, sinks)
     return out[seq, offset].to(q.dtype)
 
 
 def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           meta: AttentionMetadata, scale: float, sliding_window: int = 0
-                           ) -> torch.Tensor:
+                           meta: AttentionMetadata, scale: float, sliding_window: int = 0,
+                           sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The CPU path: one sequence at a time (reads lengths on the host; never for graphs)."""
     out = torch.zeros_like(q)
     starts = meta.query_start_loc.tolist()
@@ -352,5 +369,6 @@ def varlen_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         allowed = key_pos <= query_pos[:, None]
         if sliding_window:
             allowed &= key_pos > query_pos[:, None] - sliding_window
-        out[begin:end] = _attend(q[None, begin:end], k, v, allowed[None], scale)[0].to(q.dtype)
+        out[begin:end] = _attend(q[None, begin:end], k, v, allowed[None], scale,
+                                 sinks)[0].to(q.dtype)
     return out

@@ -12,18 +12,20 @@ through it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from services.common.errors import UnsupportedError
-from services.engine.model import gemma3, llama, qwen
+from services.common.quantization import parse_quantization
+from services.engine.model import gemma3, gpt_oss, llama, mixtral, qwen, qwen3_moe, qwen_vl
 from services.engine.model.architecture import Architecture
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.config import ModelConfig
 
-FAMILIES = (llama, qwen, gemma3)
+FAMILIES = (llama, qwen, gemma3, gpt_oss, qwen_vl, qwen3_moe, mixtral)
 
 REGISTRY: dict[str, Architecture] = {
     entry.name: entry for family in FAMILIES for entry in family.ARCHITECTURES}
@@ -42,10 +44,13 @@ def resolve(config: Mapping[str, Any]) -> Architecture:
     return entry
 
 
-def parse_model_config(config: Mapping[str, Any]) -> ModelConfig:
+def parse_model_config(config: Mapping[str, Any], quantization: str = "") -> ModelConfig:
     """config.json -> ModelConfig (unsupported architectures and features raise
-    UnsupportedError; malformed values ValidationError)."""
-    return resolve(config).parse_config(config)
+    UnsupportedError; malformed values ValidationError). The FP8 scheme comes from the
+    checkpoint's `quantization_config`, else from `quantization` ("fp8": online)."""
+    model_config = resolve(config).parse_config(config)
+    scheme = parse_quantization(config, quantization)
+    return dataclasses.replace(model_config, quantization=scheme) if scheme else model_config
 
 
 def build_model(config: ModelConfig, device: torch.device | str, dtype: torch.dtype,

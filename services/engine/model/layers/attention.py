@@ -14,7 +14,7 @@ from torch import nn
 from services.engine.model import ops
 from services.engine.model.attention import AttentionMetadata
 from services.engine.model.config import ModelConfig
-from services.engine.model.layers.linear import Linear, PackedLinear
+from services.engine.model.layers.fp8_linear import make_linear, make_packed_linear
 from services.engine.model.layers.norm import RMSNorm
 
 
@@ -31,11 +31,14 @@ class Attention(nn.Module):
         self.eps = config.rms_norm_eps
         self.sliding_window = kind.sliding_window
         self.rope_index = config.ropes.index(kind.rope)
-        self.qkv_proj = PackedLinear(
-            config.hidden_size, {"q": config.q_size, "k": config.kv_size, "v": config.kv_size},
+        self.qkv_proj = make_packed_linear(
+            config, config.hidden_size,
+            {"q": config.q_size, "k": config.kv_size, "v": config.kv_size},
             bias=config.qkv_bias, device=device, dtype=dtype)
-        self.o_proj = Linear(config.q_size, config.hidden_size, bias=config.o_bias,
-                             device=device, dtype=dtype)
+        self.o_proj = make_linear(config, config.q_size, config.hidden_size,
+                                  bias=config.o_bias, device=device, dtype=dtype)
+        # per-head attention sinks (gpt-oss): a family that has them sets an [Hq] parameter
+        self.sinks: nn.Parameter | None = None
         self.q_norm = self.k_norm = None
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, self.eps, device=device, dtype=dtype,
@@ -55,5 +58,5 @@ class Attention(nn.Module):
                              k_cache, v_cache, meta.slot_mapping, self.num_heads,
                              self.num_kv_heads)                                # [T, Hq, D]
         out = ops.paged_attention(q, k_cache, v_cache, meta, self.scale,
-                                  self.sliding_window)                        # [T, Hq, D]
+                                  self.sliding_window, self.sinks)            # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, self.q_size))

@@ -37,9 +37,10 @@ class PreNormDecoderLayer(nn.Module):
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         attn, mlp = self.self_attn, self.mlp
         qkv, residual = ops.norm_linear(x, residual, self.input_layernorm.weight, self.eps,
-                                        attn.qkv_proj.weight, attn.qkv_proj.bias)  # [T, q+2kv]
+                                        attn.qkv_proj.linear_weight, attn.qkv_proj.bias)  # [T, q+2kv]
         x = attn(qkv, positions, cos_sin_cache, k_cache, v_cache, meta)
         activation, residual = ops.norm_linear(
             x, residual, self.post_attention_layernorm.weight, self.eps,
-            mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, activation=mlp.activation)  # [T, I]
+            mlp.gate_up_proj.linear_weight, mlp.gate_up_proj.bias,
+            activation=mlp.activation)  # [T, I]
         return mlp(activation), residual

@@ -23,6 +23,11 @@ class Linear(nn.Module):
         self.weight = parameter(out_features, in_features, device=device, dtype=dtype)
         self.bias = parameter(out_features, device=device, dtype=dtype) if bias else None
 
+    @property
+    def linear_weight(self) -> torch.Tensor:
+        """What ops.linear / ops.norm_linear take (an FP8 layer hands its Fp8Weight)."""
+        return self.weight
+
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """x [T, K] -> [T, N]."""
         return ops.linear(x, self.weight, self.bias, out_dtype=out_dtype)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from services.engine.model.config import ModelConfig
-from services.engine.model.layers.linear import Linear, PackedLinear
+from services.engine.model.layers.fp8_linear import make_linear, make_packed_linear
 
 
 class GatedMLP(nn.Module):
@@ -17,10 +17,11 @@ class GatedMLP(nn.Module):
         super().__init__()
         inter, hidden = config.intermediate_size, config.hidden_size
         self.activation = config.activation
-        self.gate_up_proj = PackedLinear(hidden, {"gate": inter, "up": inter},
-                                         bias=config.mlp_bias, device=device, dtype=dtype)
-        self.down_proj = Linear(inter, hidden, bias=config.mlp_bias, device=device,
-                                dtype=dtype)
+        self.gate_up_proj = make_packed_linear(config, hidden, {"gate": inter, "up": inter},
+                                               bias=config.mlp_bias, device=device,
+                                               dtype=dtype)
+        self.down_proj = make_linear(config, inter, hidden, bias=config.mlp_bias,
+                                     device=device, dtype=dtype)
 
     def forward(self, activation: torch.Tensor) -> torch.Tensor:
         """act(gate) * up [T, I] (the layer computes it with its norm and the gate/up
