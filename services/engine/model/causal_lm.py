@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
@@ -36,6 +36,9 @@ from services.engine.model.config import ModelConfig
 from services.engine.model.layers import Embedding, Linear, RMSNorm
 from services.engine.model.rope import build_cos_sin_cache
 
+if TYPE_CHECKING:
+    from services.engine.model.vision.inputs import ImageEmbeds
+
 
 @dataclass(frozen=True, slots=True)
 class ForwardBatch:
@@ -44,6 +47,9 @@ class ForwardBatch:
     input_ids: torch.Tensor    # int64 [T]
     positions: torch.Tensor    # int64 [T]; [3, T] for models with position_rows == 3 (mRoPE)
     meta: AttentionMetadata
+    # a vision model's image features for this batch's image-pad rows (vision/inputs.py
+    # ImageEmbeds); None: text only
+    images: ImageEmbeds | None = None
 
     @property
     def num_tokens(self) -> int:

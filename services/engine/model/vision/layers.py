@@ -1,0 +1,203 @@
+"""The pieces both Qwen vision towers share: packed variable-length non-causal attention,
+the 2-D rotary table, the patch embedding, LayerNorm and the vision block.
+
+Attention over packed images: every image (Qwen2.5-VL: every window) is one segment of the
+patch rows, `cu_seqlens` its boundaries, and a patch attends to every patch of its segment
+and to nothing else. `varlen_attention` pads the segments into a batch [S, Lmax] and runs
+SDPA with a key-padding mask (one call per distinct shape; exact on the CPU in float32).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.engine.model import ops
+from services.engine.model.layers import Linear, PackedLinear, RMSNorm
+from services.engine.model.layers.weights import parameter
+from services.engine.model.vision.config import VisionConfig
+
+
+def segment_layout(cu_seqlens: Sequence[int], device: torch.device | str
+                   ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(segment [N], offset in segment [N], longest segment) for packed rows."""
+    lengths = [b - a for a, b in itertools.pairwise(cu_seqlens)]
+    segment = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    starts = torch.tensor(cu_seqlens[:-1]).repeat_interleave(torch.tensor(lengths))
+    offset = torch.arange(int(cu_seqlens[-1])) - starts
+    return segment.to(device), offset.to(device), max(lengths, default=0)
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     cu_seqlens: Sequence[int], scale: float) -> torch.Tensor:
+    """Non-causal attention within each segment: q/k/v [N, H, D] -> [N, H, D]."""
+    num_rows, heads, dim = q.shape
+    lengths = [b - a for a, b in itertools.pairwise(cu_seqlens)]
+    if len(set(lengths)) == 1:                    # equal segments: a plain batched call
+        count, length = len(lengths), lengths[0]
+
+        def batched(x: torch.Tensor) -> torch.Tensor:
+            return x.view(count, length, heads, dim).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(batched(q), batched(k), batched(v), scale=scale)
+        return out.transpose(1, 2).reshape(num_rows, heads, dim)
+    segment, offset, longest = segment_layout(cu_seqlens, q.device)
+    padded = []
+    for x in (q, k, v):
+        buffer = x.new_zeros(len(lengths), longest, heads, dim)
+        buffer[segment, offset] = x
+        padded.append(buffer.transpose(1, 2))                        # [S, H, L, D]
+    keys = torch.arange(longest, device=q.device)[None, :] < torch.tensor(
+        lengths, device=q.device)[:, None]                           # [S, L]
+    out = F.scaled_dot_product_attention(padded[0], padded[1], padded[2],
+                                         attn_mask=keys[:, None, None, :],
+                                         scale=scale)                # [S, H, L, D]
+    return out.transpose(1, 2)[segment, offset]
+
+
+def vision_rotary_table(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
+    """positions int64 [N, 2] (patch row, column) -> cos/sin rows [N, head_dim] in the layout
+    `ops.apply_rotary` reads: the first D/4 frequencies turn with the row, the next D/4 with
+    the column (Qwen's axial 2-D rope), cos in the first half and sin in the second."""
+    spatial = head_dim // 2
+    inv_freq = 1.0 / (theta ** (torch.arange(0, spatial, 2, dtype=torch.float32,
+                                             device=positions.device) / spatial))
+    freqs = positions.float()[..., None] * inv_freq                    # [N, 2, D/4]
+    angles = freqs.flatten(1)                                          # [N, D/2]: rows, cols
+    return torch.cat((angles.cos(), angles.sin()), dim=-1)
+
+
+class Weights(nn.Module):
+    """A bare holder of checkpoint-named parameters (`proj.weight`, `pos_embed.weight`)."""
+
+    weight: nn.Parameter
+    bias: nn.Parameter | None
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None = None) -> None:
+        super().__init__()
+        self.weight = weight
+        self.bias = bias
+
+
+class PatchEmbed(nn.Module):
+    """The Conv3d over (temporal, patch, patch) with stride = kernel, as one projection of
+    each patch's C*T*P*P values (the weight keeps the checkpoint's 5-D shape)."""
+
+    def __init__(self, config: VisionConfig, *, bias: bool, device: torch.device | str,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        self.proj = Weights(
+            parameter(config.hidden_size, config.in_channels, config.temporal_patch_size,
+                      config.patch_size, config.patch_size, device=device, dtype=dtype),
+            parameter(config.hidden_size, device=device, dtype=dtype) if bias else None)
+        self.hidden_size = config.hidden_size
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels [N, C*T*P*P] -> [N, hidden]."""
+        weight = self.proj.weight.reshape(self.hidden_size, -1)
+        return F.linear(pixels.to(weight.dtype), weight, self.proj.bias)
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, size: int, eps: float, *, device: torch.device | str,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = parameter(size, device=device, dtype=dtype)
+        self.bias = parameter(size, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+def activate(x: torch.Tensor, activation: str) -> torch.Tensor:
+    if activation == "silu":
+        return F.silu(x)
+    if activation == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if activation == "gelu":
+        return F.gelu(x)
+    if activation == "quick_gelu":
+        return x * torch.sigmoid(1.702 * x)
+    raise ValueError(f"unknown vision activation {activation!r}")
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, config: VisionConfig, *, device: torch.device | str,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads, self.head_dim = config.num_heads, config.head_dim
+        self.qkv = Linear(hidden, 3 * hidden, bias=True, device=device, dtype=dtype)
+        self.proj = Linear(hidden, hidden, bias=True, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, rotary: torch.Tensor, rows: torch.Tensor,
+                cu_seqlens: Sequence[int]) -> torch.Tensor:
+        """x [N, hidden], rotary [N, D] (rows: 0..N-1) -> [N, hidden]."""
+        n = x.shape[0]
+        q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
+        q, k = ops.apply_rotary(q.contiguous(), k.contiguous(), rows, rotary, True)
+        out = varlen_attention(q, k, v.contiguous(), cu_seqlens, self.head_dim ** -0.5)
+        return self.proj(out.reshape(n, -1))
+
+
+class GatedVisionMLP(nn.Module):
+    """Qwen2.5-VL's block MLP: act(gate) * up -> down, every projection with a bias."""
+
+    def __init__(self, config: VisionConfig, *, device: torch.device | str,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        inter, hidden = config.intermediate_size, config.hidden_size
+        self.activation = config.activation
+        self.gate_up_proj = PackedLinear(hidden, {"gate": inter, "up": inter}, bias=True,
+                                         device=device, dtype=dtype)
+        self.down_proj = Linear(inter, hidden, bias=True, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(activate(gate, self.activation) * up)
+
+
+class PlainVisionMLP(nn.Module):
+    """Qwen3-VL's block MLP: fc1 -> act -> fc2."""
+
+    def __init__(self, config: VisionConfig, *, device: torch.device | str,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        inter, hidden = config.intermediate_size, config.hidden_size
+        self.activation = config.activation
+        self.linear_fc1 = Linear(hidden, inter, bias=True, device=device, dtype=dtype)
+        self.linear_fc2 = Linear(inter, hidden, bias=True, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(activate(self.linear_fc1(x), self.activation))
+
+
+class VisionBlock(nn.Module):
+    """Pre-norm block: x + attn(norm1(x)), then + mlp(norm2(x)). Qwen2.5-VL: RMSNorm and the
+    gated MLP; Qwen3-VL: LayerNorm and the plain MLP."""
+
+    def __init__(self, config: VisionConfig, *, device: torch.device | str,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        self.norm1: nn.Module
+        self.norm2: nn.Module
+        self.mlp: nn.Module
+        if config.family == "qwen2_5_vl":
+            self.norm1 = RMSNorm(config.hidden_size, 1e-6, device=device, dtype=dtype)
+            self.norm2 = RMSNorm(config.hidden_size, 1e-6, device=device, dtype=dtype)
+            self.mlp = GatedVisionMLP(config, device=device, dtype=dtype)
+        else:
+            self.norm1 = LayerNorm(config.hidden_size, 1e-6, device=device, dtype=dtype)
+            self.norm2 = LayerNorm(config.hidden_size, 1e-6, device=device, dtype=dtype)
+            self.mlp = PlainVisionMLP(config, device=device, dtype=dtype)
+        self.attn = VisionAttention(config, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, rotary: torch.Tensor, rows: torch.Tensor,
+                cu_seqlens: Sequence[int]) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), rotary, rows, cu_seqlens)
+        return x + self.mlp(self.norm2(x))
