@@ -347,15 +347,15 @@ class MoEDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_index: int, *, device: torch.device | str,
                  dtype: torch.dtype) -> None:
         super().__init__()
-        assert config.moe is not None
         self.eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, self.eps, device=device, dtype=dtype)
         self.self_attn = Attention(config, layer_index, device=device, dtype=dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, self.eps, device=device,
                                                 dtype=dtype)
-        self.sparse = config.moe.sparse_layers[layer_index]
+        moe = config.moe
+        self.sparse = moe is not None and moe.sparse_layers[layer_index]
         self.mlp: nn.Module = (
-            SparseMoeBlock(config, config.moe, device=device, dtype=dtype) if self.sparse
+            SparseMoeBlock(config, moe, device=device, dtype=dtype) if moe and self.sparse
             else GatedMLP(config, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
