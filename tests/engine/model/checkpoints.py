@@ -62,6 +62,24 @@ _GEMMA3 = {
         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 50000.0},
         "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}},
 }
+# gpt-oss: sliding (a 5-token window, so every parity prompt runs past it) then full
+# attention, attention sinks, YaRN without truncation, 4 experts top-2 with biases, and a
+# SwiGLU clamp low enough that the random activations hit it on both sides.
+_GPT_OSS = {
+    "head_dim": 16, "sliding_window": 5, "max_position_embeddings": 128,
+    "num_local_experts": 4, "num_experts_per_tok": 2,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "swiglu_limit": 0.6, "swiglu_alpha": 1.5, "tie_word_embeddings": False,
+    "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 8.0, "beta_slow": 1.0,
+                        "truncate": False, "original_max_position_embeddings": 32,
+                        "rope_theta": 150000.0},
+}
+# Qwen3-MoE: 8 experts, top 3 renormalized, layer 1 dense (mlp_only_layers) between two
+# sparse ones; a second spec with the raw top-k probabilities and every other layer sparse.
+_QWEN3_MOE = {
+    "num_hidden_layers": 3, "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 3,
+    "moe_intermediate_size": 32, "norm_topk_prob": True, "mlp_only_layers": [1],
+    "tie_word_embeddings": False}
 _SIGLIP_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                 "num_attention_heads": 2, "image_size": 28, "patch_size": 14}
 
@@ -91,6 +109,13 @@ SPECS: dict[str, CheckpointSpec] = {spec.name: spec for spec in (
     CheckpointSpec("qwen2-sliding", "Qwen2Config", {
         "use_sliding_window": True, "sliding_window": 7, "max_window_layers": 1}),
     CheckpointSpec("gemma3", "Gemma3TextConfig", _GEMMA3),
+    CheckpointSpec("gpt-oss", "GptOssConfig", _GPT_OSS),
+    CheckpointSpec("qwen3-moe", "Qwen3MoeConfig", _QWEN3_MOE),
+    CheckpointSpec("qwen3-moe-step2", "Qwen3MoeConfig", {
+        **_QWEN3_MOE, "num_hidden_layers": 2, "norm_topk_prob": False, "mlp_only_layers": [],
+        "decoder_sparse_step": 2, "num_experts": 6, "num_experts_per_tok": 2}),
+    CheckpointSpec("mixtral", "MixtralConfig", {"num_local_experts": 4,
+                                                "num_experts_per_tok": 2, "sliding_window": 6}),
     CheckpointSpec("gemma3-vlm-text", "Gemma3Config", _GEMMA3,
                    outer={"vision_config": _SIGLIP_TINY, "mm_tokens_per_image": 4}),
 )}
