@@ -41,6 +41,7 @@ class Fp8Weight:
     scale: torch.Tensor                # float32 [N] rowwise, [ceil(N/bn), ceil(K/bk)] block
     scheme: Fp8Scheme
     input_scale: torch.Tensor | None = None   # float32 [S] (static activations)
+    dense: torch.Tensor | None = None   # the dequantized float32 weight (CPU layers keep one)
 
     @property
     def shape(self) -> torch.Size:
@@ -142,7 +143,8 @@ def reference_fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor 
     dequantized, the product and bias in float32, cast to out_dtype (x's by default)."""
     scheme = weight.scheme
     xq = fake_quantize_activation(x, scheme.activations, scheme.group_size, weight.input_scale)
-    y = xq @ weight.dequantize(torch.float32).t()
+    dense = weight.dense if weight.dense is not None else weight.dequantize(torch.float32)
+    y = xq @ dense.t()
     if bias is not None:
         y = y + bias.float()
     return y.to(out_dtype or x.dtype)

@@ -85,6 +85,7 @@ class Fp8Linear(nn.Module):
             self.input_scale = parameter(len(offsets), device=device, dtype=torch.float32,
                                          loader=self._load_input_scale, shards=shard_ids)
         self.bias = parameter(out_features, device=device, dtype=dtype) if bias else None
+        self._dense: torch.Tensor | None = None   # CPU only: the dequantized weight
         if self.bias is not None and sizes:
             self.bias.weight_loader = packed_loader(  # type: ignore[attr-defined]
                 {name: span for name, span in offsets.items() if name is not None})
@@ -96,7 +97,14 @@ class Fp8Linear(nn.Module):
 
     @property
     def linear_weight(self) -> Fp8Weight:
-        return Fp8Weight(self.weight, self.scale, self.scheme, self.input_scale)
+        if self.weight.device.type != "cpu":
+            return Fp8Weight(self.weight, self.scale, self.scheme, self.input_scale)
+        # the CPU has no FP8 arithmetic: dequantize once (the values are exactly the FP8
+        # weight's) instead of converting every weight on every step
+        if self._dense is None:
+            weight = Fp8Weight(self.weight, self.scale, self.scheme, self.input_scale)
+            self._dense = weight.dequantize(torch.float32)
+        return Fp8Weight(self.weight, self.scale, self.scheme, self.input_scale, self._dense)
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """x [T, K] -> [T, N]."""
@@ -110,6 +118,7 @@ class Fp8Linear(nn.Module):
 
     def _load_weight(self, param: nn.Parameter, tensor: torch.Tensor, shard: str | None
                      ) -> None:
+        self._dense = None
         start, size = self._span(shard)
         if tuple(tensor.shape) != (size, self.in_features):
             raise WeightShapeError(tuple(tensor.shape), (size, self.in_features))
@@ -127,6 +136,7 @@ class Fp8Linear(nn.Module):
     def quantize_into(self, dense: torch.Tensor, start: int = 0) -> None:
         """Quantize dense rows [start, start + len(dense)) with this layer's weight layout."""
         rows = dense.shape[0]
+        self._dense = None
         if self.scheme.weights == "block":
             q, scale = quantize_blocks(dense, self.scheme.block)
             bn = self.scheme.block[0]
@@ -142,6 +152,7 @@ class Fp8Linear(nn.Module):
 
     def _load_scale(self, param: nn.Parameter, tensor: torch.Tensor, shard: str | None
                     ) -> None:
+        self._dense = None
         start, size = self._span(shard)
         values = tensor.to(device=param.device, dtype=torch.float32)
         if self.scheme.weights == "block":
@@ -159,6 +170,7 @@ class Fp8Linear(nn.Module):
 
     def _load_input_scale(self, param: nn.Parameter, tensor: torch.Tensor, shard: str | None
                           ) -> None:
+        self._dense = None
         if tensor.numel() != 1:
             raise WeightShapeError(tuple(tensor.shape), (1,))
         index = list(self.shards).index(shard)
