@@ -16,6 +16,13 @@ plain-torch reference. The exported names and signatures match `model/ops.py` ex
     linear(x, weight, bias=None, out_dtype=None) -> out        (skinny rows; cuBLAS above)
     norm_linear(x, residual, norm_weight, eps, weight, bias=None, activation=None)
         -> (out, new_residual)          (norm + projection [+ "silu" / "gelu_tanh" and mul])
+    fp8_linear(x, weight: Fp8Weight, bias=None, out_dtype=None) -> out
+    fp8_norm_linear(x, residual, norm_weight, eps, weight: Fp8Weight, bias=None,
+                    activation=None) -> (out, new_residual)      (model/fp8.py's FP8 ops)
+    fused_experts(x, w_gate_up, w_down, topk_weights, topk_ids, *, gate_up_bias, down_bias,
+                  activation, limit, alpha) -> out        (model/moe.py's op; fused_moe.py)
+    fused_moe_routed(x, router_logits, w_gate_up, w_down, top_k, renormalize, ...)
+        -> (out, topk_weights, topk_ids)                  (the routing fused in too)
 
 Each also takes keyword-only `out=` buffers (and `scratch=` for attention) so a CUDA graph can
 capture it without allocating. Triton is imported lazily: importing this package on a machine
@@ -44,6 +51,10 @@ _EXPORTS: dict[str, str] = {
     "linear": "skinny_linear",
     "norm_linear": "skinny_linear",
     "AttentionScratch": "attention",
+    "fp8_linear": "fp8_linear",
+    "fp8_norm_linear": "fp8_linear",
+    "fused_experts": "fused_moe",
+    "fused_moe_routed": "fused_moe",
 }
 
 __all__ = ["is_available", *_EXPORTS]

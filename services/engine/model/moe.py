@@ -174,13 +174,14 @@ def dense_fused_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.
 
 
 @functools.cache
-def _kernel() -> Callable[..., Any] | None:
-    """services.engine.kernels.fused_experts, unless HELIOS_KERNELS=torch or it is absent."""
+def _kernel(name: str = "fused_experts") -> Callable[..., Any] | None:
+    """services.engine.kernels.<name> (fused_experts, fused_moe_routed), unless
+    HELIOS_KERNELS=torch or it is absent."""
     if os.environ.get("HELIOS_KERNELS", "").strip().lower() == "torch":
         return None
     try:
         kernels = importlib.import_module("services.engine.kernels")
-        fn = getattr(kernels, "fused_experts", None)
+        fn = getattr(kernels, name, None)
     except Exception:  # a broken kernel module must not take the engine down
         log.exception("the fused-MoE kernel failed to import; using the torch reference")
         return None
@@ -195,7 +196,7 @@ def fused_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
     """x [T, H] -> sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]) [T, H] (x's dtype).
 
     topk_weights: float32 [T, k], normalized as the model wants; topk_ids: int32 [T, k]."""
-    kernel = _kernel() if x.is_cuda else None
+    kernel = _kernel("fused_experts") if x.is_cuda else None
     fn = kernel or reference_fused_experts
     return fn(x, w_gate_up, w_down, topk_weights, topk_ids, gate_up_bias=gate_up_bias,
               down_bias=down_bias, activation=activation, limit=limit, alpha=alpha)
@@ -327,17 +328,31 @@ class SparseMoeBlock(nn.Module):
         self.register_buffer("expert_tokens", torch.zeros(moe.num_experts, dtype=torch.int64,
                                                           device=device), persistent=False)
 
+    def router_logits(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear(x, self.gate.weight, self.gate.bias, out_dtype=torch.float32)
+
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = ops.linear(x, self.gate.weight, self.gate.bias, out_dtype=torch.float32)
-        return softmax_topk(logits, self.top_k, self.renormalize)
+        return softmax_topk(self.router_logits(x), self.top_k, self.renormalize)
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """x [T, H] (normed) -> [T, H]; counts the real rows' (slot >= 0) routing."""
-        weights, ids = self.route(x)
-        real = (meta.slot_mapping[:x.shape[0]] >= 0).to(torch.int64)       # [T]
+        """x [T, H] (normed) -> [T, H]; adds the real rows' (those before
+        query_start_loc[-1]: padding rows come after) routing to `expert_tokens`."""
+        logits = self.router_logits(x)
+        num_real = meta.query_start_loc[-1:]
+        experts = self.experts
+        kernel = _kernel("fused_moe_routed") if x.is_cuda else None
+        if kernel is not None:   # routing, sorting, counting and both GEMMs in four launches
+            out, _, _ = kernel(x, logits, experts.w_gate_up, experts.w_down, self.top_k,
+                               self.renormalize, gate_up_bias=experts.gate_up_bias,
+                               down_bias=experts.down_bias, activation=experts.activation,
+                               limit=experts.limit, alpha=experts.alpha,
+                               expert_tokens=self.expert_tokens, num_real_tokens=num_real)
+            return out
+        weights, ids = softmax_topk(logits, self.top_k, self.renormalize)
+        real = (torch.arange(x.shape[0], device=x.device) < num_real).to(torch.int64)
         self.expert_tokens.index_add_(0, ids.flatten().long(),
                                       real.repeat_interleave(ids.shape[1]))
-        return self.experts(x, weights, ids)
+        return experts(x, weights, ids)
 
 
 class MoEDecoderLayer(nn.Module):

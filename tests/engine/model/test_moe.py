@@ -151,7 +151,8 @@ def test_swiglu_experts_match_transformers_gpt_oss() -> None:
 
 
 def _meta(slots: list[int]) -> AttentionMetadata:
-    n = len(slots)
+    """One sequence of the rows with a slot; padding rows (-1) after it."""
+    n = sum(slot >= 0 for slot in slots)
     return AttentionMetadata(
         query_start_loc=torch.tensor([0, n], dtype=torch.int32),
         seq_lens=torch.tensor([n], dtype=torch.int32),

@@ -1,0 +1,380 @@
+"""The fused mixture-of-experts MLP: route, sort by expert, two grouped GEMMs, the top-k sum.
+
+    out = fused_experts(x, w_gate_up, w_down, topk_weights, topk_ids, *, gate_up_bias=None,
+                        down_bias=None, activation="silu", limit=7.0, alpha=1.702)
+    out = fused_moe_routed(x, router_logits, w_gate_up, w_down, top_k, renormalize, ...)  # routes too
+
+Shapes and semantics are `services/engine/model/moe.py`'s (x [T, H], w_gate_up [E, 2I, H],
+w_down [E, H, I], topk [T, k]). Four launches, none of them reading a value on the host:
+
+1. `_route_align_kernel`, one program: (with `fused_moe`) softmax top-k of the router logits,
+   renormalized or not; a histogram of the T*k (token, expert) slots per expert; each
+   expert's rows padded to a multiple of BLOCK_M; the slots scattered to their expert's rows
+   (an atomic cursor per expert: the order inside an expert is arbitrary, the sum is not);
+   unused rows hold the sentinel T*k; the expert of every BLOCK_M-row block (E past the last
+   one); optionally the per-expert count of real rows added to a load counter.
+   The row buffer is bounded by T*k + min(T*k, E) * (BLOCK_M - 1): at most min(T*k, E)
+   experts are used and each pads by at most BLOCK_M - 1 rows, so every size is a function
+   of the host shapes (a CUDA graph captures it at each decode capacity).
+2. `_gate_up_kernel`, grid (row blocks, I / BLOCK_N): each program loads its block's expert id
+   (blocks past the used rows return at once), gathers its BLOCK_M token rows of x, and
+   multiplies them by that expert's gate and up rows (two accumulators), then adds the biases
+   and applies the activation (silu or gpt-oss's clamped swiglu) in fp32; the [T*k, I]
+   intermediate is stored in x's dtype. At batch 1 only the k selected experts' weights are
+   read: there are k row blocks.
+3. `_down_kernel`, grid (row blocks, H / BLOCK_N): the intermediate rows times the expert's
+   down projection, + bias, times the slot's routing weight (fp32 [T*k, H]).
+4. `_topk_sum_kernel`: out[t] = sum over the k slots of token t, one rounding to x's dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from services.common.errors import ValidationError
+from services.engine.kernels.common import cdiv, check_float, next_power_of_2
+
+MOE_ACTIVATIONS = ("silu", "swiglu_oai")
+
+
+@dataclass(frozen=True, slots=True)
+class MoEPlan:
+    """Tile sizes of one call, from host shapes only."""
+
+    block_m: int
+    block_n1: int        # gate/up: output columns (of I) per program
+    block_k1: int
+    block_n2: int        # down: output columns (of H) per program
+    block_k2: int
+    num_warps: int
+    num_stages: int
+    max_rows: int        # sorted-row buffer: T*k + min(T*k, E) * (block_m - 1)
+    max_blocks: int
+
+
+def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int
+             ) -> MoEPlan:
+    slots = num_tokens * top_k
+    per_expert = slots / num_experts
+    if per_expert <= 16:       # decode: one or a few rows per expert, bandwidth-bound
+        block_m, n1, k1, n2, k2, warps, stages = 16, 32, 128, 32, 128, 4, 4
+    elif per_expert <= 64:
+        block_m, n1, k1, n2, k2, warps, stages = 32, 64, 64, 64, 64, 4, 3
+    else:                      # prefill: tensor-core tiles
+        block_m, n1, k1, n2, k2, warps, stages = 64, 64, 64, 128, 64, 8, 3
+    k1 = min(k1, max(16, next_power_of_2(hidden)))
+    k2 = min(k2, max(16, next_power_of_2(inter)))
+    n1 = min(n1, max(16, next_power_of_2(inter)))
+    n2 = min(n2, max(16, next_power_of_2(hidden)))
+    max_rows = slots + min(slots, num_experts) * (block_m - 1)
+    return MoEPlan(block_m, n1, k1, n2, k2, warps, stages, max_rows, cdiv(max_rows, block_m))
+
+
+@triton.jit
+def _route_align_kernel(
+    logits_ptr, stride_logits, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
+    num_rows_ptr, cursor_ptr, load_ptr, num_real_ptr,
+    num_tokens, num_experts, max_rows, max_blocks,
+    TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, ROUTE: tl.constexpr, COUNT: tl.constexpr,
+    BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr, ROWS: tl.constexpr,
+    BLOCKS: tl.constexpr,
+):
+    experts = tl.arange(0, E_PAD)
+    live = experts < num_experts
+    num_slots = num_tokens * TOP_K
+    if ROUTE:
+        # softmax over the experts, then the top k (lowest id first among equals)
+        for row0 in range(0, num_tokens, ROWS):
+            rows = row0 + tl.arange(0, ROWS)
+            rmask = rows < num_tokens
+            logits = tl.load(logits_ptr + rows[:, None].to(tl.int64) * stride_logits
+                             + experts[None, :], mask=rmask[:, None] & live[None, :],
+                             other=-float("inf")).to(tl.float32)
+            logits = tl.where(rmask[:, None], logits, tl.where(live[None, :], 0.0, logits))
+            top = tl.max(logits, axis=1)
+            probs = tl.exp(logits - top[:, None])
+            probs = probs / tl.sum(probs, axis=1)[:, None]
+            total = tl.full([ROWS], 1.0, tl.float32)
+            if RENORMALIZE:
+                left = probs
+                total = tl.zeros([ROWS], tl.float32)
+                for _ in tl.static_range(TOP_K):
+                    best = tl.max(left, axis=1)
+                    pick = tl.min(tl.where(left == best[:, None], experts[None, :], E_PAD),
+                                  axis=1)
+                    total += best
+                    left = tl.where(experts[None, :] == pick[:, None], -1.0, left)
+            for j in tl.static_range(TOP_K):
+                best = tl.max(probs, axis=1)
+                pick = tl.min(tl.where(probs == best[:, None], experts[None, :], E_PAD), axis=1)
+                tl.store(weights_ptr + rows * TOP_K + j, best / total, mask=rmask)
+                tl.store(ids_ptr + rows * TOP_K + j, pick, mask=rmask)
+                probs = tl.where(experts[None, :] == pick[:, None], -1.0, probs)
+        tl.debug_barrier()
+    # rows per expert, padded to BLOCK_M; real rows (tokens below num_real) for the load
+    counts = tl.zeros([E_PAD], tl.int32)
+    real_counts = tl.zeros([E_PAD], tl.int32)
+    num_real = num_tokens
+    if COUNT:
+        num_real = tl.load(num_real_ptr)
+    for slot0 in range(0, num_slots, CHUNK):
+        slots = slot0 + tl.arange(0, CHUNK)
+        smask = slots < num_slots
+        ids = tl.load(ids_ptr + slots, mask=smask, other=0)
+        counts += tl.histogram(ids, E_PAD, mask=smask)
+        if COUNT:
+            real_counts += tl.histogram(ids, E_PAD, mask=smask & (slots // TOP_K < num_real))
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(cursor_ptr + experts, ends - padded)
+    tl.store(num_rows_ptr, tl.sum(padded, axis=0))
+    if COUNT:
+        load = tl.load(load_ptr + experts, mask=live, other=0)
+        tl.store(load_ptr + experts, load + real_counts.to(tl.int64), mask=live)
+    for block0 in range(0, max_blocks, BLOCKS):
+        blocks = block0 + tl.arange(0, BLOCKS)
+        first_row = blocks * BLOCK_M
+        before = (ends[None, :] <= first_row[:, None]) & live[None, :]
+        tl.store(block_expert_ptr + blocks, tl.sum(before.to(tl.int32), axis=1),
+                 mask=blocks < max_blocks)
+    for row0 in range(0, max_rows, CHUNK):
+        rows = row0 + tl.arange(0, CHUNK)
+        tl.store(sorted_ptr + rows, tl.full([CHUNK], 0, tl.int32) + num_slots,
+                 mask=rows < max_rows)
+    tl.debug_barrier()
+    for slot0 in range(0, num_slots, CHUNK):
+        slots = slot0 + tl.arange(0, CHUNK)
+        smask = slots < num_slots
+        ids = tl.load(ids_ptr + slots, mask=smask, other=0)
+        rows = tl.atomic_add(cursor_ptr + ids, 1, mask=smask)
+        tl.store(sorted_ptr + rows, slots, mask=smask)
+
+
+@triton.jit
+def _swiglu(gate, up, limit, alpha, ACTIVATION: tl.constexpr):
+    if ACTIVATION == "swiglu_oai":
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        y = (up + 1.0) * (gate / (1.0 + tl.exp(-alpha * gate)))
+    else:
+        tl.static_assert(ACTIVATION == "silu", "fused_moe: silu or swiglu_oai")
+        y = gate / (1.0 + tl.exp(-gate)) * up
+    return y
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, sorted_ptr, block_expert_ptr, num_rows_ptr,
+    num_slots, hidden, inter, stride_x, stride_we, stride_wn, stride_out, limit, alpha,
+    TOP_K: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    block = tl.program_id(0)
+    if block * BLOCK_M >= tl.load(num_rows_ptr):
+        return
+    expert = tl.load(block_expert_ptr + block).to(tl.int64)
+    slots = tl.load(sorted_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = slots < num_slots
+    tokens = (slots // TOP_K).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < inter
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + tokens[:, None] * stride_x + ks[None, :]
+    g_ptrs = w_ptr + expert * stride_we + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]
+    u_ptrs = g_ptrs + inter * stride_wn
+    acc_gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        kmask = k0 + ks < hidden
+        a = tl.load(a_ptrs, mask=valid[:, None] & kmask[None, :], other=0.0)
+        wmask = kmask[:, None] & cmask[None, :]
+        b_gate = tl.load(g_ptrs, mask=wmask, other=0.0)
+        b_up = tl.load(u_ptrs, mask=wmask, other=0.0)
+        acc_gate = tl.dot(a, b_gate, acc_gate, input_precision=PRECISION)
+        acc_up = tl.dot(a, b_up, acc_up, input_precision=PRECISION)
+        a_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
+    if HAS_BIAS:
+        bias = bias_ptr + expert * 2 * inter + cols
+        acc_gate += tl.load(bias, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        acc_up += tl.load(bias + inter, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    y = _swiglu(acc_gate, acc_up, limit, alpha, ACTIVATION)
+    out = out_ptr + slots[:, None].to(tl.int64) * stride_out + cols[None, :]
+    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=valid[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    h_ptr, w_ptr, bias_ptr, weights_ptr, out_ptr, sorted_ptr, block_expert_ptr, num_rows_ptr,
+    num_slots, hidden, inter, stride_h, stride_we, stride_wn, stride_out,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    block = tl.program_id(0)
+    if block * BLOCK_M >= tl.load(num_rows_ptr):
+        return
+    expert = tl.load(block_expert_ptr + block).to(tl.int64)
+    slots = tl.load(sorted_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = slots < num_slots
+    rows = slots.to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < hidden
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = h_ptr + rows[:, None] * stride_h + ks[None, :]
+    b_ptrs = w_ptr + expert * stride_we + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, inter, BLOCK_K):
+        kmask = k0 + ks < inter
+        a = tl.load(a_ptrs, mask=valid[:, None] & kmask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=kmask[:, None] & cmask[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + expert * hidden + cols, mask=cmask,
+                       other=0.0).to(tl.float32)[None, :]
+    weight = tl.load(weights_ptr + slots, mask=valid, other=0.0)
+    acc = acc * weight[:, None]
+    out = out_ptr + rows[:, None] * stride_out + cols[None, :]
+    tl.store(out, acc, mask=valid[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _topk_sum_kernel(y_ptr, out_ptr, hidden, stride_out, TOP_K: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < hidden
+    acc = tl.zeros([BLOCK], tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(y_ptr + (token * TOP_K + j) * hidden + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + token * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _check(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
+           activation: str, gate_up_bias: torch.Tensor | None,
+           down_bias: torch.Tensor | None) -> None:
+    check_float("fused_moe x", x)
+    if x.dim() != 2 or w_gate_up.dim() != 3 or w_down.dim() != 3:
+        raise ValidationError("fused_moe: x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I]")
+    num_experts, two_inter, hidden = w_gate_up.shape
+    if (hidden != x.shape[1] or two_inter % 2
+            or tuple(w_down.shape) != (num_experts, hidden, two_inter // 2)):
+        raise ValidationError(f"fused_moe: shapes x {tuple(x.shape)}, w_gate_up "
+                              f"{tuple(w_gate_up.shape)}, w_down {tuple(w_down.shape)} disagree")
+    if w_gate_up.dtype != x.dtype or w_down.dtype != x.dtype:
+        raise ValidationError("fused_moe: weights and x must share a dtype")
+    for name, t in (("x", x), ("w_gate_up", w_gate_up), ("w_down", w_down)):
+        if t.stride(-1) != 1:
+            raise ValidationError(f"fused_moe: {name} needs a contiguous last dim")
+    if not 1 <= top_k <= num_experts:
+        raise ValidationError(f"fused_moe: top_k {top_k} of {num_experts} experts")
+    if activation not in MOE_ACTIVATIONS:
+        raise ValidationError(f"unknown expert activation {activation!r} "
+                              f"(known: {MOE_ACTIVATIONS})")
+    if gate_up_bias is not None and tuple(gate_up_bias.shape) != (num_experts, two_inter):
+        raise ValidationError(f"fused_moe: gate_up_bias {tuple(gate_up_bias.shape)}")
+    if down_bias is not None and tuple(down_bias.shape) != (num_experts, hidden):
+        raise ValidationError(f"fused_moe: down_bias {tuple(down_bias.shape)}")
+
+
+def _run(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+         router_logits: torch.Tensor | None, topk_weights: torch.Tensor,
+         topk_ids: torch.Tensor, top_k: int, renormalize: bool,
+         gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None, activation: str,
+         limit: float, alpha: float, expert_tokens: torch.Tensor | None,
+         num_real_tokens: torch.Tensor | None) -> torch.Tensor:
+    num_tokens, hidden = x.shape
+    num_experts, two_inter, _ = w_gate_up.shape
+    inter = two_inter // 2
+    out = torch.empty_like(x)
+    if num_tokens == 0:
+        return out
+    plan = plan_moe(num_tokens, top_k, num_experts, hidden, inter)
+    slots = num_tokens * top_k
+    device = x.device
+    sorted_rows = torch.empty(plan.max_rows, dtype=torch.int32, device=device)
+    block_expert = torch.empty(plan.max_blocks, dtype=torch.int32, device=device)
+    meta = torch.empty(1 + next_power_of_2(num_experts), dtype=torch.int32, device=device)
+    num_rows, cursor = meta[:1], meta[1:]
+    count = expert_tokens is not None
+    if count and num_real_tokens is None:
+        raise ValidationError("fused_moe: expert_tokens needs num_real_tokens")
+    logits = router_logits if router_logits is not None else topk_weights
+    route = router_logits is not None
+    _route_align_kernel[(1,)](
+        logits, logits.stride(0),
+        topk_weights, topk_ids, sorted_rows, block_expert, num_rows, cursor,
+        expert_tokens if count else num_rows, num_real_tokens if count else num_rows,
+        num_tokens, num_experts, plan.max_rows, plan.max_blocks,
+        TOP_K=top_k, RENORMALIZE=renormalize, ROUTE=route, COUNT=count,
+        BLOCK_M=plan.block_m, E_PAD=next_power_of_2(num_experts),
+        CHUNK=min(1024, max(16, next_power_of_2(max(slots, plan.max_rows)))),
+        ROWS=16, BLOCKS=32, num_warps=4)
+    # fp32 operands multiply exactly (the CPU-parity runs); bf16/fp16 on tensor cores
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    hidden_rows = torch.empty(slots, inter, dtype=x.dtype, device=device)
+    _gate_up_kernel[(plan.max_blocks, cdiv(inter, plan.block_n1))](
+        x, w_gate_up, gate_up_bias if gate_up_bias is not None else w_gate_up, hidden_rows,
+        sorted_rows, block_expert, num_rows, slots, hidden, inter, x.stride(0),
+        w_gate_up.stride(0), w_gate_up.stride(1), hidden_rows.stride(0), float(limit),
+        float(alpha), TOP_K=top_k, ACTIVATION=activation, HAS_BIAS=gate_up_bias is not None,
+        PRECISION=precision, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n1, BLOCK_K=plan.block_k1,
+        num_warps=plan.num_warps, num_stages=plan.num_stages)
+    partial = torch.empty(slots, hidden, dtype=torch.float32, device=device)
+    _down_kernel[(plan.max_blocks, cdiv(hidden, plan.block_n2))](
+        hidden_rows, w_down, down_bias if down_bias is not None else w_down, topk_weights,
+        partial, sorted_rows, block_expert, num_rows, slots, hidden, inter,
+        hidden_rows.stride(0), w_down.stride(0), w_down.stride(1), partial.stride(0),
+        HAS_BIAS=down_bias is not None, PRECISION=precision, BLOCK_M=plan.block_m,
+        BLOCK_N=plan.block_n2, BLOCK_K=plan.block_k2, num_warps=plan.num_warps,
+        num_stages=plan.num_stages)
+    block = min(1024, next_power_of_2(hidden))
+    _topk_sum_kernel[(num_tokens, cdiv(hidden, block))](
+        partial, out, hidden, out.stride(0), TOP_K=top_k, BLOCK=block, num_warps=4)
+    return out
+
+
+def fused_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                  topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
+                  gate_up_bias: torch.Tensor | None = None,
+                  down_bias: torch.Tensor | None = None, activation: str = "silu",
+                  limit: float = 7.0, alpha: float = 1.702,
+                  expert_tokens: torch.Tensor | None = None,
+                  num_real_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """moe.fused_experts on the GPU (topk_weights f32 [T, k], topk_ids int32 [T, k]). With
+    `expert_tokens` (int64 [E]) the slots of tokens below `num_real_tokens` (int32 [1]) are
+    added to it per expert."""
+    top_k = topk_ids.shape[1] if topk_ids.dim() == 2 else 0
+    _check(x, w_gate_up, w_down, top_k, activation, gate_up_bias, down_bias)
+    if topk_ids.shape != (x.shape[0], top_k) or topk_weights.shape != topk_ids.shape:
+        raise ValidationError(f"fused_moe: topk ids {tuple(topk_ids.shape)} / weights "
+                              f"{tuple(topk_weights.shape)} for {x.shape[0]} tokens")
+    return _run(x, w_gate_up, w_down, None, topk_weights.float().contiguous(),
+                topk_ids.to(torch.int32).contiguous(), top_k, False, gate_up_bias, down_bias,
+                activation, limit, alpha, expert_tokens, num_real_tokens)
+
+
+def fused_moe_routed(x: torch.Tensor, router_logits: torch.Tensor, w_gate_up: torch.Tensor,
+              w_down: torch.Tensor, top_k: int, renormalize: bool, *,
+              gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
+              activation: str = "silu", limit: float = 7.0, alpha: float = 1.702,
+              expert_tokens: torch.Tensor | None = None,
+              num_real_tokens: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Routing fused in: softmax top-k of router_logits [T, E] (moe.softmax_topk) in the
+    align kernel, then the experts. -> (out [T, H], topk_weights, topk_ids)."""
+    _check(x, w_gate_up, w_down, top_k, activation, gate_up_bias, down_bias)
+    if tuple(router_logits.shape) != (x.shape[0], w_gate_up.shape[0]):
+        raise ValidationError(f"fused_moe: router logits {tuple(router_logits.shape)}")
+    weights = torch.empty(x.shape[0], top_k, dtype=torch.float32, device=x.device)
+    ids = torch.empty(x.shape[0], top_k, dtype=torch.int32, device=x.device)
+    out = _run(x, w_gate_up, w_down, router_logits, weights, ids, top_k, renormalize,
+               gate_up_bias, down_bias, activation, limit, alpha, expert_tokens,
+               num_real_tokens)
+    return out, weights, ids

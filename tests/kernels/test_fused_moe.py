@@ -1,0 +1,188 @@
+"""The fused-MoE kernels (services/engine/kernels/fused_moe.py) against moe.py's reference:
+small shapes through Triton's CPU interpreter (fp16 operands: the interpreter's tl.dot
+mishandles bf16), ragged and empty expert loads, the routing fused into the align kernel, the
+expert-load counter, refusals, the row-buffer bound, and every launch compiled for sm_90.
+The large shapes, bf16 and CUDA-graph capture: tests/kernels/test_fused_moe_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.common.errors import ValidationError
+from services.engine.model import moe
+from tests.kernels.test_package import compiled_json
+
+
+def moe_case(tokens: int, experts: int, top_k: int, hidden: int, inter: int, *, bias: bool,
+             skew: bool, gen: torch.Generator, dtype: torch.dtype, device: torch.device):
+    """Random inputs; with `skew` expert 1 takes most tokens and the last two none."""
+    x = torch.randn(tokens, hidden, generator=gen)
+    w_gate_up = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden ** 0.5
+    w_down = torch.randn(experts, hidden, inter, generator=gen) / inter ** 0.5
+    logits = torch.randn(tokens, experts, generator=gen)
+    if skew:
+        logits[:, 1] += 4.0
+        logits[:, -2:] -= 50.0
+    biases = ((torch.randn(experts, 2 * inter, generator=gen) * 0.5,
+               torch.randn(experts, hidden, generator=gen) * 0.5) if bias else (None, None))
+    cast = [t if t is None else t.to(device=device, dtype=dtype)
+            for t in (x, w_gate_up, w_down, *biases)]
+    return (*cast, logits.to(device))
+
+
+def reference(x, w_gate_up, w_down, weights, ids, b1, b2, activation, limit=7.0):
+    """moe.py's reference in float32 on the same (rounded) operands."""
+    def up(t):
+        return None if t is None else t.float()
+    return moe.reference_fused_experts(up(x), up(w_gate_up), up(w_down), weights, ids,
+                                       gate_up_bias=up(b1), down_bias=up(b2),
+                                       activation=activation, limit=limit)
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Relative to the tensor's norm overall (1e-2) and per row (3e-2), as the other kernels."""
+    got, want = got.float(), want.float()
+    assert torch.isfinite(got).all()
+    scale = want.norm().clamp_min(1e-6)
+    assert ((got - want).norm() / scale) < 1e-2
+    rows = (got - want).norm(dim=1) / want.norm(dim=1).clamp_min(1e-3 * float(scale))
+    assert float(rows.max()) < 3e-2
+
+
+CASES = [  # tokens, experts, top_k, hidden, inter, activation, bias, skew
+    (1, 8, 2, 32, 16, "silu", False, False),
+    (2, 6, 2, 48, 32, "silu", False, False),          # E not a power of two
+    (7, 8, 3, 64, 48, "swiglu_oai", True, True),
+    (19, 16, 4, 32, 32, "silu", True, True),           # ragged, two experts unused
+    (40, 4, 1, 32, 16, "swiglu_oai", False, True),    # top-1, one expert gets nearly all
+    (33, 4, 4, 16, 16, "silu", False, False),          # k = E: every expert every token
+]
+
+
+@pytest.mark.parametrize("tokens,experts,top_k,hidden,inter,activation,bias,skew", CASES)
+def test_fused_experts_matches_reference(tokens, experts, top_k, hidden, inter, activation,
+                                         bias, skew, gen, device, dot_dtype) -> None:
+    from services.engine.kernels import fused_experts
+
+    x, w_gate_up, w_down, b1, b2, logits = moe_case(
+        tokens, experts, top_k, hidden, inter, bias=bias, skew=skew, gen=gen, dtype=dot_dtype,
+        device=device)
+    weights, ids = moe.softmax_topk(logits, top_k, renormalize=True)
+    if skew:
+        assert set(ids.flatten().tolist()).isdisjoint({experts - 1, experts - 2})
+    got = fused_experts(x, w_gate_up, w_down, weights, ids, gate_up_bias=b1, down_bias=b2,
+                        activation=activation, limit=1.5)
+    assert got.dtype == x.dtype and got.shape == x.shape
+    assert_close(got, reference(x, w_gate_up, w_down, weights, ids, b1, b2, activation, 1.5))
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_routing_fused_in_and_the_load_counter(renormalize, gen, device, dot_dtype) -> None:
+    from services.engine.kernels import fused_moe_routed
+
+    x, w_gate_up, w_down, _, _, logits = moe_case(
+        21, 8, 3, 32, 16, bias=False, skew=True, gen=gen, dtype=dot_dtype, device=device)
+    load = torch.full((8,), 5, dtype=torch.int64, device=device)
+    real = torch.tensor([17], dtype=torch.int32, device=device)   # rows 17..20 are padding
+    out, weights, ids = fused_moe_routed(x, logits, w_gate_up, w_down, 3, renormalize,
+                                  expert_tokens=load, num_real_tokens=real)
+    want_weights, want_ids = moe.softmax_topk(logits, 3, renormalize)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, want_weights)
+    assert_close(out, reference(x, w_gate_up, w_down, want_weights, want_ids, None, None,
+                                "silu"))
+    counts = torch.bincount(want_ids[:17].flatten().long(), minlength=8)
+    assert load.tolist() == (counts + 5).tolist()
+    fused_moe_routed(x, logits, w_gate_up, w_down, 3, renormalize, expert_tokens=load,
+              num_real_tokens=real)
+    assert load.tolist() == (2 * counts + 5).tolist()   # accumulates across calls
+
+
+def test_empty_batch_and_refusals(device, dot_dtype, gen) -> None:
+    from services.engine.kernels import fused_experts
+
+    x, w_gate_up, w_down, _, _, logits = moe_case(
+        3, 4, 2, 16, 16, bias=False, skew=False, gen=gen, dtype=dot_dtype, device=device)
+    weights, ids = moe.softmax_topk(logits, 2, True)
+    empty = fused_experts(x[:0], w_gate_up, w_down, weights[:0], ids[:0])
+    assert empty.shape == (0, 16)
+    with pytest.raises(ValidationError, match="unknown expert activation"):
+        fused_experts(x, w_gate_up, w_down, weights, ids, activation="gelu")
+    with pytest.raises(ValidationError, match="disagree"):
+        fused_experts(x, w_gate_up, w_down[:, :8], weights, ids)
+    with pytest.raises(ValidationError, match="for 2 tokens"):
+        fused_experts(x[:2], w_gate_up, w_down, weights, ids)
+    with pytest.raises(ValidationError, match="share a dtype"):
+        fused_experts(x.float(), w_gate_up, w_down, weights, ids)
+
+
+def test_row_buffer_bound_holds_for_every_load() -> None:
+    """T*k + min(T*k, E) * (BLOCK_M - 1) rows hold the padded rows of any routing: adversarial
+    loads (every used expert one row past a multiple of BLOCK_M) and random ones."""
+    import random
+
+    from services.engine.kernels.fused_moe import plan_moe
+
+    rng = random.Random(0)
+    for tokens, top_k, experts in ((1, 8, 128), (3, 8, 128), (64, 8, 128), (512, 8, 128),
+                                   (4096, 4, 32), (5, 2, 4)):
+        plan = plan_moe(tokens, top_k, experts, 2048, 768)
+        slots, block = tokens * top_k, plan.block_m
+        used = min(slots, experts)
+        loads = [[1] * used]                             # one row each
+        per = slots // used
+        loads.append([per + (1 if e < slots - per * used else 0) for e in range(used)])
+        full = slots // (block + 1)                      # block + 1 rows: two blocks each
+        if 0 < full <= experts:
+            loads.append([block + 1] * full + [slots - full * (block + 1)])
+        for _ in range(20):
+            counts = [0] * experts
+            for _ in range(slots):
+                counts[rng.randrange(experts)] += 1
+            loads.append(counts)
+        for counts in loads:
+            assert sum(counts) <= slots
+            padded = sum(-(-c // block) * block for c in counts)
+            assert padded <= plan.max_rows <= plan.max_blocks * block
+    assert plan_moe(1, 8, 128, 2048, 768).max_blocks == 8   # batch 1: only k row blocks
+
+
+def test_fused_moe_launches_compile_for_sm90() -> None:
+    """The launches at the gpt-oss-20b shape (decode: align, swiglu_oai with biases, down,
+    top-k sum) and the Qwen3-30B-A3B one (decode with the routing fused in; the prefill tile
+    plan) compile for the H200 without spills, the GEMMs on tensor cores."""
+    code = (
+        "import json, torch\n"
+        "from tests.kernels.sm90_compile import capture_launches, compile_launch, report\n"
+        "from services.engine.kernels.fused_moe import fused_experts, fused_moe_routed\n"
+        "rows = []\n"
+        "def calls(t, e, k, h, i, act, bias, route):\n"
+        "    x = torch.zeros(t, h, dtype=torch.bfloat16)\n"
+        "    w1 = torch.zeros(e, 2 * i, h, dtype=torch.bfloat16)\n"
+        "    w2 = torch.zeros(e, h, i, dtype=torch.bfloat16)\n"
+        "    b1 = torch.zeros(e, 2 * i, dtype=torch.bfloat16) if bias else None\n"
+        "    b2 = torch.zeros(e, h, dtype=torch.bfloat16) if bias else None\n"
+        "    with capture_launches() as launches:\n"
+        "        if route:\n"
+        "            fused_moe_routed(x, torch.zeros(t, e), w1, w2, k, True, expert_tokens=torch.zeros(e, dtype=torch.int64), num_real_tokens=torch.zeros(1, dtype=torch.int32))\n"
+        "        else:\n"
+        "            fused_experts(x, w1, w2, torch.zeros(t, k), torch.zeros(t, k, dtype=torch.int32), gate_up_bias=b1, down_bias=b2, activation=act)\n"
+        "    return launches\n"
+        "for label, args, kernels in [\n"
+        "        ('gpt-oss T=1', (1, 32, 4, 2880, 2880, 'swiglu_oai', True, False), None),\n"
+        "        ('qwen3 T=1', (1, 128, 8, 2048, 768, 'silu', False, True), ('_route_align_kernel', '_gate_up_kernel')),\n"
+        "        ('qwen3 T=2048', (2048, 128, 8, 2048, 768, 'silu', False, False), ('_gate_up_kernel', '_down_kernel'))]:\n"
+        "    for launch in calls(*args):\n"
+        "        if kernels and launch.fn.fn.__name__ not in kernels:\n"
+        "            continue\n"
+        "        r = report(label, compile_launch(launch))\n"
+        "        rows.append([label, launch.fn.fn.__name__, r.registers, r.local_loads, r.mma])\n"
+        "print(json.dumps(rows))\n"
+    )
+    rows = compiled_json(code)
+    assert len(rows) == 8
+    for label, kernel, registers, local_loads, mma in rows:
+        assert local_loads == 0 and registers <= 255, f"{label} {kernel}: spills ({registers})"
+        if kernel in ("_gate_up_kernel", "_down_kernel"):
+            assert mma, f"{label} {kernel}: no tensor-core MMA in the SASS"
