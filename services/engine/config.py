@@ -23,6 +23,8 @@ class EngineConfig(ServiceConfig):
     listen: str = option("127.0.0.1:50052", "gRPC listen address: host:port or unix:///path")
     model: str = option("", "prepared core or Hugging Face model directory")
     imageprep_address: str = option("", "imageprep gRPC address (pixels for vision models)")
+    vision_cache_bytes: int = option(256 << 20, "device bytes for cached vision features "
+                                     "(by image identity; LRU)")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     dtype: str = option("auto", "compute dtype: auto (float32 on CPU, bfloat16 on GPU), "
                                 "float32, bfloat16 or float16")

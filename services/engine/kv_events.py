@@ -20,7 +20,9 @@ msgspec encodes vLLM's `array_like` structs:
 
 Block hashes are the 64-bit integer form of the 16-byte `PrefixHistory` block keys (their
 last 8 bytes, big-endian); `block_size` is 64 (Helios' block, not its page); `token_ids` are
-the stored blocks' tokens. The first batch of a session is AllBlocksCleared, so a subscriber
+the stored blocks' tokens; `medium` is "GPU" for device pages and "CPU" for the host tier
+(`--kv-offload-gib`: a block evicted from the GPU and kept in host memory is stored on CPU,
+and removed from CPU when the host tier evicts it). The first batch of a session is AllBlocksCleared, so a subscriber
 that followed an earlier engine on this endpoint drops what it held.
 
 One thread owns both sockets (ZMQ sockets are not thread-safe): `deliver` (the engine's event
@@ -52,30 +54,31 @@ def block_hash(key: bytes) -> int:
     return int.from_bytes(key[-8:], "big")
 
 
-def encode_event(event: BlockEvent, medium: str) -> list[Any]:
+def encode_event(event: BlockEvent) -> list[Any]:
+    """One event in vLLM's array form; `medium` is the tier (GPU, or CPU: the host tier)."""
     if event.cleared:
         return ["AllBlocksCleared"]
     hashes = [block_hash(key) for key in event.block_keys]
     if not event.stored:
-        return ["BlockRemoved", hashes, medium]
+        return ["BlockRemoved", hashes, event.medium]
     parent = block_hash(event.parent_key) if event.parent_key else None
-    return ["BlockStored", hashes, parent, list(event.token_ids), BLOCK_TOKENS, None, medium]
+    return ["BlockStored", hashes, parent, list(event.token_ids), BLOCK_TOKENS, None,
+            event.medium]
 
 
-def encode_batch(events: list[BlockEvent], medium: str, ts: float) -> bytes:
+def encode_batch(events: list[BlockEvent], ts: float) -> bytes:
     import msgpack
 
-    return msgpack.packb([ts, [encode_event(e, medium) for e in events]], use_bin_type=True)
+    return msgpack.packb([ts, [encode_event(e) for e in events]], use_bin_type=True)
 
 
 class KVEventPublisher:
     """Publishes block events on a ZMQ PUB socket, keeps the last `buffer_batches` for replay."""
 
     def __init__(self, endpoint: str, replay_endpoint: str = "", *, topic: str = "",
-                 buffer_batches: int = 10_000, medium: str = "GPU") -> None:
+                 buffer_batches: int = 10_000) -> None:
         import zmq
 
-        self.medium = medium
         self._topic = topic.encode()
         self._queue: queue.SimpleQueue[BlockEvent] = queue.SimpleQueue()
         self._buffer: collections.deque[tuple[int, bytes]] = collections.deque(
@@ -129,7 +132,7 @@ class KVEventPublisher:
                 log.exception("KV event publishing failed")
 
     def _publish(self, events: list[BlockEvent]) -> None:
-        payload = encode_batch(events, self.medium, time.time())
+        payload = encode_batch(events, time.time())
         sequence = self._sequence
         self._sequence += 1
         self._buffer.append((sequence, payload))

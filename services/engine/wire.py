@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import uuid
 
+import numpy as np
+
 from services.common.core import Manifest
 from services.common.errors import ValidationError
 from services.common.pb import common_pb2, engine_pb2
@@ -28,6 +30,7 @@ from services.engine.scheduler.requests import (
     StopRules,
     Usage,
 )
+from services.engine.vision.prompt import ImageSpan, MultimodalPrompt
 
 _FINISH = {
     FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
@@ -84,6 +87,7 @@ def request_from_pb(message: engine_pb2.EngineGenerateRequest, vocab_size: int
         events.append(ConditioningEvent(image.token_offset, bytes(image.identity)))
     if [e.position for e in events] != sorted(e.position for e in events):
         raise ValidationError("images must be in prompt order", param="multimodal.images")
+    multimodal = multimodal_from_pb(message.multimodal, len(message.prompt_token_ids))
     if len(message.cache_salt) > MAX_SALT_CHARS:
         raise ValidationError(f"cache_salt is {len(message.cache_salt)} characters; at most "
                               f"{MAX_SALT_CHARS}", param="cache_salt")
@@ -106,7 +110,32 @@ def request_from_pb(message: engine_pb2.EngineGenerateRequest, vocab_size: int
         else None,
         embed=message.embed,
         cache_salt=message.cache_salt,
+        speculative=not message.disable_speculation,
+        multimodal=multimodal,
     )
+
+
+def multimodal_from_pb(message: common_pb2.MultimodalInputs, prompt_len: int
+                       ) -> MultimodalPrompt | None:
+    """The images' spans and identities and the prompt's mRoPE rows (int32 LE [3, L])."""
+    if not message.images:
+        if message.mrope_positions:
+            raise ValidationError("mrope_positions given without images",
+                                  param="multimodal.mrope_positions")
+        return None
+    if not message.mrope_positions:
+        return None        # admission refuses: a text model the images, a vision model this
+    expected = 3 * prompt_len * 4
+    if len(message.mrope_positions) != expected:
+        raise ValidationError(
+            f"mrope_positions holds {len(message.mrope_positions)} bytes; a {prompt_len}-token "
+            f"prompt needs {expected} (int32 [3, {prompt_len}])",
+            param="multimodal.mrope_positions")
+    positions = np.frombuffer(message.mrope_positions, dtype="<i4").reshape(3, prompt_len)
+    spans = tuple(ImageSpan(bytes(image.identity), image.token_offset, image.num_tokens,
+                            (image.grid_t, image.grid_h, image.grid_w))
+                  for image in message.images)
+    return MultimodalPrompt(spans, positions.astype(np.int64), int(message.rope_delta))
 
 
 def usage_to_pb(usage: Usage) -> common_pb2.Usage:
@@ -153,7 +182,8 @@ def model_info_to_pb(manifest: Manifest, info: CoreInfo, config: EngineConfig
         identity=manifest.identity_bytes, architecture=manifest.architecture,
         dtype=info.dtype, max_model_len=info.max_model_len, vocab_size=info.vocab_size,
         eos_token_ids=list(manifest.eos_token_ids),
-        capabilities=common_pb2.Capabilities(tools=caps.tools, vision=False,
+        capabilities=common_pb2.Capabilities(tools=caps.tools,
+                                             vision=caps.vision and info.vision,
                                              reasoning=caps.reasoning),
         max_num_seqs=info.max_num_seqs, page_size=info.page_size, num_pages=info.num_pages,
         prefill_chunk_size=info.prefill_chunk_size, device=info.device,
@@ -228,7 +258,8 @@ def prefix_event_to_pb(event: BlockEvent, sequence: int, session_id: str,
     elif event.stored:
         message.stored.CopyFrom(engine_pb2.BlocksStored(
             block_hashes=list(event.block_keys), parent_hash=event.parent_key,
-            block_tokens=block_tokens))
+            block_tokens=block_tokens, medium=event.medium))
     else:
-        message.removed.CopyFrom(engine_pb2.BlocksRemoved(block_hashes=list(event.block_keys)))
+        message.removed.CopyFrom(engine_pb2.BlocksRemoved(block_hashes=list(event.block_keys),
+                                                          medium=event.medium))
     return message

@@ -2,7 +2,8 @@
 
 The fake writes each fed token id into its page slot, and a sampled token is a hash of the
 whole prefix *as read back through the page table* (or of a snapshot's saved state). So any
-paging mistake (a page reused too early, a wrong restore, a missing capture) changes the tokens,
+paging mistake (a page reused too early, a wrong restore, a missing capture, a host-tier copy
+to or from the wrong page) changes the tokens,
 and `reference_tokens` says what a correct engine must produce for a prompt, whatever the
 batching, chunking, caching or preemption. Completions can be held back to test in-flight
 cancellation.
@@ -91,6 +92,7 @@ class FakeRunner:
         self.fail_at: int | None = None   # raise inside submit of this fence
         self.gate: threading.Event | None = None   # submit waits for it (hold the loop)
         self.ignore_grammar = False       # sample past the grammar's bitmask (inject errors)
+        self.host: dict[int, list[int | None]] = {}   # host-tier pages (KVTransfers)
 
     def submit(self, step: Step) -> int:
         if self.gate is not None:
@@ -99,6 +101,10 @@ class FakeRunner:
             raise RuntimeError(f"injected device fault at fence {step.fence}")
         self.steps.append(step)
         size = self.page_size
+        for gpu, host in step.transfers.offload:      # offloads first, then onloads
+            self.host[host] = list(self.kv[gpu])
+        for host, gpu in step.transfers.onload:
+            self.kv[gpu] = list(self.host[host])
         for s in step.seqs:
             if s.init is not None:
                 self.seeds[s.handle.slot] = s.init.seed
@@ -143,7 +149,7 @@ class FakeRunner:
                     row_state = self.snapshot_state[s.resume_snapshot]
                 else:
                     row_state = _fingerprint(self._read(s.page_ids, position + 1))
-                sampled.append(self._sample(s, row_state, s.output_index + offset))
+                sampled.append(self._sample(s, row_state, offset))
             tokens = verified_tokens(sampled, s.draft_token_ids)
             self.last_token[s.handle.slot] = tokens[-1]
             results.append(SeqResult(s.handle, s.sample_from + len(tokens), tuple(tokens),
@@ -159,14 +165,15 @@ class FakeRunner:
         return [self.kv[slot // size][slot % size]
                 for slot in (kv_slot(page_ids, p, size) for p in range(end))]
 
-    def _sample(self, s, state: bytes, output_index: int) -> int:
+    def _sample(self, s, state: bytes, offset: int) -> int:
         seed = self.seeds[s.handle.slot]
         token = next_token(state, seed, self.vocab)
         banned = set(s.suppress_token_ids)   # (min_tokens: every sampled row of the step)
         while token in banned:          # what a sampler's mask does
             token = (token + 1) % self.vocab
-        if s.allowed_tokens is not None and not self.ignore_grammar:
-            token = first_allowed(s.allowed_tokens, token, banned)
+        mask = s.row_bitmask(offset)      # a verification row's: after its drafts
+        if mask is not None and not self.ignore_grammar:
+            token = first_allowed(mask, token, banned)
         return token
 
     def poll(self) -> Completion | None:

@@ -28,6 +28,7 @@ from services.engine.model import (
     load_model,
 )
 from services.engine.model.pooling import pooling_config
+from services.engine.model.qwen_vl import QwenVLForConditionalGeneration
 from services.engine.prefix.history import BLOCK_TOKENS
 from services.engine.runner.base import Runner
 from services.engine.runner.graph_runner import GraphRunner, GraphRunnerConfig
@@ -40,6 +41,9 @@ from services.engine.scheduler.proposals import NgramProposer, Proposer
 from services.engine.scheduler.resources import KVResources
 from services.engine.scheduler.scheduler import Scheduler
 from services.engine.scheduler.state import SchedulerConfig
+from services.engine.vision.features import FeatureCache
+from services.engine.vision.pixels import ImagePrepPixels
+from services.engine.vision.stage import VisionStage
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,7 @@ class CoreInfo:
     prefill_chunk_size: int
     kv_cache_bytes: int
     vocab_size: int
+    vision: bool = False      # images accepted: a vision model with a pixel source
 
 
 @dataclass(slots=True)
@@ -68,6 +73,17 @@ class Engine:
     runner: Runner
     info: CoreInfo
     grammars: GrammarCompiler | None = None   # structured outputs (None: off)
+
+
+def build_vision(config: EngineConfig, model: object) -> VisionStage | None:
+    """The image path of a vision model: the device feature cache and imageprep's pixels
+    (without an imageprep address the model serves text, and images are refused)."""
+    if not isinstance(model, QwenVLForConditionalGeneration):
+        return None
+    pixels = ImagePrepPixels(config.imageprep_address) if config.imageprep_address else None
+    if pixels is None:
+        log.warning("vision model without imageprep_address: images are refused")
+    return VisionStage(model, FeatureCache(config.vision_cache_bytes), pixels)
 
 
 def build_host_tier(config: EngineConfig, kv: KVCache) -> HostKVStore | None:
@@ -199,17 +215,26 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
     tokenizer = source.path(manifest.tokenizer_file) if manifest.tokenizer_file else None
     token_vocab = token_vocab_size(tokenizer, model_config.vocab_size)
     choice = resolve_runner(config, device)
+    vision = build_vision(config, model)
+    if vision is not None and choice.graph:
+        # mRoPE rows and image features go through the eager runner; the graph runner's
+        # captured steps take 1-D positions
+        log.info("vision model: the eager torch runner serves it (no CUDA graphs)")
+        choice = RunnerChoice(False, 0, False, choice.cost_model)
     runner: Runner
     if choice.graph:
         graph_runner = GraphRunner(model, kv, snapshots, GraphRunnerConfig(
             num_slots=config.max_num_seqs, max_model_len=context,
             max_num_batched_tokens=config.batched_tokens,
             graph_max_batch=choice.graph_max_batch, overlap=choice.overlap,
-            eos_token_ids=eos, token_vocab=token_vocab), host_kv=host_kv)
+            eos_token_ids=eos, token_vocab=token_vocab,
+            max_drafts=config.num_speculative_tokens
+            if config.speculative_method != "none" else 0), host_kv=host_kv)
         graph_runner.capture()
         runner = graph_runner
     else:
-        runner = TorchRunner(model, kv, snapshots, num_slots=config.max_num_seqs,
+        runner = TorchRunner(model, kv, snapshots, vision=vision,
+                             num_slots=config.max_num_seqs,
                              eos_token_ids=eos, token_vocab=token_vocab, host_kv=host_kv)
     pooling = pooling_config(source)
     resources = KVResources(num_pages=layout.num_pages, page_size=layout.page_size,
@@ -224,7 +249,8 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
         checkpoint_extra_fraction=config.checkpoint_extra_fraction,
         context_hint=manifest.context_hint or config.context_hint,
         capacity_hint=manifest.capacity_hint or config.capacity_hint,
-        supports_images=False, overlap=choice.overlap, cost_model=choice.cost_model,
+        supports_images=vision is not None and vision.pixels is not None,
+        overlap=choice.overlap, cost_model=choice.cost_model,
         pooling=pooling.mode, normalize_embeddings=pooling.normalize,
         pooling_hint=pooling.reason, proposer=build_proposer(config))
     grammars = build_grammars(config, source, model_config.vocab_size, device)
@@ -234,7 +260,8 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
                     num_snapshots=layout.num_snapshots, max_model_len=context,
                     max_num_seqs=config.max_num_seqs,
                     prefill_chunk_size=config.prefill_chunk_size,
-                    kv_cache_bytes=layout.budget_bytes, vocab_size=token_vocab)
+                    kv_cache_bytes=layout.budget_bytes, vocab_size=token_vocab,
+                    vision=vision is not None and vision.pixels is not None)
     log.info("engine built", extra={"fields": {
         "device": info.device, "dtype": info.dtype, "pages": layout.num_pages,
         "page_size": layout.page_size, "snapshots": layout.num_snapshots,

@@ -146,7 +146,7 @@ class EngineCore:
         updates = scheduler.complete(completion)
         if step is not None:
             self.telemetry.record(step, completion, lengths)
-        self.outbox.publish(updates, scheduler.state.resources.cache.take_block_events())
+        self.outbox.publish(updates, scheduler.state.resources.take_block_events())
 
     def _prompt_len(self, handle) -> int:
         seq = self.scheduler.state.running.get(handle.slot)
@@ -190,7 +190,7 @@ class EngineCore:
             case Drain(timeout_s=timeout_s):
                 return self._start_drain(call.call_id, timeout_s)
             case ReplayPrefixBlocks():
-                return tuple(self.scheduler.state.resources.cache.cached_blocks())
+                return tuple(self.scheduler.state.resources.cached_blocks())
             case Shutdown():
                 self._shutdown()
                 return True
@@ -293,7 +293,7 @@ class EngineCore:
             return DrainResult(False, cancelled, "the device did not confirm the last step; "
                                                  "resources kept")
         self.scheduler.state.resources.evict_all()
-        self.outbox.publish((), self.scheduler.state.resources.cache.take_block_events())
+        self.outbox.publish((), self.scheduler.state.resources.take_block_events())
         return DrainResult(True, cancelled, "drained")
 
     def _cancel_all(self, reason: FinishReason) -> int:

@@ -26,6 +26,10 @@ Rules (the reference design's "Prefix checkpoint policy"):
   endpoint below the lookup limit), never a full-prompt hit, which needs a snapshot. Splitting
   moves no storage and changes no page's owner count, so the pin, fence and leaf-LRU rules hold
   unchanged over blocks.
+- Host tier: with `collect_evicted`, evicting a ready checkpoint also records each complete
+  block of its tail that no other cached checkpoint holds, with the pages holding it (the
+  first may lie in an ancestor's tail), as an `EvictedBlock` for the host tier to copy down
+  (`take_evicted_blocks`). `evict_all` (drain) records none.
 - Checkpoint ids are monotonic and never reused. The cache never touches storage or devices.
 """
 
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 from services.common.errors import InternalError
 from services.engine.prefix.blocks import BlockIndex
 from services.engine.prefix.history import BLOCK_TOKENS, PrefixHistory
+from services.engine.prefix.host_tier import EvictedBlock
 from services.engine.prefix.records import (
     Advance,
     BlockEvent,
@@ -96,7 +101,7 @@ class CacheCounters:
 
 class PrefixCheckpointCache:
     def __init__(self, *, page_size: int, num_pages: int, num_snapshots: int,
-                 block_reuse: bool = True) -> None:
+                 block_reuse: bool = True, collect_evicted: bool = False) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
         self.num_snapshots = num_snapshots
@@ -121,6 +126,8 @@ class PrefixCheckpointCache:
         self.num_cached_pages = 0        # tail pages of live checkpoints
         self.num_evictable_pages = 0     # tail pages of ready, unpinned checkpoints
         self.num_retired_pages = 0
+        self.collect_evicted = collect_evicted and BLOCK_TOKENS % page_size == 0
+        self._evicted_blocks: list[EvictedBlock] = []
 
     # -- sizes ------------------------------------------------------------------------------
     @property
@@ -142,9 +149,10 @@ class PrefixCheckpointCache:
 
     # -- lookup -----------------------------------------------------------------------------
     def lookup(self, history: PrefixHistory, limit: int | None = None, *,
-               count: bool = True) -> PrefixHit:
+               count: bool = True, block_at_limit: bool = False) -> PrefixHit:
         """The deepest ready checkpoint whose key matches `history` at an endpoint <= limit
-        (a block checkpoint only below `limit`), splitting one at a shared block if that is
+        (a block checkpoint only below `limit`, or at it with `block_at_limit`: the caller
+        continues from there with the host tier), splitting one at a shared block if that is
         deeper than every exact match."""
         limit = len(history) if limit is None else min(limit, len(history))
         found: _Node | None = None
@@ -153,9 +161,10 @@ class PrefixCheckpointCache:
             for node in self._by_anchor.get(anchor, ()):
                 end = node.ref.endpoint
                 if end <= limit and (found is None or end > found.ref.endpoint) and \
-                        (end < limit or not node.ref.is_block) and node.key == history.key(end):
+                        (end < limit or block_at_limit or not node.ref.is_block) and \
+                        node.key == history.key(end):
                     found = node
-            if found is None and blocks and blocks * BLOCK_TOKENS < limit:
+            if found is None and blocks and (blocks * BLOCK_TOKENS < limit or block_at_limit):
                 found = self._split_at_block(anchor, blocks * BLOCK_TOKENS)
             if found is not None:
                 break
@@ -304,7 +313,11 @@ class PrefixCheckpointCache:
     def evict_all(self) -> tuple[RetiredResources, ...]:
         """Evict every unpinned checkpoint (drain, tests). When nothing is left, the block
         events collapse into one all-cleared event."""
-        retired = self.evict(pages=self.num_pages + 1, snapshots=self.num_snapshots + 1)
+        collect, self.collect_evicted = self.collect_evicted, False
+        try:
+            retired = self.evict(pages=self.num_pages + 1, snapshots=self.num_snapshots + 1)
+        finally:
+            self.collect_evicted = collect
         if retired and not self._nodes:
             self._blocks.clear()
         return retired
@@ -334,6 +347,12 @@ class PrefixCheckpointCache:
         self._reserved_snapshots.difference_update(snapshot_ids)
         self.num_retired_pages -= len(page_ids)
         return Advance(published, ReusableResources(tuple(page_ids), tuple(snapshot_ids)))
+
+    def take_evicted_blocks(self) -> list[EvictedBlock]:
+        """Complete blocks that evictions since the last call dropped from the GPU (only with
+        `collect_evicted`), parents before children within one checkpoint."""
+        blocks, self._evicted_blocks = self._evicted_blocks, []
+        return blocks
 
     def take_block_events(self) -> list[BlockEvent]:
         """Blocks stored/removed since the last call (for SubscribePrefixEvents)."""
@@ -407,6 +426,8 @@ class PrefixCheckpointCache:
         node.evicted = True
         del self._nodes[node.ref.checkpoint_id]
         del self._by_key[node.key]
+        if node.ready and self.collect_evicted and node.block_keys:
+            self._collect_blocks(node)
         if node.ready:
             self._by_anchor[node.anchor].remove(node)
             if not self._by_anchor[node.anchor]:
@@ -432,6 +453,21 @@ class PrefixCheckpointCache:
         resources = RetiredResources(node.tail_pages, snapshots, fence)
         heapq.heappush(self._retired, (fence, node.ref.checkpoint_id, resources))
         return resources
+
+    def _collect_blocks(self, node: _Node) -> None:
+        """Record the blocks of `node`'s tail that no other ready checkpoint holds."""
+        chain = self._chain_pages(node)
+        per_block = BLOCK_TOKENS // self.page_size
+        first = node.ref.endpoint // BLOCK_TOKENS - len(node.block_keys)
+        parent = node.block_parent
+        for offset, key in enumerate(node.block_keys):
+            index = first + offset
+            if len(self._holders.get(key, ())) <= 1:    # only this node holds it
+                self._evicted_blocks.append(EvictedBlock(
+                    key, parent,
+                    tuple(node.block_tokens[offset * BLOCK_TOKENS:(offset + 1) * BLOCK_TOKENS]),
+                    chain[index * per_block:(index + 1) * per_block]))
+            parent = key
 
     def _publish_ready(self) -> tuple[CheckpointRef, ...]:
         published: list[CheckpointRef] = []

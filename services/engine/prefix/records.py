@@ -80,6 +80,7 @@ class BlockEvent:
     parent_key: bytes               # key of the block before the first; b"" at the root
     token_ids: tuple[int, ...] = ()   # stored events: the blocks' tokens (64 per key)
     cleared: bool = False
+    medium: str = "GPU"             # the tier: GPU (device pages) or CPU (the host tier)
 
     @classmethod
     def all_cleared(cls) -> BlockEvent:

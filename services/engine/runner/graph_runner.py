@@ -32,10 +32,16 @@ import torch
 from services.common.errors import PoisonedError, WorkerFailure
 from services.engine.model import CausalLM, KVCache
 from services.engine.runner.completions import CompletionFrames
-from services.engine.runner.decode_graphs import DecodeGraphs, capacities, pack_decode
-from services.engine.runner.eager_pack import pack_eager
+from services.engine.runner.decode_graphs import (
+    DecodeGraphs,
+    capacities,
+    pack_decode,
+    verify_cells,
+)
+from services.engine.runner.eager_pack import pack_eager, pack_verify
 from services.engine.runner.frames import BulkStaging, GraphPacking, InputFrames
-from services.engine.runner.layout import StepLayout, layout_step
+from services.engine.runner.host_kv import HostKVStore
+from services.engine.runner.layout import StepLayout, layout_step, verified_tokens
 from services.engine.runner.page_tables import PageTableMirror
 from services.engine.runner.scoring import StepScores, score_step
 from services.engine.runner.slot_sampler import SampleOutputs
@@ -58,6 +64,7 @@ class GraphRunnerConfig:
     overlap: bool                    # window 2 (two frames) or 1
     eos_token_ids: tuple[int, ...] = ()
     token_vocab: int | None = None   # the tokenizer's ids (logits past it masked; None: all)
+    max_drafts: int = 0              # drafts a verification step feeds per sequence at most
 
 
 @dataclass(slots=True)
@@ -65,6 +72,7 @@ class _InFlight:
     step: Step
     frame: int
     sampled: tuple[int, ...]         # index in step.seqs of each sampled row, in row order
+                                     # (a verification's sequence has several)
     logprobs: bool
     graph: bool
     started: float
@@ -73,16 +81,18 @@ class _InFlight:
 
 class GraphRunner:
     def __init__(self, model: CausalLM, kv: KVCache, snapshots: SnapshotStore,
-                 config: GraphRunnerConfig) -> None:
+                 config: GraphRunnerConfig, host_kv: HostKVStore | None = None) -> None:
         self.model = model
         self.kv = kv
         self.snapshots = snapshots
+        self.host_kv = host_kv            # the host tier's pages (--kv-offload-gib)
         self.config = config
         self.device = device = model.device
         self.page_size = kv.page_size
         self.is_cuda = device.type == "cuda"
         caps = capacities(min(config.graph_max_batch, config.num_slots))
         max_rows = max(config.num_slots, caps[-1] if caps else 0)
+        self.width = 1 + config.max_drafts      # rows per sequence of a verification step
         width = -(-config.max_model_len // self.page_size) + 1
         self.mirror = PageTableMirror(config.num_slots, width)
         self.page_table = torch.zeros((config.num_slots + 1, width), dtype=torch.int32,
@@ -90,13 +100,13 @@ class GraphRunner:
         hidden_size = model.config.hidden_size
         self.state = SlotState(config.num_slots, model.config.vocab_size, hidden_size,
                                snapshots.hidden.dtype, device, config.eos_token_ids,
-                               token_vocab=config.token_vocab)
-        self.outputs = SampleOutputs.allocate(max_rows, device)
+                               token_vocab=config.token_vocab, width=self.width)
+        self.outputs = SampleOutputs.allocate(max_rows * self.width, device)
         self.frames = InputFrames(StepLimits.for_runner(
             num_slots=config.num_slots, max_num_batched_tokens=config.max_num_batched_tokens,
             max_graph_batch=max_rows, table_width=width,
             vocab_size=model.config.vocab_size, init_ints=len(INT_FIELDS),
-            init_floats=len(FLOAT_FIELDS)), device)
+            init_floats=len(FLOAT_FIELDS), width=self.width), device)
         self.bulk = BulkStaging(device)
         self.model_stream = torch.cuda.Stream(device) if self.is_cuda else None
         self.copy_stream = torch.cuda.Stream(device) if self.is_cuda else None
@@ -105,13 +115,14 @@ class GraphRunner:
                               trash_cell=self.mirror.trash_cell)
         self.graphs = DecodeGraphs(self.body, self.frames, self.mirror, caps,
                                    config.max_model_len, self.model_stream,
-                                   self.pads)
+                                   self.pads, page_size=self.page_size)
         self.completions = CompletionFrames(self.outputs, device, self.model_stream,
                                             self.copy_stream)
         self._in_flight: deque[_InFlight] = deque()
         self._failure: BaseException | None = None
         self.graph_steps = 0
         self.eager_steps = 0
+        self.verify_graph_steps = 0      # verification steps a graph served (of graph_steps)
 
     def capture(self) -> None:
         """Capture the startup decode graphs (CUDA only)."""
@@ -175,53 +186,62 @@ class GraphRunner:
     # -- one step ---------------------------------------------------------------------------
     def _enqueue(self, step: Step) -> _InFlight:
         started = time.perf_counter()
-        if any(seq.max_emit > 1 for seq in step.seqs):
-            raise WorkerFailure(f"step {step.fence} verifies proposals (max_emit > 1): the graph "
-                                "runner samples one token per sequence (speculative decoding "
-                                "lands with its verification graphs)")
         state = self.state
         inits: list[tuple[SlotInfo, SamplingInit]] = []
         for seq in step.seqs:
             if seq.init is not None:
                 inits.append((state.register(seq.handle, seq.init), seq.init))
-        sampled = tuple(i for i, seq in enumerate(step.seqs) if seq.sample)
-        for i in sampled:
+        sampling = [i for i, seq in enumerate(step.seqs) if seq.sample]
+        for i in sampling:
             seq = step.seqs[i]
-            state.check(seq.handle, seq.output_index).outputs += 1
-        mode, logprobs = state.mode([step.seqs[i].handle.slot for i in sampled])
-        bitmasks = [(step.seqs[i].handle.slot, step.seqs[i].allowed_tokens) for i in sampled
-                    if step.seqs[i].allowed_tokens is not None]
-        released = state.released_bitmasks(inits, {slot for slot, _ in bitmasks})
+            if seq.max_emit > self.width:
+                raise WorkerFailure(f"step {step.fence}: slot {seq.handle} verifies "
+                                    f"{seq.max_emit - 1} drafts, the runner was built for "
+                                    f"{self.width - 1}")
+            info = state.check(seq.handle, seq.output_index)
+            if seq.max_emit == 1:        # a verification's count is known at completion
+                info.outputs += 1
+        mode, logprobs = state.mode([step.seqs[i].handle.slot for i in sampling])
+        bitmasks = self._bitmask_rows(step, sampling)
+        released = state.released_bitmasks(inits, {row for row, _ in bitmasks})
         grammar = bool(bitmasks)
-        capacity = self._graph_capacity(step)
         layout = layout_step(step, self.page_size)
+        sampled = tuple(layout.sample_seqs)
+        graph = self._graph_shape(step)
         values = StepInputs.empty()
-        if capacity is not None:
+        if graph is not None:
             pack_decode(values, step, layout, self.mirror)
+            if graph.width > 1:
+                pack_verify(values, step, layout, state.padding_row)
             shape = None
         else:
-            shape = pack_eager(values, step, layout, self.mirror)
+            shape = pack_eager(values, step, layout, self.mirror, state.padding_row)
         state.pack_inits(values, inits)
         state.pack_bitmasks(values, bitmasks, released)
         stream = torch.cuda.stream(self.model_stream) if self.model_stream else nullcontext()
         with stream:
             frame = self.completions.start()
-            packed = self.frames.upload(
-                values, GraphPacking(capacity, self.pads) if capacity is not None else None)
+            packed = self.frames.upload(values, graph)
             views = packed.views
             state.install(views)
             state.install_bitmasks(views)
             state.install_rows(self.bulk, inits)
+            if step.transfers:       # host-tier copies, on their stream, before the forward
+                if self.host_kv is None:
+                    raise WorkerFailure("a step moves host-tier pages but the runner has none")
+                self.host_kv.run(step.transfers, self.model_stream)
             for seq in step.seqs:
                 if seq.restore is not None:
                     r = seq.restore
                     self.snapshots.restore(r.snapshot_id, r.page_id, r.num_tokens)
             scores = StepScores()
-            if capacity is not None:
-                self.graphs.replay(packed, capacity, mode, logprobs, grammar)
+            if graph is not None:
+                self.graphs.replay(packed, graph.capacity, mode, logprobs, grammar,
+                                   graph.width)
                 self._captures(step, layout, None)   # zero-token terminal captures ride along
                 self.graph_steps += 1
-                rows = capacity
+                self.verify_graph_steps += graph.width > 1
+                rows = graph.tokens
             else:
                 assert shape is not None
                 hidden = self.body.run(views, shape, mode, logprobs, grammar)
@@ -230,8 +250,52 @@ class GraphRunner:
                 self.eager_steps += 1
                 rows = len(sampled)
             self.completions.record(frame, rows, logprobs)
-        return _InFlight(step, frame, sampled, logprobs, capacity is not None, started,
+        return _InFlight(step, frame, sampled, logprobs, graph is not None, started,
                          scores)
+
+    def _bitmask_rows(self, step: Step, sampling: list[int]) -> list[tuple[int, object]]:
+        """(bitmask row, mask) for every grammar-masked sampled row: a decode's slot row, a
+        verification's row per offset."""
+        rows: list[tuple[int, object]] = []
+        for i in sampling:
+            seq = step.seqs[i]
+            mask = seq.allowed_tokens
+            if mask is None:
+                continue
+            if getattr(mask, "ndim", 1) == 2:
+                rows.extend((self.state.bitmask_row(seq.handle.slot, o), mask[o])
+                            for o in range(mask.shape[0]))
+            else:
+                rows.append((seq.handle.slot, mask))
+        return rows
+
+    def _graph_shape(self, step: Step) -> GraphPacking | None:
+        """The graph that serves `step` (its packing), or None (run it eagerly)."""
+        if any(seq.max_emit > 1 for seq in step.seqs):
+            return self._verify_graph(step)
+        capacity = self._graph_capacity(step)
+        return self.graphs.packing(capacity) if capacity is not None else None
+
+    def _verify_graph(self, step: Step) -> GraphPacking | None:
+        """The verification graph for `step`: every sequence feeds and samples all of its
+        rows (a verification's pending token and drafts, or one decode token), at most the
+        graph's page-table entries each; None: run it eagerly."""
+        graphs = self.graphs
+        if not graphs.capacities:
+            return None
+        width = step.width
+        cells = verify_cells(1, width, self.page_size)
+        for seq in step.seqs:
+            if (seq.scores or not seq.token_ids or seq.max_emit != len(seq.token_ids) or
+                    seq.restore is not None or seq.capture is not None or
+                    self.mirror.pending(seq.handle, seq.page_ids) > cells):
+                return None
+        if len(step.seqs) > graphs.max_capacity:
+            return None
+        capacity = graphs.capacity_for(len(step.seqs))
+        if capacity is None or capacity * width > self.frames.limits.tokens:
+            return None
+        return graphs.packing(capacity, width)
 
     def _graph_capacity(self, step: Step) -> int | None:
         """The decode capacity that serves `step`, or None (run it eagerly). Every sequence
@@ -281,26 +345,35 @@ class GraphRunner:
             duration = self.completions.duration_s(flight.frame)
         else:
             duration = time.perf_counter() - flight.started
-        tokens: dict[int, tuple[int, SampledLogprobs | None]] = {}
+        rows_of: dict[int, list[int]] = {}
         for row, index in enumerate(flight.sampled):
+            rows_of.setdefault(index, []).append(row)
+        tokens: dict[int, tuple[tuple[int, ...], tuple[SampledLogprobs, ...]]] = {}
+        for index, rows in rows_of.items():
             seq = step.seqs[index]
             info = self.state.info.get(seq.handle.slot)
-            detail = None
+            if info is not None and info.handle != seq.handle:
+                info = None
+            # the device advanced the slot by the same prefix (slot_sampler.VerifyRows)
+            emitted = verified_tokens([ids[row] for row in rows], seq.draft_token_ids)
+            if seq.max_emit > 1 and info is not None:
+                info.outputs += len(emitted)
+            details: tuple[SampledLogprobs, ...] = ()
             if info is not None and info.logprobs and logprobs:
-                detail = SampledLogprobs(ids[row], logprobs[row], tuple(
+                k = info.top_logprobs
+                details = tuple(SampledLogprobs(ids[row], logprobs[row], tuple(
                     TokenLogprob(t, lp) for t, lp in
-                    zip(top_ids[row][:info.top_logprobs], top_logprobs[row][:info.top_logprobs],
-                        strict=True)))
-            tokens[index] = (ids[row], detail)
+                    zip(top_ids[row][:k], top_logprobs[row][:k], strict=True)))
+                    for row in rows[:len(emitted)])
+            tokens[index] = (tuple(emitted), details)
         scores = flight.scores.collect()     # the frame's event covers the scoring work
         results = []
         for index, seq in enumerate(step.seqs):
             prompt_logprobs, pooled = scores.get(index, ((), ()))
             if index in tokens:
-                token, detail = tokens[index]
-                results.append(SeqResult(seq.handle, seq.sample_from + 1, (token,),
-                                         (detail,) if detail is not None else (),
-                                         prompt_logprobs, pooled))
+                emitted_ids, details = tokens[index]
+                results.append(SeqResult(seq.handle, seq.sample_from + len(emitted_ids),
+                                         emitted_ids, details, prompt_logprobs, pooled))
             else:
                 results.append(SeqResult(seq.handle, seq.end, (),
                                          prompt_logprobs=prompt_logprobs, pooled=pooled))

@@ -1,6 +1,6 @@
 """TorchRunner: executes steps with the model on one device (the CPU path; float32 exact).
 
-Per step: restore snapshot tails into pages, run the forward pass over the packed rows (writing
+Per step: run the host tier's copies (runner/host_kv.py), restore snapshot tails into pages, run the forward pass over the packed rows (writing
 K/V), capture checkpoint snapshots, compute logits for the rows that sample (from the forward's
 last rows or from a snapshot's saved hidden state) and sample them in one batch. Each slot's
 sampling state (params with its resolved seed, prompt, generated tokens) is installed by the
@@ -22,12 +22,15 @@ import torch
 
 from services.common.errors import PoisonedError, WorkerFailure
 from services.engine.model import CausalLM, ForwardBatch, KVCache, build_metadata
+from services.engine.runner.host_kv import HostKVStore
 from services.engine.runner.layout import StepLayout, layout_step, verified_tokens
 from services.engine.runner.scoring import score_step
 from services.engine.runner.snapshots import SnapshotStore
 from services.engine.sampling import Sampler, SamplingBatch, SamplingParams, SamplingRow
 from services.engine.scheduler.plan import Completion, SeqResult, SeqStep, SlotHandle, Step
 from services.engine.scheduler.requests import SampledLogprobs, TokenLogprob
+from services.engine.vision.prompt import MultimodalPrompt
+from services.engine.vision.stage import VisionStage, step_positions
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +46,14 @@ class SlotSampling:
 class TorchRunner:
     def __init__(self, model: CausalLM, kv: KVCache, snapshots: SnapshotStore, *,
                  num_slots: int, eos_token_ids: tuple[int, ...] = (),
-                 token_vocab: int | None = None) -> None:
+                 token_vocab: int | None = None, host_kv: HostKVStore | None = None,
+                 vision: VisionStage | None = None) -> None:
         self.model = model
+        self.vision = vision              # image features of vision models (vision/stage.py)
+        self._multimodal: dict[int, MultimodalPrompt | None] = {}   # by slot
         self.kv = kv
         self.snapshots = snapshots
+        self.host_kv = host_kv            # the host tier's pages (--kv-offload-gib)
         self.sampler = Sampler(token_vocab)   # ids past the tokenizer's are never sampled
         self.token_vocab = token_vocab
         self.device = model.device
@@ -83,6 +90,8 @@ class TorchRunner:
             log.exception("step %d failed", step.fence)
             raise WorkerFailure(f"engine step {step.fence} ({step.kind}) failed: "
                                 f"{type(exc).__name__}: {exc}") from exc
+        if self.vision is not None:           # the step is done with its image features
+            self.vision.complete(step.fence)
         self._done.append(Completion(step.fence, results, time.perf_counter() - started))
         return step.fence
 
@@ -110,6 +119,10 @@ class TorchRunner:
     # -- one step ---------------------------------------------------------------------------
     @torch.inference_mode()
     def _execute(self, step: Step) -> tuple[SeqResult, ...]:
+        if step.transfers:
+            if self.host_kv is None:
+                raise WorkerFailure("a step moves host-tier pages but the runner has none")
+            self.host_kv.run(step.transfers)
         for seq in step.seqs:
             if seq.init is not None:
                 self._install(seq)
@@ -121,7 +134,7 @@ class TorchRunner:
         hidden = None
         last_row: dict[int, int] = dict(zip(layout.forward_seqs, layout.last_rows, strict=True))
         if layout.num_tokens:
-            hidden = self.model(self._forward_batch(layout), self.kv).hidden     # [T, H]
+            hidden = self.model(self._forward_batch(layout, step), self.kv).hidden  # [T, H]
             fed = [step.seqs[i] for i in layout.forward_seqs]
             self.last_hidden.index_put_(                                    # [F, H] rows
                 (torch.tensor([s.handle.slot for s in fed], device=self.device),
@@ -141,6 +154,7 @@ class TorchRunner:
                 self.snapshots.capture(c.snapshot_id, c.page_id, c.num_tokens, state)
         scores = score_step(self.model, step, layout, hidden, self.token_vocab).collect()
         emitted = self._sample(step, layout, hidden)
+        self._keep_verified_hidden(step, layout, hidden, emitted)
         results = []
         for index, seq in enumerate(step.seqs):
             tokens, logprobs = emitted.get(index, ((), ()))
@@ -150,7 +164,22 @@ class TorchRunner:
                                      prompt_logprobs, pooled))
         return tuple(results)
 
-    def _forward_batch(self, layout: StepLayout) -> ForwardBatch:
+    def _keep_verified_hidden(self, step: Step, layout: StepLayout, hidden: torch.Tensor | None,
+                              emitted: dict[int, tuple[tuple[int, ...], tuple]]) -> None:
+        """A verification keeps the hidden state of its last emitted row (position
+        sample_from + n - 1: the state a terminal checkpoint at the accepted length reads),
+        not that of its last fed row (a rejected draft's)."""
+        last_row = dict(zip(layout.forward_seqs, layout.last_rows, strict=True))
+        for index, seq in enumerate(step.seqs):
+            if seq.max_emit <= 1 or index not in emitted:
+                continue
+            assert hidden is not None
+            count = len(emitted[index][0])
+            row = last_row[index] - seq.max_emit + count
+            self.last_hidden[seq.handle.slot, (seq.sample_from + count - 1) % 2].copy_(
+                hidden[row])
+
+    def _forward_batch(self, layout: StepLayout, step: Step) -> ForwardBatch:
         device = self.device
         token_ids = [self._slots[slot].output_token_ids[-1] if slot >= 0 else token
                      for token, slot in zip(layout.token_ids, layout.pending_slots,
@@ -159,9 +188,24 @@ class TorchRunner:
             [b - a for a, b in zip(layout.query_start_loc, layout.query_start_loc[1:],
                                    strict=False)],
             layout.seq_lens, layout.page_tables, self.page_size, device)
-        return ForwardBatch(torch.tensor(token_ids, dtype=torch.int64, device=device),
-                            torch.tensor(layout.positions, dtype=torch.int64, device=device),
-                            meta)
+        ids = torch.tensor(token_ids, dtype=torch.int64, device=device)
+        if self.model.position_rows != 3:
+            return ForwardBatch(ids, torch.tensor(layout.positions, dtype=torch.int64,
+                                                  device=device), meta)
+        # mRoPE: each fed sequence's rows from its prompt (then p + rope_delta), and the
+        # image features of the image rows it feeds
+        fed = [(self._multimodal.get(step.seqs[i].handle.slot), step.seqs[i].start,
+                step.seqs[i].end) for i in layout.forward_seqs]
+        positions = torch.from_numpy(step_positions(fed)).to(device)
+        images = None
+        with_images = [(first, prompt, start, end) for first, (prompt, start, end)
+                       in zip(layout.query_start_loc, fed, strict=False) if prompt is not None]
+        if with_images:
+            if self.vision is None:
+                raise WorkerFailure("a step feeds image tokens but the runner has no vision "
+                                    "stage")
+            images = self.vision.embeds(with_images, step.fence)
+        return ForwardBatch(ids, positions, meta, images=images)
 
     def _install(self, seq: SeqStep) -> None:
         init = seq.init
@@ -171,6 +215,7 @@ class TorchRunner:
                                      top_logprobs=init.top_logprobs)
         self._slots[seq.handle.slot] = SlotSampling(seq.handle, params, init.prompt_token_ids,
                                                     list(init.output_token_ids))
+        self._multimodal[seq.handle.slot] = init.multimodal
 
     def _sample(self, step: Step, layout: StepLayout, hidden: torch.Tensor | None
                 ) -> dict[int, tuple[tuple[int, ...], tuple[SampledLogprobs, ...]]]:
@@ -197,7 +242,7 @@ class TorchRunner:
                 states.append(hidden[row])
             outputs = slot.output_token_ids + list(seq.draft_token_ids[:offset])
             rows.append(SamplingRow(slot.params, outputs, slot.prompt_token_ids,
-                                    seq.allowed_tokens if offset == 0 else None))
+                                    seq.row_bitmask(offset)))
         logits = self.model.compute_logits(torch.stack(states))            # [S, V] float32
         batch = SamplingBatch.build(rows, self.vocab_size, self.eos_token_ids, self.device)
         out = self.sampler(logits, batch).to_lists(batch.num_top_logprobs)

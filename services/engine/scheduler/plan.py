@@ -123,6 +123,7 @@ class SamplingInit:
     seed: int
     logprobs: bool
     top_logprobs: int
+    multimodal: Any = None               # the request's MultimodalPrompt (vision models)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +143,8 @@ class SeqStep:
     capture: Capture | None = None
     init: SamplingInit | None = None
     # structured output: the tokens this choice's grammar allows now, an int32 bitmask of
-    # ceil(V / 32) words (bit t % 32 of word t // 32); None: every token (no grammar)
+    # ceil(V / 32) words (bit t % 32 of word t // 32); None: every token (no grammar). A
+    # verification step's is [max_emit, words]: row o after its first o drafts
     allowed_tokens: Any = None
     # prompt scoring: the next prompt token of each of the first len(score_targets) fed rows
     # (their logprobs, ranks and score_top alternatives come back); pool: "" (none), "last"
@@ -175,10 +177,33 @@ class SeqStep:
         return self.token_ids[len(self.token_ids) - self.max_emit + 1:] if \
             self.max_emit > 1 else ()
 
+    def row_bitmask(self, offset: int) -> Any:
+        """The grammar bitmask of sampled row `offset` (None: unconstrained)."""
+        mask = self.allowed_tokens
+        if mask is None or getattr(mask, "ndim", 1) == 1:
+            return mask if offset == 0 else None
+        return mask[offset]
+
     @property
     def feeds_pending(self) -> bool:
         """The first fed token is the slot's last sampled token (not yet known to the host)."""
         return bool(self.token_ids) and self.token_ids[0] == PENDING_TOKEN
+
+
+@dataclass(frozen=True, slots=True)
+class KVTransfers:
+    """Host-tier copies a step runs before anything else, offloads first: pages the GPU
+    cache evicted (gpu page, host page), then blocks coming back (host page, gpu page) into
+    pages the step's sequences own. Each pair moves one page of every layer's K and V."""
+
+    offload: tuple[tuple[int, int], ...] = ()
+    onload: tuple[tuple[int, int], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.offload) or bool(self.onload)
+
+
+NO_TRANSFERS = KVTransfers()
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,15 +213,24 @@ class Step:
     fence: int
     kind: str                          # prefill, decode, mixed, resume
     seqs: tuple[SeqStep, ...]
+    transfers: KVTransfers = NO_TRANSFERS
 
     @property
     def num_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.seqs)
 
     @property
+    def width(self) -> int:
+        """Rows per request of a verification step: 1 + the most drafts one verifies."""
+        return max((len(s.token_ids) for s in self.seqs), default=0)
+
+    @property
     def label(self) -> str:
-        """Capacity label as the dashboard shows it: b<batch capacity> t<token capacity>."""
+        """Capacity label as the dashboard shows it: b<batch capacity> t<token capacity>
+        (a verification step: b<batch capacity> w<target width>)."""
         batch = 1 << max(0, len(self.seqs) - 1).bit_length()
+        if self.kind == "verify":
+            return f"b{batch} w{self.width}"
         tokens = 1 << max(0, self.num_tokens - 1).bit_length()
         return f"b{batch} t{tokens}"
 

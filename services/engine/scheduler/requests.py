@@ -20,6 +20,7 @@ from typing import Any
 
 from services.engine.grammar.spec import GrammarSpec
 from services.engine.prefix.history import ConditioningEvent
+from services.engine.vision.prompt import MultimodalPrompt
 
 
 class FinishReason(enum.Enum):
@@ -56,6 +57,9 @@ class EngineRequest:
     prompt_logprobs: int | None = None     # prompt tokens' logprobs with k alternatives
     embed: bool = False                    # return the pooled final hidden state (embedding)
     cache_salt: str = ""                   # prefix-cache tenant: salts never share KV
+    speculative: bool = True               # may verify drafts (engine speculative_method on)
+    # images: their spans, identities and the prompt's mRoPE rows (vision/prompt.py)
+    multimodal: MultimodalPrompt | None = None
 
     @property
     def scores_prompt(self) -> bool:
@@ -113,7 +117,8 @@ class ChoiceDelta:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int
+    cached_tokens: int             # prompt tokens served from cache (both tiers)
+    cached_tokens_host: int = 0    # of them, brought back from the host tier
 
 
 @dataclass(frozen=True, slots=True)

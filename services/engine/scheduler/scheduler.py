@@ -26,9 +26,11 @@ from services.engine.prefix.history import PrefixHistory, salted_identity
 from services.engine.scheduler import completion as completing
 from services.engine.scheduler.admission import AdmissionLimits, validate_request
 from services.engine.scheduler.plan import (
+    NO_TRANSFERS,
     PENDING_TOKEN,
     Capture,
     Completion,
+    KVTransfers,
     Plan,
     PlanInvalidated,
     PlannedSeq,
@@ -187,10 +189,27 @@ class Scheduler:
         masks = self._grammar_masks(plan, seqs)
         steps = tuple(self._commit_seq(seq, planned, fence, masks.get(i))
                       for i, (planned, seq) in enumerate(zip(plan.seqs, seqs, strict=True)))
-        step = Step(fence, _step_kind(steps), steps)
+        step = Step(fence, _step_kind(steps), steps, self._transfers(seqs, fence))
         state.in_flight[fence] = step
         state.counters.launches_by_kind[step.kind] += 1
         return step
+
+    def _transfers(self, seqs: list[Sequence], fence: int) -> KVTransfers:
+        """The host tier's copies for this step: pending offloads, then the host blocks the
+        committed sequences bring back (unpinned now: their last reader is this step)."""
+        res = self.state.resources
+        if res.host is None:
+            return NO_TRANSFERS
+        onload: list[tuple[int, int]] = []
+        for seq in seqs:
+            copies, blocks = seq.cache.take_onload()
+            if blocks:
+                onload.extend(copies)
+                res.host.release(blocks, fence)
+        offload = res.take_transfers(fence)
+        if not offload and not onload:
+            return NO_TRANSFERS
+        return KVTransfers(offload, tuple(onload))
 
     def _grammar_masks(self, plan: Plan, seqs: list[Sequence]) -> dict[int, Any]:
         """The allowed-token bitmask of every sampling row whose choice has a grammar (from
@@ -204,18 +223,27 @@ class Scheduler:
         grammars = self.grammars
         if grammars is None:
             raise InternalError("a constrained choice is running without a grammar compiler")
-        masks = fill_bitmasks([seqs[i].matcher for i in rows],  # type: ignore[misc]
+        plain = [i for i in rows if not plan.seqs[i].draft_token_ids]
+        masks = fill_bitmasks([seqs[i].matcher for i in plain],  # type: ignore[misc]
                               grammars.words, grammars.executor)
-        return {i: masks[k] for k, i in enumerate(rows)}
+        out: dict[int, Any] = {i: masks[k] for k, i in enumerate(plain)}
+        for i in rows:              # a verification row o is masked after drafts[:o]
+            if plan.seqs[i].draft_token_ids:
+                out[i] = seqs[i].matcher.draft_bitmasks(  # type: ignore[union-attr]
+                    plan.seqs[i].draft_token_ids, grammars.words, grammars.executor)
+        return out
 
     def _commit_seq(self, seq: Sequence, planned: PlannedSeq, fence: int,
                     allowed_tokens: Any = None) -> SeqStep:
         start, num_tokens, max_emit = planned.start, planned.num_tokens, planned.max_emit
         drafts = planned.draft_token_ids
         if drafts and (planned.follows or max_emit != len(drafts) + 1 or
-                       num_tokens < len(drafts) + 1 or seq.matcher is not None):
+                       num_tokens != len(drafts) + 1 or (
+                           seq.matcher is not None and
+                           seq.matcher.valid_prefix(drafts) != len(drafts))):
             raise PlanInvalidated(f"slot {planned.handle}: a verification step needs its "
-                                  "known token, max_emit = drafts + 1, and no grammar")
+                                  "known token, max_emit = drafts + 1, and drafts its "
+                                  "grammar accepts")
         # a decode behind the in-flight step: its token is that step's, one output later
         outputs = len(seq.output_ids) + (1 if planned.follows else 0)
         res = self.state.resources
@@ -238,7 +266,7 @@ class Scheduler:
             request = seq.request.request
             init = SamplingInit(request.sampling, request.prompt_token_ids,
                                 tuple(seq.output_ids), seq.seed, request.logprobs,
-                                request.top_logprobs)
+                                request.top_logprobs, request.multimodal)
         rules = seq.request.stop
         suppress: tuple[int, ...] = ()
         if max_emit and outputs < rules.min_tokens:
@@ -290,6 +318,8 @@ class Scheduler:
         state.resources.advance_completed(completion.fence)
         state.slots.advance_completed(completion.fence)
         completing.observe_duration(state, step, completion)
+        if any(s.max_emit > 1 for s in step.seqs):
+            state.counters.spec_verify_steps += 1
         now = time.monotonic()
         touched: dict[str, list[ChoiceDelta]] = {}
         for planned, result in zip(step.seqs, completion.results, strict=True):
@@ -318,7 +348,7 @@ class Scheduler:
 
     def _usage(self, record: RequestState) -> Usage:
         return Usage(len(record.request.prompt_token_ids), record.completion_tokens,
-                     record.cached_tokens)
+                     record.cached_tokens, record.cached_tokens_host)
 
     def _retire_request(self, record: RequestState) -> None:
         state = self.state
@@ -339,15 +369,17 @@ class Scheduler:
 
 
 def _step_kind(seqs: tuple[SeqStep, ...]) -> str:
-    """decode, prefill or mixed by the fed tokens (verify when a sequence checks drafts);
+    """decode, prefill or mixed by the fed tokens (verify: decodes of which some check
+    drafts; with a prefill chunk beside them the step is mixed);
     resume (sampling from snapshots only) and snapshot (terminal captures only) for steps
     that feed none."""
     fed = [s for s in seqs if s.token_ids]
     if not fed:
         return "resume" if any(s.sample for s in seqs) else "snapshot"
     decode = sum(1 for s in fed if s.sample and len(s.token_ids) == 1 and s.output_index > 0)
-    if any(s.max_emit > 1 for s in fed):
+    verify = sum(1 for s in fed if s.max_emit > 1)
+    if verify and decode + verify == len(fed):
         return "verify"
     if decode == len(fed):
         return "decode"
-    return "prefill" if decode == 0 else "mixed"
+    return "prefill" if decode + verify == 0 else "mixed"

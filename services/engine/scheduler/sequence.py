@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from services.engine.grammar.matcher import GrammarMatcher
 from services.engine.prefix.history import PrefixHistory
+from services.engine.prefix.host_tier import HostBlock
 from services.engine.prefix.records import CheckpointRef, Pin, PrefixHit
 from services.engine.scheduler.plan import SlotHandle
 from services.engine.scheduler.requests import (
@@ -30,6 +31,7 @@ from services.engine.scheduler.requests import (
     PromptLogprob,
     StopRules,
 )
+from services.engine.scheduler.speculation import AcceptanceStats
 
 
 class Phase(enum.Enum):
@@ -133,6 +135,10 @@ class CacheHold:
     base: CheckpointRef | None = None   # deepest checkpoint on this sequence's history
     targets: list[int] = field(default_factory=list)       # checkpoint endpoints to capture
     target_snapshots: dict[int, int] = field(default_factory=dict)   # endpoint -> snapshot row
+    # host-tier blocks this choice brings back (pinned until the step that copies them
+    # commits) and their copies (host page, gpu page) into its private pages
+    host_blocks: tuple[HostBlock, ...] = ()
+    onload: tuple[tuple[int, int], ...] = ()
 
     def hold(self, hit: PrefixHit, pin: Pin | None) -> None:
         """Start from a prefix hit: its pages (shared, read-only) front the page table."""
@@ -140,6 +146,20 @@ class CacheHold:
         self.private_pages = set()
         self.base = hit.checkpoint
         self.pins = [pin] if pin is not None else []
+
+    def bring_back(self, blocks: tuple[HostBlock, ...], pages: tuple[int, ...]) -> None:
+        """Host blocks continue the hit: `pages` (private) receive them before the first
+        step's forward."""
+        self.grow(pages)
+        self.host_blocks = blocks
+        self.onload = tuple((host, gpu) for host, gpu in zip(
+            (p for block in blocks for p in block.host_pages), pages, strict=True))
+
+    def take_onload(self) -> tuple[tuple[tuple[int, int], ...], tuple[HostBlock, ...]]:
+        """The copies the committing step runs and the blocks they read (to unpin)."""
+        taken = (self.onload, self.host_blocks)
+        self.onload, self.host_blocks = (), ()
+        return taken
 
     def grow(self, pages: Iterable[int]) -> None:
         pages = list(pages)
@@ -178,6 +198,7 @@ class CacheHold:
         self.targets = []
         self.page_ids = []
         self.base = None
+        self.onload = ()
         return held
 
 
@@ -232,6 +253,8 @@ class Sequence:
     # choice 0 of a request with prompt logprobs or an embedding: it prefills from position 0
     # and its steps score every prompt row (fixed at admission)
     scoring: bool = False
+    # speculative decoding: this choice's draft acceptance by depth and source (policy.py)
+    speculation: AcceptanceStats = field(default_factory=AcceptanceStats)
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -329,7 +352,8 @@ class RequestState:
     serial: int = 0                    # admission order
     seqs: list[Sequence] = field(default_factory=list)
     admission_pin: Pin | None = None
-    cached_tokens: int = 0
+    cached_tokens: int = 0             # prompt tokens served from cache (both tiers)
+    cached_tokens_host: int = 0        # of them, brought back from the host tier
     cancelled: bool = False
 
     @property

@@ -15,14 +15,14 @@ VOCAB = 1000
 
 
 def make_engine(*, num_pages: int = 256, page_size: int = 4, num_snapshots: int = 32,
-                eos: frozenset[int] = frozenset(), grammars=None,
+                eos: frozenset[int] = frozenset(), grammars=None, host_pages: int = 0,
                 **config) -> tuple[Scheduler, FakeRunner]:
     defaults = dict(max_num_seqs=4, max_waiting=64, prefill_chunk_size=64,
                     max_num_batched_tokens=128, max_model_len=4096, vocab_size=VOCAB,
                     eos_token_ids=eos, capacity_hint="add pages", context_hint="longer context")
     defaults.update(config)
     resources = KVResources(num_pages=num_pages, page_size=page_size,
-                            num_snapshots=num_snapshots)
+                            num_snapshots=num_snapshots, host_pages=host_pages)
     scheduler = Scheduler(SchedulerConfig(**defaults), resources, IDENTITY, grammars)
     runner = FakeRunner(num_pages=num_pages, page_size=page_size, num_snapshots=num_snapshots,
                         vocab=defaults["vocab_size"])
