@@ -84,6 +84,10 @@ def validate_request(request: EngineRequest, limits: AdmissionLimits) -> StopRul
                               "inside the prompt", param="checkpoint_token_ends")
     if request.conditioning and not limits.supports_images:
         raise UnsupportedError("this model does not accept images", param="multimodal")
+    if request.conditioning and request.multimodal is None:
+        raise ValidationError("images need the prompt's mRoPE positions "
+                              "(multimodal.mrope_positions, from imageprep's expansion)",
+                              param="multimodal.mrope_positions")
     if any(e.position >= len(prompt) for e in request.conditioning):
         raise ValidationError("an image lies outside the prompt", param="multimodal.images")
     # A choice alone must fit the page pool (plus one page restored from a snapshot). An

@@ -12,7 +12,10 @@
    one, so the oldest request always progresses: nobody starves.
 
 With a proposer (`SchedulerConfig.proposer`), a decode also feeds the drafts it proposes and
-may emit them all plus one (a verification step, plan.py).
+may emit them all plus one (a verification step, plan.py): as many as the request's
+acceptance statistics make worth it (speculation.py: zero included; none for a request that
+opted out), only drafts its grammar accepts, and none at all when the cost model says this
+batch decodes faster than it verifies.
 
 Order is arrival time shifted by priority (state.order_key). With the cost model on
 (`SchedulerConfig.cost_model`), the prefill allowance of a step is the candidate token
@@ -26,6 +29,13 @@ from services.engine.scheduler.costs import chunk_budget
 from services.engine.scheduler.plan import PlannedSeq
 from services.engine.scheduler.residency import drop_waiting_pins, preempt
 from services.engine.scheduler.sequence import Phase, Sequence
+from services.engine.scheduler.speculation import (
+    COPY,
+    PROBE_EVERY,
+    choose_width,
+    extra_row_cost,
+    worth_verifying,
+)
 from services.engine.scheduler.state import SchedulerState, order_key
 
 MIN_CHUNK = 64
@@ -63,20 +73,24 @@ def select(state: SchedulerState) -> list[PlannedSeq]:
         reserved += pages
         return True
 
+    row_cost = _row_cost(state, len(decoding))
     for seq in decoding:
         if seq.handle is None or seq.handle.slot not in state.running:
             continue                                # preempted by an older sequence
         if seq.in_flight:                           # behind its in-flight step (overlap)
             planned = PlannedSeq(seq.handle, seq.epoch, seq.progress.scheduled_end, 1,
                                  max_emit=1, follows=True)
+            seq.speculation.idle_rounds += 1
         elif seq.progress.resume_snapshot is not None:
             planned = _planned(seq, 0)
         else:
-            planned = _with_drafts(state, seq, _planned(seq, 1))
+            planned = _with_drafts(state, seq, _planned(seq, 1), row_cost)
         if obtain(seq, res.pages_for(planned.start + planned.num_tokens) - len(seq.page_ids)):
             chosen.append(planned)
             chosen_seqs.add(id(seq))
             budget -= planned.num_tokens
+    if config.cost_model and any(p.draft_token_ids for p in chosen):
+        budget += _switch_off(state, chosen)
     if config.cost_model and prefilling and budget > MIN_CHUNK:
         budget = chunk_budget(state.costs, num_seqs=len(chosen),
                               num_outputs=sum(p.max_emit for p in chosen),
@@ -95,8 +109,9 @@ def select(state: SchedulerState) -> list[PlannedSeq]:
         if not obtain(seq, pages):
             # take what fits in the pages we can get without preempting anyone
             spare = res.pages.num_free + res.cache.num_evictable_pages - reserved
-            tokens = min(tokens, (len(seq.page_ids) + max(0, spare)) * res.page_size -
-                         seq.num_computed)
+            tokens = _whole_images(seq, min(
+                tokens, (len(seq.page_ids) + max(0, spare)) * res.page_size -
+                seq.num_computed))
             if tokens <= 0 or not obtain(seq, res.pages_for(seq.num_computed + tokens) -
                                          len(seq.page_ids)):
                 continue
@@ -120,7 +135,7 @@ def can_follow(state: SchedulerState, seq: Sequence) -> bool:
     if not state.config.overlap or len(progress.in_flight_fences) != 1 or \
             not progress.can_follow:
         return False
-    if seq.matcher is not None:
+    if seq.matcher is not None or wants_drafts(state, seq):
         return False
     if seq.phase is not Phase.RUNNING or seq.finish_reason is not None:
         return False
@@ -139,7 +154,18 @@ def _chunk(seq: Sequence, chunk_size: int, allowance: int) -> int:
         if target > seq.num_computed:
             limit = min(limit, target)
             break
-    return max(0, min(limit - seq.num_computed, chunk_size, allowance))
+    tokens = max(0, min(limit - seq.num_computed, chunk_size, allowance))
+    return _whole_images(seq, tokens)
+
+
+def _whole_images(seq: Sequence, tokens: int) -> int:
+    """A prefill chunk never ends inside an image span (vision/prompt.py chunk_end): it
+    stops before the span, or, starting at or inside it, takes the whole span."""
+    multimodal = seq.request.request.multimodal
+    if multimodal is None or tokens <= 0:
+        return tokens
+    start = seq.num_computed
+    return multimodal.chunk_end(start, start + tokens) - start
 
 
 def _planned(seq: Sequence, tokens: int) -> PlannedSeq:
@@ -151,19 +177,82 @@ def _planned(seq: Sequence, tokens: int) -> PlannedSeq:
                                    not seq.prompt_only))
 
 
-def _with_drafts(state: SchedulerState, seq: Sequence, planned: PlannedSeq) -> PlannedSeq:
+def _with_drafts(state: SchedulerState, seq: Sequence, planned: PlannedSeq,
+                 row_cost: float) -> PlannedSeq:
     """A decode that also verifies the proposer's drafts, within the output and context the
-    choice has left (never for a grammar: its bitmask needs each token committed)."""
+    choice has left, cut to the prefix its grammar accepts and to the width its acceptance
+    statistics choose (speculation.py); the plain decode when that is zero."""
     proposer = state.config.proposer
-    if proposer is None or seq.matcher is not None:
+    if proposer is None or not seq.request.request.speculative:
         return planned
+    stats = seq.speculation
+    drafts = _proposals(state, seq)
+    stats.proposed = bool(drafts)
+    width = choose_width(stats, getattr(proposer, "source", COPY), len(drafts), row_cost)
+    if not width:
+        stats.idle_rounds += 1
+        return planned
+    drafts = drafts[:width]
+    return PlannedSeq(planned.handle, planned.epoch, planned.start, 1 + len(drafts),
+                      max_emit=1 + len(drafts), draft_token_ids=drafts)
+
+
+def _proposals(state: SchedulerState, seq: Sequence) -> tuple[int, ...]:
+    proposer = state.config.proposer
+    assert proposer is not None
     left = min((seq.request.stop.max_tokens or 0) - len(seq.output_ids),
                state.config.max_model_len - seq.total_len) - 1
-    drafts = proposer.propose(seq.tokens(0, seq.total_len), left) if left > 0 else ()
-    if not drafts:
-        return planned
-    return PlannedSeq(planned.handle, planned.epoch, planned.start, 1 + len(drafts),
-                      max_emit=1 + len(drafts), draft_token_ids=tuple(drafts))
+    if left <= 0:
+        return ()
+    drafts = tuple(proposer.propose(seq.tokens(0, seq.total_len), left))[:left]
+    if drafts and seq.matcher is not None:       # never a draft the grammar rejects
+        drafts = drafts[:seq.matcher.valid_prefix(drafts)]
+    return drafts
+
+
+def wants_drafts(state: SchedulerState, seq: Sequence) -> bool:
+    """Whether the next round of this choice should propose drafts rather than decode behind
+    its in-flight step (overlap): its last proposal found drafts worth verifying, or a probe
+    is due."""
+    proposer = state.config.proposer
+    if proposer is None or not seq.request.request.speculative:
+        return False
+    stats = seq.speculation
+    if stats.idle_rounds >= PROBE_EVERY:
+        return True
+    limit = getattr(proposer, "num_tokens", 1)
+    return stats.proposed and choose_width(stats, getattr(proposer, "source", COPY), limit,
+                                           _row_cost(state, 1)) > 0
+
+
+def _row_cost(state: SchedulerState, num_seqs: int) -> float:
+    proposer = state.config.proposer
+    width = 1 + getattr(proposer, "num_tokens", 1)
+    return extra_row_cost(state.costs, max(1, num_seqs), width)
+
+
+def _switch_off(state: SchedulerState, chosen: list[PlannedSeq]) -> int:
+    """The batch switch-off (speculation.worth_verifying): strip every draft when this batch
+    decodes faster than it verifies; returns the tokens given back to the budget."""
+    decodes = [i for i, p in enumerate(chosen) if p.max_emit >= 1 and p.num_tokens >= 1]
+    width = 1 + max(len(chosen[i].draft_token_ids) for i in decodes)
+    source = getattr(state.config.proposer, "source", COPY)
+    expected = 0.0
+    for i in decodes:
+        p = chosen[i]
+        seq = state.running[p.handle.slot]
+        expected += 1.0 + seq.speculation.expected_accepted(source, len(p.draft_token_ids))
+    if worth_verifying(state.costs, len(decodes), width, expected):
+        return 0
+    freed = 0
+    for i in decodes:
+        p = chosen[i]
+        if p.draft_token_ids:
+            freed += len(p.draft_token_ids)
+            state.running[p.handle.slot].speculation.idle_rounds += 1
+            chosen[i] = PlannedSeq(p.handle, p.epoch, p.start, 1, max_emit=1)
+    state.counters.speculation_off += 1
+    return freed
 
 
 def _youngest_victim(state: SchedulerState, requester: Sequence,

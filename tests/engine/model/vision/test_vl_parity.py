@@ -6,71 +6,19 @@ together in one batch with chunked prefill (chunks cut image spans and mix with 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import torch
 
 from services.engine.model.vision.inputs import ImageFeatures, VisionInput
-from services.imageprep.expansion import expand_prompt
-from tests.engine.model.vision.checkpoints import (
-    IMAGE_TOKEN,
-    SPECS,
-    VISION_END,
-    VISION_START,
-    prepared_image,
-)
+from tests.engine.model.vision.checkpoints import SPECS
 from tests.engine.model.vision.driver import VLDriver
+from tests.engine.model.vision.prompts import Prompt, build_prompt, reference_generate
 
 NEW_TOKENS = 6
 # (height, width) of the source pictures per prompt; () is text only
 CASES = {"text": (), "one-wide": ((150, 230),), "one-tall": ((300, 120),),
          "two": ((140, 140), (120, 260))}
-
-
-@dataclass
-class Prompt:
-    ids: list[int]
-    modality: list[int]
-    positions: list[list[int]]
-    rope_delta: int
-    offsets: tuple[int, ...]
-    images: list[Any]          # PreparedImage
-
-
-def build_prompt(profile: str, sizes: tuple[tuple[int, int], ...], seed: int) -> Prompt:
-    generator = torch.Generator().manual_seed(seed)
-    ids: list[int] = []
-    images = []
-    for index, (h, w) in enumerate(sizes):
-        ids += torch.randint(0, 290, (3 + index,), generator=generator).tolist()
-        ids += [VISION_START, IMAGE_TOKEN, VISION_END]
-        images.append(prepared_image(profile, h, w, seed * 10 + index))
-    ids += torch.randint(0, 290, (5,), generator=generator).tolist()
-    expanded = expand_prompt(ids, [image.geometry for image in images],
-                             image_token_id=IMAGE_TOKEN, vision_start_token_id=VISION_START)
-    return Prompt(expanded.token_ids.tolist(), expanded.modality_ids.tolist(),
-                  expanded.mrope_positions.astype("int64").tolist(), expanded.rope_delta,
-                  expanded.token_offsets, images)
-
-
-def reference_generate(reference: Any, prompt: Prompt) -> tuple[list[int], list[float]]:
-    ids = torch.tensor([prompt.ids])
-    kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(ids)}
-    if prompt.images:
-        kwargs["pixel_values"] = torch.cat([torch.from_numpy(i.tensors["pixel_values"])
-                                            for i in prompt.images])
-        kwargs["image_grid_thw"] = torch.cat([torch.from_numpy(i.tensors["grid_thw"])
-                                              for i in prompt.images])
-        kwargs["mm_token_type_ids"] = torch.tensor([prompt.modality])
-    with torch.no_grad():
-        out = reference.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                 return_dict_in_generate=True, output_logits=True, **kwargs)
-    tokens = out.sequences[0, len(prompt.ids):].tolist()
-    logprobs = [float(torch.log_softmax(step[0].float(), -1)[t])
-                for step, t in zip(out.logits, tokens, strict=True)]
-    return tokens, logprobs
 
 
 def encode(model: Any, prompt: Prompt) -> list[tuple[int, ImageFeatures]]:
@@ -89,7 +37,7 @@ def prompts() -> dict[str, dict[str, Prompt]]:
 @pytest.fixture(scope="module")
 def expected(prompts: dict[str, dict[str, Prompt]], vl_reference_models: dict[str, Any]
              ) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
-    return {name: {case: reference_generate(vl_reference_models[name], prompt)
+    return {name: {case: reference_generate(vl_reference_models[name], prompt, NEW_TOKENS)
                    for case, prompt in cases.items()} for name, cases in prompts.items()}
 
 

@@ -1,0 +1,114 @@
+"""VisionStage: the image features a step's fed rows need, encoded only when not cached.
+
+    stage = VisionStage(model, FeatureCache(budget), ImagePrepPixels(address))
+    embeds = stage.embeds([(first_row, prompt, start, end), ...], fence)   # ImageEmbeds | None
+    stage.complete(fence)
+
+For each sequence the step feeds (its rows [first_row, first_row + end - start) hold
+positions [start, end) of its prompt), the image spans among those positions need their
+features. Rows of a cached prefix are never fed, so an image entirely inside a request's
+cached prefix is never fetched nor encoded. Features come from the cache by identity; the
+missing images of the whole step are fetched from imageprep in one call and encoded in one
+packed tower pass, then retained for later requests. The scheduler never cuts an image span
+between two prefill chunks, so an image is normally encoded in the step that consumes it;
+a prefix hit that ends inside a span (64-token block reuse) consumes the rest of it, and the
+features are sliced from the image's first feature row.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.engine.model.qwen_vl import QwenVLForConditionalGeneration
+from services.engine.model.vision.inputs import ImageEmbeds, ImageFeatures, VisionInput
+from services.engine.vision.features import FeatureCache
+from services.engine.vision.pixels import ImageUnavailable, PixelSource
+from services.engine.vision.prompt import MultimodalPrompt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class VisionCounters:
+    encoder_calls: int = 0       # packed tower passes
+    images_encoded: int = 0
+    patches_encoded: int = 0
+    encoder_s: float = 0.0       # host wall time of the passes (incl. the pixel fetch)
+
+
+class VisionStage:
+    def __init__(self, model: QwenVLForConditionalGeneration, cache: FeatureCache,
+                 pixels: PixelSource | None) -> None:
+        self.model = model
+        self.cache = cache
+        self.pixels = pixels
+        assert model.vl_config.vision is not None
+        self.merge = model.vl_config.vision.spatial_merge_size
+        self.counters = VisionCounters()
+
+    def complete(self, fence: int) -> None:
+        self.cache.complete(fence)
+
+    def embeds(self, rows: Sequence[tuple[int, MultimodalPrompt, int, int]], fence: int
+               ) -> ImageEmbeds | None:
+        wanted = [(first_row + lo_pos - start, image, first, count)
+                  for first_row, prompt, start, end in rows
+                  for image, first, count in prompt.spans_in(start, end)
+                  for lo_pos in (image.offset + first,)]
+        if not wanted:
+            return None
+        found: dict[bytes, ImageFeatures] = {}
+        missing: list[bytes] = []
+        for _, image, _, _ in wanted:
+            if image.identity in found or image.identity in missing:
+                continue
+            features = self.cache.get(image.identity, fence)
+            if features is None:
+                missing.append(image.identity)
+            else:
+                found[image.identity] = features
+        if missing:
+            found.update(self._encode(missing, fence))
+        pieces = [(row, found[image.identity], first, count)
+                  for row, image, first, count in wanted]
+        return ImageEmbeds.gather(pieces, self.model.device)
+
+    def _encode(self, identities: list[bytes], fence: int) -> dict[bytes, ImageFeatures]:
+        import time
+
+        if self.pixels is None:
+            raise ImageUnavailable("this engine has no imageprep address to fetch image "
+                                   "pixels from (engine setting imageprep_address)")
+        started = time.perf_counter()
+        tensors = self.pixels.fetch(identities)
+        inputs = [VisionInput.from_tensors(identity, named, self.merge)
+                  for identity, named in zip(identities, tensors, strict=True)]
+        features = self.model.encode_images(inputs)
+        self.counters.encoder_calls += 1
+        self.counters.images_encoded += len(inputs)
+        self.counters.patches_encoded += sum(i.num_patches for i in inputs)
+        self.counters.encoder_s += time.perf_counter() - started
+        result = {}
+        for identity, feature in zip(identities, features, strict=True):
+            self.cache.put(identity, feature, fence)
+            result[identity] = feature
+        return result
+
+
+def step_positions(rows: Sequence[tuple[MultimodalPrompt | None, int, int]]) -> np.ndarray:
+    """int64 [3, T] mRoPE positions of a step's fed rows, sequence by sequence: (the
+    sequence's prompt, or None for a text-only one, and its fed positions [start, end))."""
+    parts = []
+    for prompt, start, end in rows:
+        if prompt is None:
+            parts.append(np.broadcast_to(np.arange(start, end, dtype=np.int64),
+                                         (3, end - start)))
+        else:
+            parts.append(prompt.position_rows(start, end))
+    if not parts:
+        return np.zeros((3, 0), dtype=np.int64)
+    return np.ascontiguousarray(np.concatenate(parts, axis=1), dtype=np.int64)
