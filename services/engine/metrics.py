@@ -127,6 +127,7 @@ class EngineMetrics(Collector):
             metric = family(name, help_text, labels=labels)
             metric.add_metric(value, number)
             yield metric
+        yield from _tier_metrics(snap)
         # the cache's shape, as vLLM states it (Gateway API Inference Extension's model-server
         # protocol): a block is the prefix cache's 64-token unit, the one KV events name
         info = GaugeMetricFamily(
@@ -135,3 +136,34 @@ class EngineMetrics(Collector):
         info.add_metric([self.model_name, str(BLOCK_TOKENS),
                          str(snap.pages_total * self.page_size // BLOCK_TOKENS), "True"], 1)
         yield info
+
+
+def _tier_metrics(snap: LoadSnapshot) -> Iterator[Metric]:
+    """Prefix-cache hits and reused tokens per tier (gpu, host), and the host tier's pages."""
+    host = snap.host_tier
+    hits = CounterMetricFamily("helios_engine_prefix_tier_hits",
+                               "residencies that reused cached KV, per tier", labels=["tier"])
+    tokens = CounterMetricFamily("helios_engine_prefix_tier_reused_tokens",
+                                 "prompt tokens served from cache, per tier", labels=["tier"])
+    hits.add_metric(["gpu"], snap.prefix_hits)
+    tokens.add_metric(["gpu"], snap.prefix_reused_tokens)
+    if host is not None:
+        hits.add_metric(["host"], host.hits)
+        tokens.add_metric(["host"], host.reused_tokens)
+    yield hits
+    yield tokens
+    if host is None:
+        return
+    yield GaugeMetricFamily("helios_engine_host_pages_total", "KV pages in the host tier",
+                            value=host.pages_total)
+    yield GaugeMetricFamily("helios_engine_host_pages_cached",
+                            "host-tier pages holding evicted blocks", value=host.pages_cached)
+    for name, help_text, value in (
+        ("helios_engine_host_blocks_offloaded", "blocks copied from the GPU to the host tier",
+         host.blocks_offloaded),
+        ("helios_engine_host_blocks_dropped", "evicted blocks the host tier had no room for",
+         host.blocks_dropped),
+        ("helios_engine_host_blocks_evicted", "blocks the host tier evicted",
+         host.blocks_evicted),
+    ):
+        yield CounterMetricFamily(name, help_text, value=value)

@@ -141,7 +141,8 @@ def multimodal_from_pb(message: common_pb2.MultimodalInputs, prompt_len: int
 def usage_to_pb(usage: Usage) -> common_pb2.Usage:
     return common_pb2.Usage(prompt_tokens=usage.prompt_tokens,
                             completion_tokens=usage.completion_tokens,
-                            cached_tokens=usage.cached_tokens)
+                            cached_tokens=usage.cached_tokens,
+                            cached_tokens_host=usage.cached_tokens_host)
 
 
 def admitted_to_pb(admitted: Admitted) -> engine_pb2.EngineGenerateResponse:
@@ -218,7 +219,8 @@ def load_to_pb(load: LoadSnapshot) -> engine_pb2.LoadSnapshot:
         generation_tokens=load.generation_tokens, preemptions=load.preemptions,
         launches_by_kind=load.launches_by_kind, tokens_last_minute=load.tokens_last_minute,
         admission_paused=load.admission_paused, draining=load.draining,
-        dropped_updates=load.dropped_updates)
+        dropped_updates=load.dropped_updates, expert_tokens=load.expert_tokens,
+        moe_layers=load.moe_layers, experts_per_token=load.experts_per_token)
     for g in load.graphs:
         message.graphs.append(engine_pb2.GraphStats(
             kind=g.kind, label=g.label, batch_capacity=g.batch_capacity,
@@ -236,6 +238,12 @@ def load_to_pb(load: LoadSnapshot) -> engine_pb2.LoadSnapshot:
             requests=[engine_pb2.RequestRef(slot=h.slot, generation=h.generation)
                       for h in c.requests],
             prompt_tokens=c.prompt_tokens, output_tokens=c.output_tokens))
+    if load.host_tier is not None:
+        h = load.host_tier
+        message.host_tier.CopyFrom(engine_pb2.HostTierLoad(
+            pages_total=h.pages_total, pages_cached=h.pages_cached,
+            blocks_offloaded=h.blocks_offloaded, blocks_dropped=h.blocks_dropped,
+            blocks_evicted=h.blocks_evicted, hits=h.hits, reused_tokens=h.reused_tokens))
     return message
 
 

@@ -11,6 +11,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from services.engine.model.moe import ExpertLoad
+from services.engine.prefix.host_tier import HostTier
 from services.engine.scheduler.plan import Completion, SlotHandle, Step
 from services.engine.scheduler.scheduler import Scheduler
 from services.engine.scheduler.sequence import Phase, Sequence
@@ -67,6 +69,25 @@ class CompletionRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class HostTierLoad:
+    """The host-memory KV tier's occupancy and counters (prefix/host_tier.py)."""
+
+    pages_total: int
+    pages_cached: int
+    blocks_offloaded: int
+    blocks_dropped: int
+    blocks_evicted: int
+    hits: int
+    reused_tokens: int
+
+    @classmethod
+    def of(cls, tier: HostTier) -> HostTierLoad:
+        c = tier.counters
+        return cls(tier.num_pages, tier.num_used_pages, c.offloaded, c.dropped, c.evicted,
+                   c.hits, c.onloaded_tokens)
+
+
+@dataclass(frozen=True, slots=True)
 class LoadSnapshot:
     session_id: str
     sample_time_s: float
@@ -106,6 +127,10 @@ class LoadSnapshot:
     requests: tuple[RequestRow, ...] = ()
     dropped_updates: int = 0
     completions: tuple[CompletionRecord, ...] = ()
+    expert_tokens: tuple[int, ...] = ()    # MoE: tokens routed per expert since start
+    moe_layers: int = 0
+    experts_per_token: int = 0
+    host_tier: HostTierLoad | None = None      # None: no host tier
 
 
 @dataclass(slots=True)
@@ -133,6 +158,13 @@ class Telemetry:
             gpu_ms=completion.duration_s * 1e3 if completion.duration_s >= 0 else -1.0,
             requests=tuple(s.handle for s in step.seqs), prompt_tokens=prompt,
             output_tokens=sum(len(r.token_ids) for r in completion.results)))
+        if completion.encoded_images:           # the vision encoder ran inside the step
+            self.sequence += 1
+            self.records.append(CompletionRecord(
+                sequence=self.sequence, time_s=now, kind="vision",
+                label=f"{completion.encoded_images} image(s)",
+                gpu_ms=completion.encoder_s * 1e3, requests=tuple(s.handle for s in step.seqs),
+                prompt_tokens=0, output_tokens=0))
 
 
 def _phase(seq: Sequence) -> str:
@@ -143,7 +175,7 @@ def _phase(seq: Sequence) -> str:
 
 
 def snapshot(scheduler: Scheduler, telemetry: Telemetry, query: LoadQuery, *,
-             paused: bool, draining: bool) -> LoadSnapshot:
+             paused: bool, draining: bool, experts: ExpertLoad | None = None) -> LoadSnapshot:
     state = scheduler.state
     res = state.resources
     cache = res.cache
@@ -200,4 +232,8 @@ def snapshot(scheduler: Scheduler, telemetry: Telemetry, query: LoadQuery, *,
         launches_by_kind=dict(counters.launches_by_kind),
         tokens_last_minute=counters.tokens_last_minute(now), admission_paused=paused,
         draining=draining, graphs=graphs, requests=rows, dropped_updates=telemetry.dropped,
-        completions=completions)
+        completions=completions,
+        host_tier=HostTierLoad.of(res.host) if res.host is not None else None,
+        expert_tokens=experts.tokens if experts else (),
+        moe_layers=experts.layers if experts else 0,
+        experts_per_token=experts.top_k if experts else 0)
