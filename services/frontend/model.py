@@ -54,6 +54,10 @@ class FrontendModel:
         self.max_num_seqs = 0                         # the engine's admission bounds, once known
         self.max_waiting = 0
         self.kv_pool_tokens = 0                       # tokens one request may hold in its pool
+        # the engine's word on images (ModelInfo.capabilities.vision: an architecture whose
+        # encoder it runs, with a pixel source); None until the engine answered (the engine
+        # refuses images itself meanwhile)
+        self.engine_vision: bool | None = None
         log.info("frontend model %s: tool parser %s, reasoning parser %s, %d chat template(s)",
                  manifest.card_id, self.tool_parser or "none", self.reasoning_parser or "none",
                  len(assets.templates))
@@ -68,7 +72,10 @@ class FrontendModel:
 
     @property
     def supports_vision(self) -> bool:
-        return self.manifest.capabilities.vision and self.image_tokens is not None
+        """Images are accepted: the checkpoint is a vision model with image tokens and a
+        profile, and the engine runs its encoder (a Gemma 3 VLM's text part alone does not)."""
+        return (self.manifest.capabilities.vision and self.image_tokens is not None and
+                self.engine_vision is not False)
 
     def check_name(self, requested: str) -> None:
         if requested and requested not in self.manifest.names():

@@ -115,6 +115,7 @@ class FrontendLifecycle:
             return
         self.model.max_num_seqs = info.max_num_seqs
         self.model.max_waiting = info.max_waiting
+        self.model.engine_vision = info.capabilities.vision
         if info.num_pages > 1:      # one page stays free for a snapshot restore
             self.model.kv_pool_tokens = (info.num_pages - 1) * info.page_size
         limit = info.max_model_len
@@ -262,7 +263,7 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
             root=manifest.model_id,
             max_model_len=model.max_model_len,
             tools=caps.tools,
-            vision=caps.vision,
+            vision=model.supports_vision,
             reasoning=caps.reasoning,
             created=manifest.created_at,
             owned_by="helios",

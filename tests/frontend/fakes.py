@@ -54,15 +54,17 @@ class Script:
 
 
 class FakeEngine(engine_pb2_grpc.EngineServicer):
-    def __init__(self, max_model_len: int = 4096) -> None:
+    def __init__(self, max_model_len: int = 4096, vision: bool = False) -> None:
         self.max_model_len = max_model_len
+        self.vision = vision          # ModelInfo.capabilities.vision: the engine runs images
         self.script = Script()
         self.requests: list[engine_pb2.EngineGenerateRequest] = []
         self.cancelled = asyncio.Event()
         self.finished_normally = asyncio.Event()
 
     async def GetModelInfo(self, request, context):
-        return engine_pb2.ModelInfo(model_id="fake", max_model_len=self.max_model_len)
+        return engine_pb2.ModelInfo(model_id="fake", max_model_len=self.max_model_len,
+                                    capabilities=common_pb2.Capabilities(vision=self.vision))
 
     async def Generate(self, request, context):
         self.requests.append(request)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import grpc
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
@@ -54,7 +55,8 @@ def vision_model_dir(tmp_path_factory):
 async def test_images_are_expanded_by_imageprep(vision_model_dir):
     model = FrontendModel.load(open_model(vision_model_dir))
     assert model.supports_vision and model.image_tokens is not None
-    engine, imageprep = FakeEngine(max_model_len=2048), FakeImagePrep(tokens_per_image=4)
+    engine = FakeEngine(max_model_len=2048, vision=True)
+    imageprep = FakeImagePrep(tokens_per_image=4)
     engine.script = Script([ScriptedChoice([model.tokenizer.encode("A cat.")])])
     chat = frontend_pb2.ChatInput(messages=[
         frontend_pb2.ChatMessage(role="system", text="Describe images."),
@@ -84,3 +86,25 @@ async def test_images_are_expanded_by_imageprep(vision_model_dir):
     assert list(sent.checkpoint_token_ends) == [first_end, user_end + 3]
     assert events[0].started.prompt_tokens == len(ids)
     assert events[-2].finish.reason == common_pb2.FINISH_REASON_STOP
+
+
+async def test_images_refused_when_the_engine_runs_no_encoder(vision_model_dir):
+    """A vision checkpoint whose engine does not run its encoder (ModelInfo vision false: a
+    VLM's text part alone, or no pixel source): the card says no vision and images get a
+    400 naming the model, before anything reaches imageprep or the engine."""
+    model = FrontendModel.load(open_model(vision_model_dir))
+    engine, imageprep = FakeEngine(max_model_len=2048, vision=False), FakeImagePrep()
+    chat = frontend_pb2.ChatInput(messages=[frontend_pb2.ChatMessage(
+        role="user", parts=frontend_pb2.ContentParts(parts=[
+            frontend_pb2.ContentPart(image=frontend_pb2.ImageInput(url=PNG_URL))]))])
+    async with UpstreamServer(engine, imageprep) as upstream, FrontendHarness(
+            vision_model_dir, upstream.address, upstream.address, loaded=model) as frontend:
+        (card,) = (await frontend.stub.ListModels(frontend_pb2.ListModelsRequest())).models
+        assert not card.capabilities.vision
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in frontend.stub.Generate(
+                    frontend_pb2.GenerateRequest(request_id="v2", chat=chat)):
+                pass
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "does not accept images" in info.value.details()
+    assert not imageprep.requests and not engine.requests

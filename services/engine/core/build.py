@@ -27,6 +27,7 @@ from services.engine.model import (
     load_dummy_model,
     load_model,
 )
+from services.engine.model.moe import expert_weight_bytes, reset_expert_load
 from services.engine.model.pooling import pooling_config
 from services.engine.model.qwen_vl import QwenVLForConditionalGeneration
 from services.engine.prefix.history import BLOCK_TOKENS
@@ -236,6 +237,7 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
         runner = TorchRunner(model, kv, snapshots, vision=vision,
                              num_slots=config.max_num_seqs,
                              eos_token_ids=eos, token_vocab=token_vocab, host_kv=host_kv)
+    reset_expert_load(model)     # graph capture and warm-up forwards routed tokens too
     pooling = pooling_config(source)
     resources = KVResources(num_pages=layout.num_pages, page_size=layout.page_size,
                             num_snapshots=layout.num_snapshots,
@@ -265,5 +267,6 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
     log.info("engine built", extra={"fields": {
         "device": info.device, "dtype": info.dtype, "pages": layout.num_pages,
         "page_size": layout.page_size, "snapshots": layout.num_snapshots,
-        "context": context, "kv_bytes": layout.budget_bytes}})
+        "context": context, "kv_bytes": layout.budget_bytes,
+        "expert_weight_bytes": expert_weight_bytes(model)}})
     return Engine(scheduler, runner, info, grammars)

@@ -58,6 +58,7 @@ from services.engine.core.messages import (
 from services.engine.core.outbox import Outbox
 from services.engine.core.telemetry import Telemetry, snapshot
 from services.engine.grammar import CompiledGrammar
+from services.engine.model.moe import expert_load
 from services.engine.scheduler.plan import PlanInvalidated
 from services.engine.scheduler.requests import Admitted, EngineRequest, FinishReason
 
@@ -177,8 +178,10 @@ class EngineCore:
             case Abort(request_ids=request_ids):
                 return self._abort(request_ids)
             case QueryLoad(query=query):
+                model = getattr(self.runner, "model", None)
                 return snapshot(self.scheduler, self.telemetry, query,
-                                paused=self.paused, draining=self.draining)
+                                paused=self.paused, draining=self.draining,
+                                experts=expert_load(model) if model is not None else None)
             case PauseAdmission():
                 self.paused = True
                 return self._admission_state()

@@ -90,9 +90,12 @@ class TorchRunner:
             log.exception("step %d failed", step.fence)
             raise WorkerFailure(f"engine step {step.fence} ({step.kind}) failed: "
                                 f"{type(exc).__name__}: {exc}") from exc
+        encoded, encoder_s = 0, 0.0
         if self.vision is not None:           # the step is done with its image features
             self.vision.complete(step.fence)
-        self._done.append(Completion(step.fence, results, time.perf_counter() - started))
+            encoded, encoder_s = self.vision.take_step_work()
+        self._done.append(Completion(step.fence, results, time.perf_counter() - started,
+                                     encoded, encoder_s))
         return step.fence
 
     def poll(self) -> Completion | None:

@@ -251,6 +251,9 @@ class Completion:
     fence: int
     results: tuple[SeqResult, ...]
     duration_s: float                  # measured execution time; < 0 when untimed
+    # the vision encoder's share of the step (images encoded, seconds; 0: none ran)
+    encoded_images: int = 0
+    encoder_s: float = 0.0
 
 
 def check(condition: bool, message: str) -> None:

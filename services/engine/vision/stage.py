@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from services.engine.model.qwen_vl import QwenVLForConditionalGeneration
 from services.engine.model.vision.inputs import ImageEmbeds, ImageFeatures, VisionInput
@@ -49,9 +50,17 @@ class VisionStage:
         assert model.vl_config.vision is not None
         self.merge = model.vl_config.vision.spatial_merge_size
         self.counters = VisionCounters()
+        self._reported: tuple[int, float] = (0, 0.0)
 
     def complete(self, fence: int) -> None:
         self.cache.complete(fence)
+
+    def take_step_work(self) -> tuple[int, float]:
+        """(images encoded, encoder seconds) since the last call: one step's share."""
+        done = (self.counters.images_encoded - self._reported[0],
+                self.counters.encoder_s - self._reported[1])
+        self._reported = (self.counters.images_encoded, self.counters.encoder_s)
+        return done
 
     def embeds(self, rows: Sequence[tuple[int, MultimodalPrompt, int, int]], fence: int
                ) -> ImageEmbeds | None:
@@ -88,6 +97,8 @@ class VisionStage:
         inputs = [VisionInput.from_tensors(identity, named, self.merge)
                   for identity, named in zip(identities, tensors, strict=True)]
         features = self.model.encode_images(inputs)
+        if self.model.device.type == "cuda":      # the encoder's time, not its launch
+            torch.cuda.synchronize(self.model.device)
         self.counters.encoder_calls += 1
         self.counters.images_encoded += len(inputs)
         self.counters.patches_encoded += sum(i.num_patches for i in inputs)

@@ -16,10 +16,10 @@ import pytest
 from services.common.core import open_model
 from services.common.errors import UnsupportedError, ValidationError
 from services.common.pb import common_pb2
+from services.engine.core.telemetry import Telemetry
 from services.engine.prefix.history import ConditioningEvent
 from services.engine.scheduler.requests import EngineRequest
 from services.engine.wire import multimodal_from_pb
-from tests.engine.fakes import run_step
 from tests.engine.model.vision.checkpoints import SPECS, prepared_image
 from tests.engine.model.vision.prompts import Prompt, compose, random_text, reference_generate
 from tests.engine.runner.conftest import greedy_request, make_engine
@@ -65,11 +65,23 @@ def request(rid: str, prompt: Prompt, ends: tuple[int, ...] = ()) -> EngineReque
                                multimodal=multimodal_from_pb(to_pb(prompt), len(prompt.ids)))
 
 
-def drive(engine: Any) -> tuple[dict[str, list[int]], dict[str, int]]:
+def drive(engine: Any, telemetry: Telemetry | None = None
+          ) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """Plan, submit, complete until idle (as the core loop does, recording each completed
+    step for the dashboard when given a telemetry)."""
     tokens: dict[str, list[int]] = {}
     cached: dict[str, int] = {}
+    scheduler, runner = engine.scheduler, engine.runner
     for _ in range(5_000):
-        _, updates = run_step(engine.scheduler, engine.runner)
+        plan = scheduler.plan()
+        if plan is not None:
+            runner.submit(scheduler.commit(plan, scheduler.state.resources.fences.next_fence))
+        updates = []
+        while (completion := runner.poll()) is not None:
+            step = scheduler.state.in_flight.get(completion.fence)
+            updates += scheduler.complete(completion)
+            if telemetry is not None and step is not None:
+                telemetry.record(step, completion, {})
         for update in updates:
             for delta in update.deltas:
                 tokens.setdefault(update.request_id, []).extend(delta.token_ids)
@@ -115,9 +127,14 @@ def test_concurrent_text_and_images(setup) -> None:
     for rid, prompt in prompts.items():
         pixels.add(prompt)
         engine.scheduler.admit(request(rid, prompt))
-    tokens, _ = drive(engine)
+    telemetry = Telemetry("test", enabled_until=float("inf"))
+    tokens, _ = drive(engine, telemetry)
     for rid, prompt in prompts.items():
         assert tokens[rid] == reference_generate(reference, prompt, NEW)[0], rid
+    # the dashboard's vision rows: one record per step that ran the encoder, with its time
+    vision = [r for r in telemetry.records if r.kind == "vision"]
+    assert sum(int(r.label.split()[0]) for r in vision) == 3
+    assert all(r.gpu_ms > 0 for r in vision)
     # every image went through in one step, whole (64-token chunks and budget would cut them)
     assert spans and all(first == 0 and count == total for first, count, total in spans)
     assert len(pixels.fetched) == 3
