@@ -72,7 +72,29 @@ def overview(state: DashboardState, width: int) -> list[str]:
         f"{s.slots_retiring}",
         "Speculation  drafter steps —   verification steps —   acceptance —",
     ]
+    lines += experts(state, width)
     return [line[:width] for line in lines]
+
+
+BARS = " ▁▂▃▄▅▆▇█"
+
+
+def experts(state: DashboardState, width: int) -> list[str]:
+    """An MoE model's routing: the most-loaded expert and one bar per expert (tokens in the
+    window, scaled to the busiest); nothing for a dense model."""
+    load = state.expert_load()
+    if load is None:
+        return []
+    window = "since start" if load.window_s is None else f"last {load.window_s:.1f} s"
+    top = max(load.tokens) or 1
+    bars = "".join(BARS[min(8, -(-8 * t // top))] for t in load.tokens)
+    return [
+        f"Experts      {len(load.tokens)} x {load.layers} layers, top-{load.top_k}   "
+        f"{window}: {sum(load.tokens):,} routed   most loaded #{load.busiest} "
+        f"({load.tokens[load.busiest]:,} tokens, {load.busiest_share:.0%}, "
+        f"{load.imbalance:.1f}x mean)",
+        f"  per expert |{bars[:max(0, width - 14)]}|",
+    ]
 
 
 def scheduler(rows: list[GraphRow], width: int) -> list[str]:

@@ -82,6 +82,10 @@ class EngineSample:
     graphs: tuple[GraphSample, ...]
     requests: tuple[RequestSample, ...]
     completions: tuple[CompletionSample, ...]
+    # MoE models: tokens routed per expert since start (summed over the sparse layers)
+    expert_tokens: tuple[int, ...] = ()
+    moe_layers: int = 0
+    experts_per_token: int = 0
 
 
 def from_pb(snapshot: engine_pb2.LoadSnapshot) -> EngineSample:
@@ -109,6 +113,8 @@ def from_pb(snapshot: engine_pb2.LoadSnapshot) -> EngineSample:
                              tuple((r.slot, r.generation) for r in c.requests),
                              c.prompt_tokens, c.output_tokens)
             for c in s.completions),
+        expert_tokens=tuple(s.expert_tokens), moe_layers=s.moe_layers,
+        experts_per_token=s.experts_per_token,
     )
 
 

@@ -6,7 +6,9 @@ Pure Python and clock-free (times are passed in), so every rule is testable with
 - the scheduler pane totals completions over the last two seconds per graph (kind + label);
 - a request row's ten-second history shows, per one-second cell, its latest prefill, decode,
   speculative or vision completion, another kind only when the cell holds none of those;
-- retired requests stay visible while their history lasts.
+- retired requests stay visible while their history lasts;
+- an MoE model's expert load is the growth of its per-expert counters over the same window as
+  the throughput (tokens per expert, the most-loaded one, its share and busiest / mean).
 """
 
 from __future__ import annotations
@@ -46,6 +48,19 @@ class GraphRow:
 
 
 @dataclass(frozen=True, slots=True)
+class ExpertLoadView:
+    """Routing over the last THROUGHPUT_WINDOW_S (since start until two samples exist)."""
+
+    tokens: tuple[int, ...]        # tokens routed to each expert in the window
+    window_s: float | None         # None: cumulative since the engine started
+    busiest: int                   # the most-loaded expert
+    busiest_share: float           # its share of the window's routed tokens
+    imbalance: float               # busiest / mean (1.0 = perfectly balanced)
+    layers: int
+    top_k: int
+
+
+@dataclass(frozen=True, slots=True)
 class Throughput:
     prefill_tps: float | None
     generation_tps: float | None
@@ -62,6 +77,8 @@ class DashboardState:
     truncated_rows: bool = False
     error: str = ""
     _counters: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=64))
+    _experts: deque[tuple[float, tuple[int, ...]]] = field(
+        default_factory=lambda: deque(maxlen=64))
 
     # ------------------------------------------------------------------ ingest
 
@@ -75,6 +92,8 @@ class DashboardState:
             self.completions.append(completion)
         self._counters.append((sample.engine_time_s, sample.prompt_tokens,
                                sample.generation_tokens))
+        if sample.expert_tokens:
+            self._experts.append((sample.engine_time_s, sample.expert_tokens))
         self._update_rows(sample)
 
     def ingest_error(self, message: str) -> None:
@@ -117,6 +136,29 @@ class DashboardState:
         if elapsed <= 0:
             return Throughput(None, None)
         return Throughput((prompt_now - start[1]) / elapsed, (gen_now - start[2]) / elapsed)
+
+    def expert_load(self) -> ExpertLoadView | None:
+        """Tokens per expert over the last window (the counter's growth between samples);
+        None for a dense model."""
+        if not self._experts or self.latest is None:
+            return None
+        now, latest = self._experts[-1]
+        start: tuple[float, tuple[int, ...]] | None = None
+        for entry in reversed(self._experts):
+            if entry[0] < now and len(entry[1]) == len(latest):
+                start = entry
+                if now - entry[0] >= THROUGHPUT_WINDOW_S:
+                    break
+        tokens = latest if start is None else tuple(
+            b - a for a, b in zip(start[1], latest, strict=True))
+        total = sum(tokens)
+        busiest = max(range(len(tokens)), key=lambda e: (tokens[e], -e))
+        mean = total / len(tokens)
+        return ExpertLoadView(
+            tokens=tokens, window_s=None if start is None else now - start[0], busiest=busiest,
+            busiest_share=tokens[busiest] / total if total else 0.0,
+            imbalance=tokens[busiest] / mean if mean else 0.0,
+            layers=self.latest.moe_layers, top_k=self.latest.experts_per_token)
 
     def scheduler_rows(self) -> list[GraphRow]:
         if self.latest is None:

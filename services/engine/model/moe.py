@@ -33,6 +33,7 @@ import importlib
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
 import torch
@@ -304,6 +305,49 @@ def expert_checkpoint_target(name: str) -> tuple[str, str] | None:
     if part == "down":
         return f"{block}.{'w_down' if kind == 'weight' else 'down_bias'}", expert
     return f"{block}.{'w_gate_up' if kind == 'weight' else 'gate_up_bias'}", f"{expert}.{part}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Expert load (GetLoad, the dashboard) and expert weight bytes (memory accounting)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertLoad:
+    """Tokens routed to each expert since start (real rows; summed over the sparse layers)."""
+
+    tokens: tuple[int, ...]
+    layers: int          # sparse layers
+    top_k: int
+
+
+def _load_counters(model: nn.Module) -> list[torch.Tensor]:
+    """Every sparse block's `expert_tokens` counter (int64 [E]), in module order."""
+    counters = (getattr(m, "expert_tokens", None) for m in model.modules())
+    return [c for c in counters if isinstance(c, torch.Tensor)]
+
+
+def expert_load(model: nn.Module) -> ExpertLoad | None:
+    """The model's expert load (one device read: off the hot path); None for dense models."""
+    counters = _load_counters(model)
+    config = getattr(model, "config", None)
+    if not counters or config is None or config.moe is None:
+        return None
+    total = torch.stack(counters).sum(dim=0).tolist()
+    return ExpertLoad(tuple(int(v) for v in total), len(counters), config.moe.top_k)
+
+
+def reset_expert_load(model: nn.Module) -> None:
+    """Zero the counters in place (after graph capture and warm-up, whose forwards count;
+    the captured graphs keep the same buffers)."""
+    with torch.inference_mode():   # the counters are inference tensors (made at load)
+        for counter in _load_counters(model):
+            counter.zero_()
+
+
+def expert_weight_bytes(model: nn.Module) -> int:
+    """Bytes of every `Experts` module's weights and biases (the bulk of an MoE model)."""
+    return sum(p.numel() * p.element_size() for m in model.modules()
+               if isinstance(m, Experts) for p in m.parameters())
 
 
 # ---------------------------------------------------------------------------------------------

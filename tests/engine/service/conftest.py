@@ -41,11 +41,13 @@ class RunningEngine:
 
 
 @contextlib.contextmanager
-def start_engine(tmp_path, *extra: str, name: str = "engine") -> Iterator[RunningEngine]:
+def start_engine(tmp_path, *extra: str, name: str = "engine",
+                 model: str | None = None) -> Iterator[RunningEngine]:
+    """An engine process serving `model` (a model directory; default: the demo core)."""
     from services.cli.demo_model import demo_core
 
     address = f"unix://{tmp_path}/{name}.sock"
-    args = ["serve", "engine", "--listen", address, "--model", str(demo_core()),
+    args = ["serve", "engine", "--listen", address, "--model", model or str(demo_core()),
             "--kv-cache-bytes", str(32 << 20), "--max-num-seqs", "8", "--cpu-threads", "1",
             *extra]
     with ServiceProcess.start(args, tmp_path / f"{name}.log") as process:
