@@ -51,8 +51,8 @@ _EXPORTS: dict[str, str] = {
     "linear": "skinny_linear",
     "norm_linear": "skinny_linear",
     "AttentionScratch": "attention",
-    "fp8_linear": "fp8_linear",
-    "fp8_norm_linear": "fp8_linear",
+    "fp8_linear": "fp8_layers",
+    "fp8_norm_linear": "fp8_layers",
     "fused_experts": "fused_moe",
     "fused_moe_routed": "fused_moe",
 }

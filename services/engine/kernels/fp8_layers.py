@@ -1,0 +1,234 @@
+"""FP8 linear layers on CUDA: the ops `fp8_linear` and `fp8_norm_linear` (model/fp8.py).
+
+    fp8_linear(x [M, K], weight: Fp8Weight, bias=None, *, out_dtype=None) -> [M, N]
+    fp8_norm_linear(x, residual, norm_weight, eps, weight: Fp8Weight, bias=None,
+                    activation=None) -> (y, new_residual)
+
+One row (a batch-1 decode step, `MAX_ROWS`): the skinny kernel below, the FP8 twin of
+skinny_linear.py with the same fused norm, gated activation (SiLU, GELU-tanh), fp32 output and
+PDL: it streams e4m3 weight rows (half the bytes of bf16, which is the whole cost at batch 1)
+and dequantizes them in registers, the row scale applied once to the dot product (block-wise
+weights: BLOCK_K = 128, each K step's partial sums times that block's scale). The activation
+row is not quantized there (W8A16: the skinny path is the more exact one).
+
+More rows: the activations are quantized by `fp8_quant.py` (fused with the norm for
+`fp8_norm_linear`) and multiplied by `fp8_gemm.py` (torch._scaled_mm or the Triton GEMM for
+rowwise scales, the Triton block-scaled GEMM for 128x128 blocks); a gated activation then runs
+the activation kernel on the GEMM's output.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from services.common.errors import ValidationError
+from services.engine.kernels.activation import gated_activation, gelu_tanh_and_mul, silu_and_mul
+from services.engine.kernels.common import cdiv, check_float, check_last_dim_contiguous, sm_count
+from services.engine.kernels.fp8_gemm import block_mm, rowwise_mm
+from services.engine.kernels.fp8_quant import norm_quantize_fp8, quantize_fp8
+from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
+from services.engine.kernels.skinny_linear import LinearPlan, check_activation, plan_linear
+from services.engine.model.fp8 import FP8_DTYPE, Fp8Weight
+
+MAX_ROWS = 1
+BLOCK = 128
+
+
+@triton.jit
+def _fp8_skinny_kernel(
+    x_ptr, res_ptr, norm_w_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, res_out_ptr,
+    n_out, k_dim, up_offset, eps,
+    stride_x, stride_r, stride_w, stride_ws, stride_o, stride_ro,
+    NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr, BLOCKWISE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr, PDL: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < n_out
+    kk = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w
+    up_rows = w_rows + up_offset * stride_w
+    tile_mask = n_mask[:, None] & (kk < k_dim)[None, :]
+    w_next = tl.load(w_rows + kk[None, :], mask=tile_mask, other=0.0)
+    if ACTIVATION != "none":
+        u_next = tl.load(up_rows + kk[None, :], mask=tile_mask, other=0.0)
+    wait_for_previous_grids(PDL)
+    act_dtype = x_ptr.dtype.element_ty
+    x_row = x_ptr + row * stride_x
+    r_row = res_ptr + row * stride_r
+    rstd = 1.0
+    if NORM:
+        sum_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, k_dim, BLOCK_K):
+            k = k0 + kk
+            k_mask = k < k_dim
+            h = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
+            if RESIDUAL:
+                r = tl.load(r_row + k, mask=k_mask, other=0.0).to(tl.float32)
+                s = (h + r).to(act_dtype)
+                if pid_n == 0:
+                    tl.store(res_out_ptr + row * stride_ro + k, s, mask=k_mask)
+                h = s.to(tl.float32)
+            sum_sq += h * h
+        rstd = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=0) / k_dim + eps)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, k_dim, BLOCK_K):
+        k = k0 + kk
+        k_mask = k < k_dim
+        a = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
+        if NORM:
+            if RESIDUAL:
+                r = tl.load(r_row + k, mask=k_mask, other=0.0).to(tl.float32)
+                a = (a + r).to(act_dtype).to(tl.float32)
+            g = tl.load(norm_w_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+            a = (a * rstd * g).to(act_dtype).to(tl.float32)
+        w = w_next
+        next_mask = n_mask[:, None] & (k + BLOCK_K < k_dim)[None, :]
+        w_next = tl.load(w_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
+        prod = w.to(tl.float32) * a[None, :]
+        if BLOCKWISE:   # BLOCK_K == SCALE_BLOCK: this step is one column of weight blocks
+            kb = k0 // SCALE_BLOCK
+            s_w = tl.load(ws_ptr + (n // SCALE_BLOCK) * stride_ws + kb, mask=n_mask, other=0.0)
+            prod = prod * s_w[:, None]
+        acc += prod
+        if ACTIVATION != "none":
+            u = u_next
+            u_next = tl.load(up_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
+            prod_up = u.to(tl.float32) * a[None, :]
+            if BLOCKWISE:
+                s_u = tl.load(ws_ptr + ((n + up_offset) // SCALE_BLOCK) * stride_ws + kb,
+                              mask=n_mask, other=0.0)
+                prod_up = prod_up * s_u[:, None]
+            acc_up += prod_up
+    y = tl.sum(acc, axis=1)
+    if not BLOCKWISE:
+        y = y * tl.load(ws_ptr + n, mask=n_mask, other=0.0)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
+    if ACTIVATION != "none":
+        up = tl.sum(acc_up, axis=1)
+        if not BLOCKWISE:
+            up = up * tl.load(ws_ptr + up_offset + n, mask=n_mask, other=0.0)
+        if HAS_BIAS:
+            up += tl.load(b_ptr + up_offset + n, mask=n_mask, other=0.0).to(tl.float32)
+        gate = y.to(act_dtype).to(tl.float32)
+        up = up.to(act_dtype).to(tl.float32)
+        y = gated_activation(gate, up, ACTIVATION)
+    tl.store(out_ptr + row * stride_o + n, y.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+def _check(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> None:
+    if x.dim() != 2:
+        raise ValidationError(f"x: expected 2 dims, got shape {tuple(x.shape)}")
+    check_float("x", x)
+    check_last_dim_contiguous("x", x)
+    w = weight.qweight
+    if w.dtype != FP8_DTYPE or w.dim() != 2 or w.stride(-1) != 1:
+        raise ValidationError(f"weight: expected a row-major e4m3 matrix, got {w.dtype} "
+                              f"{tuple(w.shape)}")
+    if w.shape[1] != x.shape[1]:
+        raise ValidationError(f"weight {tuple(w.shape)} does not take rows of {x.shape[1]}")
+    if weight.scale.dtype != torch.float32 or not weight.scale.is_contiguous():
+        raise ValidationError("weight scale: expected contiguous float32")
+    if bias is not None and (bias.shape != (w.shape[0],) or bias.stride(0) != 1):
+        raise ValidationError(f"bias: expected ({w.shape[0]},) contiguous, got "
+                              f"{tuple(bias.shape)}")
+
+
+def skinny_plan(weight: Fp8Weight, n_out: int, rows: int, device: torch.device,
+                gated: bool) -> LinearPlan:
+    plan = plan_linear(n_out, weight.shape[1], rows, sm_count(device), gated)
+    if weight.block:   # one column of weight blocks per K step
+        return LinearPlan(plan.block_n, BLOCK, plan.num_warps)
+    return plan
+
+
+def _skinny(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
+            eps: float, weight: Fp8Weight, bias: torch.Tensor | None, out: torch.Tensor,
+            residual_out: torch.Tensor | None, activation: str | None,
+            plan: LinearPlan | None = None) -> None:
+    rows, k_dim = x.shape
+    n_out = out.shape[1]
+    if rows == 0 or n_out == 0:
+        return
+    plan = plan or skinny_plan(weight, n_out, rows, x.device, activation is not None)
+    w, scale = weight.qweight, weight.scale
+    res = residual if residual is not None else x
+    res_out = residual_out if residual_out is not None else x
+    _fp8_skinny_kernel[(cdiv(n_out, plan.block_n), rows)](
+        x, res, norm_weight if norm_weight is not None else x, w, scale,
+        bias if bias is not None else x, out, res_out,
+        n_out, k_dim, n_out if activation else 0, float(eps),
+        x.stride(0), res.stride(0), w.stride(0), scale.stride(0), out.stride(0),
+        res_out.stride(0),
+        NORM=norm_weight is not None, RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
+        ACTIVATION=activation or "none", BLOCKWISE=weight.block, BLOCK_N=plan.block_n,
+        BLOCK_K=plan.block_k, SCALE_BLOCK=BLOCK, num_warps=plan.num_warps,
+        **launch_options(x.device, rows),
+    )
+
+
+def _gemm(q: torch.Tensor, scales: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
+          out_dtype: torch.dtype) -> torch.Tensor:
+    if weight.block:
+        return block_mm(q, scales, weight.qweight, weight.scale, bias, out_dtype)
+    return rowwise_mm(q, scales, weight.qweight, weight.scale, bias, out_dtype)
+
+
+def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None, *,
+               out_dtype: torch.dtype | None = None, plan: LinearPlan | None = None
+               ) -> torch.Tensor:
+    """x [M, K] @ W^T + bias -> [M, N] in out_dtype (x's by default)."""
+    _check(x, weight, bias)
+    out_dtype = out_dtype or x.dtype
+    if x.shape[0] <= MAX_ROWS or plan is not None:
+        out = torch.empty((x.shape[0], weight.shape[0]), dtype=out_dtype, device=x.device)
+        _skinny(x, None, None, 0.0, weight, bias, out, None, None, plan)
+        return out
+    scheme = weight.scheme
+    q, scales = quantize_fp8(x, scheme.activations, scheme.group_size, weight.input_scale)
+    return _gemm(q, scales, weight, bias, out_dtype)
+
+
+def fp8_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                    eps: float, weight: Fp8Weight, bias: torch.Tensor | None = None,
+                    activation: str | None = None, *, plan: LinearPlan | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x [+ residual]) @ W^T + b, then act(gate) * up with a gated activation;
+    the new residual)."""
+    activation = check_activation(activation)
+    _check(x, weight, bias)
+    rows, k_dim = x.shape
+    if norm_weight.shape != (k_dim,) or norm_weight.stride(0) != 1:
+        raise ValidationError(f"norm_weight: expected ({k_dim},) contiguous, "
+                              f"got {tuple(norm_weight.shape)}")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValidationError(f"residual: expected {tuple(x.shape)} {x.dtype}, "
+                              f"got {tuple(residual.shape)} {residual.dtype}")
+    n_rows = weight.shape[0]
+    if activation and n_rows % 2:
+        raise ValidationError(f"weight: {n_rows} rows cannot split into gate and up halves")
+    if rows > MAX_ROWS and plan is None:
+        scheme = weight.scheme
+        q, scales, new_residual = norm_quantize_fp8(x, residual, norm_weight, eps,
+                                                    scheme.activations, scheme.group_size,
+                                                    weight.input_scale)
+        y = _gemm(q, scales, weight, bias, x.dtype)
+        if activation == "silu":
+            y = silu_and_mul(y)
+        elif activation == "gelu_tanh":
+            y = gelu_tanh_and_mul(y)
+        return y, new_residual
+    n_out = n_rows // 2 if activation else n_rows
+    out = torch.empty((rows, n_out), dtype=x.dtype, device=x.device)
+    residual_out = None
+    if residual is not None:
+        check_last_dim_contiguous("residual", residual)
+        residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _skinny(x, residual, norm_weight, eps, weight, bias, out, residual_out, activation, plan)
+    return out, (residual_out if residual_out is not None else x)

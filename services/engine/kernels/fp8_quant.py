@@ -1,0 +1,203 @@
+"""FP8 activation quantization: bf16/fp16/fp32 rows -> e4m3 rows and float32 scales, alone or
+fused into the RMSNorm in front of a projection.
+
+    quantize_fp8(x [M, K], kind, group=128, input_scale=None) -> (q e4m3 [M, K], scales)
+    norm_quantize_fp8(x, residual | None, norm_weight, eps, kind, group=128, input_scale=None)
+        -> (q, scales, new_residual)
+
+`kind` is the scheme's activation quantization (services/common/quantization.py):
+"token" (one scale per row: amax / 448, scales [M, 1]), "group" (one per row and 128-column
+group, scales [M, ceil(K/128)]: the Hugging Face block-wise fp8 format), "static" (the
+largest `input_scale`, scales [1, 1]; nothing reduced). Values are divided by the scale
+(round-to-nearest division, as the reference's), clamped to +-448 and rounded to nearest
+even (`round_e4m3`), then cast: the e4m3 bits equal `model.fp8.quantize_activation`'s.
+
+The fused kernel is the norm kernel's arithmetic (the residual sum rounded to the input dtype
+and written back by the same program, the norm in float32, `weight * normed` rounded to the
+input dtype as the reference does), then the quantization of the normed row: a prefill step's
+norm writes its e4m3 row directly (1 byte per element instead of 2, and no separate
+quantization kernel reading the row back). One program per row; loops over K in BLOCK_K
+chunks (a row is a few KiB and stays in L1/L2 between the passes).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from services.common.errors import ValidationError
+from services.engine.kernels.common import (
+    check_float,
+    check_last_dim_contiguous,
+    check_rank,
+    next_power_of_2,
+)
+
+FP8_MAX = tl.constexpr(448.0)
+MIN_AMAX = tl.constexpr(1e-10)
+KINDS = ("token", "group", "static")
+
+
+@triton.jit
+def round_e4m3(v):
+    """v (float32) clamped to +-448 and rounded to the nearest e4m3 value (ties to even),
+    so the cast that follows is exact. Normal range: Veltkamp's split keeps the top 4
+    significant bits (c = v (2^20 + 1); c - (c - v)); below 2^-6 (e4m3's subnormals, a fixed
+    2^-9 step) adding and subtracting 1.5 * 2^14 rounds to that step. The same bits as a
+    round-to-nearest-even cast (checked against torch's over every e4m3 midpoint); Triton
+    3.6's interpreter rounds its own cast wrongly (124.3 -> 64), this does not depend on it."""
+    v = tl.clamp(v, -FP8_MAX, FP8_MAX)
+    c = v * 1048577.0
+    high = c - (c - v)
+    low = (v + 24576.0) - 24576.0
+    return tl.where(tl.abs(v) < 0.015625, low, high)
+
+
+@triton.jit
+def _load_normed(x_row, r_row, g_ptr, k, k_mask, rstd, act_dtype, NORM: tl.constexpr,
+                 RESIDUAL: tl.constexpr):
+    """The value quantized at columns k: x, or rms_norm(x + residual) * g (float32)."""
+    h = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
+    if NORM:
+        if RESIDUAL:
+            r = tl.load(r_row + k, mask=k_mask, other=0.0).to(tl.float32)
+            h = (h + r).to(act_dtype).to(tl.float32)
+        g = tl.load(g_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+        h = (g * (h * rstd).to(act_dtype).to(tl.float32)).to(act_dtype).to(tl.float32)
+    return h
+
+
+@triton.jit
+def _quantize_kernel(
+    x_ptr, res_ptr, g_ptr, q_ptr, s_ptr, static_ptr, res_out_ptr,
+    k_dim, num_static, eps,
+    stride_x, stride_r, stride_q, stride_s, stride_ro,
+    KIND: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_K: tl.constexpr, GROUP: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    act_dtype = x_ptr.dtype.element_ty
+    x_row = x_ptr + row * stride_x
+    r_row = res_ptr + row * stride_r
+    q_row = q_ptr + row * stride_q
+    kk = tl.arange(0, BLOCK_K)
+    rstd = 1.0
+    if NORM:
+        sum_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, k_dim, BLOCK_K):
+            k = k0 + kk
+            k_mask = k < k_dim
+            h = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
+            if RESIDUAL:
+                r = tl.load(r_row + k, mask=k_mask, other=0.0).to(tl.float32)
+                s = (h + r).to(act_dtype)
+                tl.store(res_out_ptr + row * stride_ro + k, s, mask=k_mask)
+                h = s.to(tl.float32)
+            sum_sq += h * h
+        rstd = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=0) / k_dim + eps)
+    if KIND == "group":
+        # BLOCK_K == GROUP: one chunk is one group
+        for k0 in range(0, k_dim, GROUP):
+            k = k0 + kk
+            k_mask = k < k_dim
+            h = _load_normed(x_row, r_row, g_ptr, k, k_mask, rstd, act_dtype, NORM, RESIDUAL)
+            amax = tl.maximum(tl.max(tl.abs(h), axis=0), MIN_AMAX)
+            scale = tl.div_rn(amax, FP8_MAX)
+            q = round_e4m3(tl.div_rn(h, scale))
+            tl.store(q_row + k, q.to(q_ptr.dtype.element_ty), mask=k_mask)
+            tl.store(s_ptr + row * stride_s + k0 // GROUP, scale)
+    else:
+        if KIND == "static":
+            ss = tl.arange(0, BLOCK_S)
+            scale = tl.max(tl.load(static_ptr + ss, mask=ss < num_static, other=0.0), axis=0)
+        else:
+            amax_vec = tl.zeros([BLOCK_K], dtype=tl.float32)
+            for k0 in range(0, k_dim, BLOCK_K):
+                k = k0 + kk
+                k_mask = k < k_dim
+                h = _load_normed(x_row, r_row, g_ptr, k, k_mask, rstd, act_dtype, NORM,
+                                 RESIDUAL)
+                amax_vec = tl.maximum(amax_vec, tl.abs(h))
+            amax = tl.maximum(tl.max(amax_vec, axis=0), MIN_AMAX)
+            scale = tl.div_rn(amax, FP8_MAX)
+            tl.store(s_ptr + row * stride_s, scale)
+        for k0 in range(0, k_dim, BLOCK_K):
+            k = k0 + kk
+            k_mask = k < k_dim
+            h = _load_normed(x_row, r_row, g_ptr, k, k_mask, rstd, act_dtype, NORM, RESIDUAL)
+            q = round_e4m3(tl.div_rn(h, scale))
+            tl.store(q_row + k, q.to(q_ptr.dtype.element_ty), mask=k_mask)
+
+
+def _check(x: torch.Tensor, kind: str, group: int, input_scale: torch.Tensor | None) -> None:
+    check_rank("x", x, 2)
+    check_float("x", x)
+    check_last_dim_contiguous("x", x)
+    if kind not in KINDS:
+        raise ValidationError(f"kind: expected one of {KINDS}, got {kind!r}")
+    if kind == "group" and (group < 16 or group & (group - 1)):
+        raise ValidationError(f"group: expected a power of two >= 16, got {group}")
+    if kind == "static" and (input_scale is None or input_scale.dtype != torch.float32
+                             or input_scale.dim() != 1 or not input_scale.is_contiguous()):
+        raise ValidationError("static quantization needs a contiguous float32 input_scale [S]")
+
+
+def _launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
+            eps: float, kind: str, group: int, input_scale: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    _check(x, kind, group, input_scale)
+    rows, k_dim = x.shape
+    q = torch.empty((rows, k_dim), dtype=torch.float8_e4m3fn, device=x.device)
+    if kind == "group":
+        scales = torch.empty((rows, -(-k_dim // group)), dtype=torch.float32, device=x.device)
+    elif kind == "token":
+        scales = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+    else:
+        assert input_scale is not None
+        scales = input_scale.amax().reshape(1, 1)
+    res_out = None
+    if residual is not None:
+        res_out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if rows == 0:
+        return q, scales, res_out
+    block_k = group if kind == "group" else min(next_power_of_2(k_dim), 1024)
+    static = input_scale if input_scale is not None else scales
+    res = residual if residual is not None else x
+    ro = res_out if res_out is not None else x
+    _quantize_kernel[(rows,)](
+        x, res, norm_weight if norm_weight is not None else x, q, scales, static, ro,
+        k_dim, static.numel(), float(eps),
+        x.stride(0), res.stride(0), q.stride(0), scales.stride(0), ro.stride(0),
+        KIND=kind, NORM=norm_weight is not None, RESIDUAL=residual is not None,
+        BLOCK_K=block_k, GROUP=group if kind == "group" else block_k,
+        BLOCK_S=next_power_of_2(max(1, static.numel())),
+        num_warps=4 if block_k >= 512 else 2,
+    )
+    return q, scales, res_out
+
+
+def quantize_fp8(x: torch.Tensor, kind: str, group: int = 128,
+                 input_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (e4m3 [M, K], float32 scales: [M, 1] token, [M, K/group] group, [1, 1]
+    static)."""
+    q, scales, _ = _launch(x, None, None, 0.0, kind, group, input_scale)
+    return q, scales
+
+
+def norm_quantize_fp8(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                      eps: float, kind: str, group: int = 128,
+                      input_scale: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rms_norm(x + residual) * norm_weight quantized as `quantize_fp8`, and the new residual
+    (x + residual, or x itself when residual is None)."""
+    if norm_weight.shape != (x.shape[-1],) or norm_weight.stride(0) != 1:
+        raise ValidationError(f"norm_weight: expected ({x.shape[-1]},) contiguous, "
+                              f"got {tuple(norm_weight.shape)}")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValidationError(f"residual: expected {tuple(x.shape)} {x.dtype}, "
+                              f"got {tuple(residual.shape)} {residual.dtype}")
+    if residual is not None:
+        check_last_dim_contiguous("residual", residual)
+    q, scales, res_out = _launch(x, residual, norm_weight, eps, kind, group, input_scale)
+    return q, scales, (res_out if res_out is not None else x)
