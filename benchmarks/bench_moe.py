@@ -228,13 +228,16 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="CPU check: tiny lengths")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available() and not args.smoke:
+        print("bench_moe: no CUDA device; running the --smoke CPU check instead", flush=True)
+        args.smoke = True
     if args.smoke:   # the script's plumbing on a CPU: a 3-layer model of the shape's kind
         args.b1_input_len, args.b1_output_len, args.requests = 8, 4, 1
         args.input_len, args.output_len, args.concurrency = 8, 4, 2
         args.hf_output_len, args.max_model_len = 3, 64
     args.out.mkdir(parents=True, exist_ok=True)
-    import torch
-
     config = SHAPES[args.shape]
     result = MoEResult(args.shape, torch.cuda.get_device_name(0)
                        if torch.cuda.is_available() else "cpu",
