@@ -1,0 +1,172 @@
+"""Images through the real four services (`helios run MODEL_DIR`: gateway, frontend,
+imageprep, engine) with a tiny random-weight Qwen2.5-VL checkpoint (the real Qwen tokenizer,
+a Qwen-VL chat template) and the official openai, anthropic and ollama SDKs: the greedy
+answer to an image and a question equals transformers' generate on the same pixels and
+prompt; usage counts the image tokens; the second request with the same image hits the
+engine's feature cache; remote URLs get a clear 400; /api/show lists vision."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import shutil
+
+import anthropic
+import httpx
+import numpy as np
+import ollama
+import openai
+import pytest
+import torch
+
+from services.common import assets
+from tests.engine.model.vision.checkpoints import _perturb
+from tests.support.processes import HeliosRun, free_port
+
+pytestmark = pytest.mark.timeout(600)
+
+TEMPLATE = (
+    "{%- for message in messages %}<|im_start|>{{ message.role }}\n"
+    "{%- if message.content is string %}{{ message.content }}{%- else %}"
+    "{%- for part in message.content %}{%- if part.type == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{%- elif part.type == 'text' %}{{ part.text }}"
+    "{%- endif %}{%- endfor %}{%- endif %}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+QUESTION = "What is in this picture?"
+NEW = 8
+EXACT = {"ignore_eos": True, "temperature": 0}
+
+
+def build_model(root):
+    import transformers
+
+    text = {"vocab_size": 151936, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                "mrope_section": [2, 3, 3]}}
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=text, tie_word_embeddings=True, image_token_id=151655,
+        video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+        vision_config={"depth": 2, "hidden_size": 32, "intermediate_size": 48, "num_heads": 2,
+                       "out_hidden_size": 64, "patch_size": 14, "window_size": 112,
+                       "fullatt_block_indexes": [1]})
+    torch.manual_seed(0)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
+    _perturb(model, 0)
+    model.save_pretrained(root, safe_serialization=True)
+    source = assets.fetch("qwen3")
+    shutil.copyfile(source / "tokenizer.json", root / "tokenizer.json")
+    tok_config = json.loads((source / "tokenizer_config.json").read_text())
+    tok_config["chat_template"] = TEMPLATE
+    (root / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    return model.eval()
+
+
+def png_bytes(height: int, width: int, seed: int) -> bytes:
+    from PIL import Image
+
+    rgb = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(rgb).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def reference_answer(model, tokenizer, png: bytes) -> tuple[str, int]:
+    """transformers' greedy text for the image + question, and the expanded prompt length."""
+    from PIL import Image
+
+    from services.imageprep.decode import DecodedImage
+    from services.imageprep.expansion import expand_prompt
+    from services.imageprep.processor import process_image
+    from services.imageprep.profiles import builtin_profile
+
+    rgb = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    prepared = process_image(DecodedImage(rgb, "RGB", 1), builtin_profile("qwen2_5_vl"))
+    messages = [{"role": "user", "content": [{"type": "image"},
+                                             {"type": "text", "text": QUESTION}]}]
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                             tokenize=False)
+    ids = tokenizer.encode(rendered, add_special_tokens=False)
+    expanded = expand_prompt(ids, [prepared.geometry], image_token_id=151655,
+                             vision_start_token_id=151652)
+    input_ids = torch.tensor([expanded.token_ids.tolist()])
+    with torch.no_grad():
+        out = model.generate(
+            input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=NEW,
+            min_new_tokens=NEW, do_sample=False, pad_token_id=0,
+            pixel_values=torch.from_numpy(prepared.tensors["pixel_values"]),
+            image_grid_thw=torch.from_numpy(prepared.tensors["grid_thw"]),
+            mm_token_type_ids=torch.tensor([expanded.modality_ids.tolist()]))
+    tokens = out[0, input_ids.shape[1]:].tolist()
+    return tokenizer.decode(tokens, skip_special_tokens=True), input_ids.shape[1]
+
+
+@pytest.fixture(scope="module")
+def vision_stack(tmp_path_factory):
+    import transformers
+
+    root = tmp_path_factory.mktemp("qwen2_5_vl-tiny")
+    reference = build_model(root)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(root)
+    runtime = root.parent / "run"
+    runtime.mkdir(exist_ok=True)
+    run = HeliosRun([str(root)], root.parent / "helios-run.log", runtime, free_port())
+    try:
+        run.wait_output("Helios is serving", timeout=300)
+        yield run, reference, tokenizer
+    finally:
+        run.stop()
+
+
+def test_images_through_every_api(vision_stack):
+    run, reference, tokenizer = vision_stack
+    png = png_bytes(120, 170, 1)
+    data = base64.b64encode(png).decode()
+    expected, prompt_len = reference_answer(reference, tokenizer, png)
+    oai = openai.OpenAI(base_url=run.url + "/v1", api_key="k", max_retries=0, timeout=120)
+    models = oai.models.list().data
+    name = models[0].id
+    content = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}},
+               {"type": "text", "text": QUESTION}]
+    reply = oai.chat.completions.create(model=name, max_tokens=NEW, extra_body=EXACT,
+                                        messages=[{"role": "user", "content": content}])
+    assert reply.choices[0].message.content == expected
+    assert reply.usage.prompt_tokens == prompt_len          # the image's tokens counted
+    claude = anthropic.Anthropic(base_url=run.url, api_key="k", max_retries=0, timeout=120)
+    message = claude.messages.create(
+        model=name, max_tokens=NEW, extra_body=EXACT,
+        messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": data}},
+            {"type": "text", "text": QUESTION}]}])
+    assert message.content[0].text == expected
+    assert message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0) == \
+        prompt_len
+    response = oai.responses.create(model=name, max_output_tokens=NEW, extra_body=EXACT,
+                                    input=[{
+                                        "role": "user", "content": [
+                                            {"type": "input_image",
+                                             "image_url": f"data:image/png;base64,{data}"},
+                                            {"type": "input_text", "text": QUESTION}]}])
+    assert response.output_text == expected
+    client = ollama.Client(host=run.url)
+    chat = client.chat(model=name, messages=[{"role": "user", "content": QUESTION,
+                                              "images": [data]}],
+                       options={"temperature": 0, "num_predict": NEW})
+    assert chat.prompt_eval_count == prompt_len
+    show = httpx.post(run.url + "/api/show", json={"model": name}, timeout=30).json()
+    assert "vision" in show["capabilities"]
+
+
+def test_remote_urls_are_refused(vision_stack):
+    run, _, _ = vision_stack
+    oai = openai.OpenAI(base_url=run.url + "/v1", api_key="k", max_retries=0, timeout=120)
+    name = oai.models.list().data[0].id
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.chat.completions.create(model=name, max_tokens=4, messages=[{
+            "role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+                {"type": "text", "text": QUESTION}]}])
+    assert "remote image URLs are not fetched" in str(info.value)
