@@ -10,7 +10,15 @@ no earlier run warms the cache:
   each request adds its own `--question-len` tokens; the requests of all groups are shuffled
   together (arrivals interleave) and sent `--concurrency` at a time, as /v1/completions with
   token ids, ignore_eos, `--output-len` tokens;
-- unshared: the same number of requests, the same lengths, every prompt fresh.
+- unshared: the same number of requests, the same lengths, every prompt fresh;
+- agents: a multi-turn agent trace for the host-memory KV tier: `--agents` sessions of
+  `--turns` turns; turn 1 is `--first-len` fresh tokens, each later turn is the previous
+  prompt plus `--turn-len` fresh tokens (the reply and the tool result); rounds go turn by
+  turn over every agent, `--agent-concurrency` at a time, `--agent-output-len` tokens each. Sized
+  so the agents' contexts are about twice the GPU KV pool, an agent's blocks have left the
+  GPU when its next turn comes: they are recomputed, or brought back from the host tier
+  (`kv_offload_gib`). Run it against a stack with the host tier and one without (the same
+  YAML otherwise) and compare TTFT p50 (the target: 2x better with the tier).
 
 Reported per workload: the fraction of prompt tokens served from cache (usage
 `prompt_tokens_details.cached_tokens` over `prompt_tokens`), output tok/s, TTFT p50/p99; and the
@@ -55,6 +63,27 @@ def unshared_prompts(rng: random.Random, args: argparse.Namespace) -> list[list[
             for _ in range(args.groups * args.per_group)]
 
 
+async def agent_trace(rng: random.Random, args: argparse.Namespace, send):
+    """Every agent's turn t, then every agent's turn t + 1 ... (results of turns >= 2: turn
+    1 has nothing to reuse)."""
+    contexts = [random_prompt(rng, args.first_len, args.vocab_limit)
+                for _ in range(args.agents)]
+    results = []
+    duration = 0.0
+    for turn in range(args.turns):
+        if turn:
+            contexts = [c + random_prompt(rng, args.turn_len, args.vocab_limit)
+                        for c in contexts]
+        level, seconds = await run_level(lambda p: send(p, args.agent_output_len),
+                                         args.agent_concurrency, contexts)
+        if turn:
+            results += level
+            duration += seconds
+        print(f"agents turn {turn + 1}: {len(contexts[0])} tokens each, "
+              f"{sum(r.cached_tokens for r in level)} cached, {seconds:.2f} s", flush=True)
+    return results, duration
+
+
 async def measure(url: str, args: argparse.Namespace) -> list[dict]:
     import httpx
 
@@ -73,8 +102,10 @@ async def measure(url: str, args: argparse.Namespace) -> list[dict]:
     rows = []
     makers = {"unshared": unshared_prompts, "shared": shared_prompts}
     for name in args.workloads:
-        make = makers[name]
-        results, duration = await run_level(send, args.concurrency, make(rng, args))
+        if name == "agents":
+            results, duration = await agent_trace(rng, args, send)
+        else:
+            results, duration = await run_level(send, args.concurrency, makers[name](rng, args))
         good = [r for r in results if r.ok]
         prompt_tokens = sum(r.prompt_tokens for r in good)
         rows.append({
@@ -106,8 +137,14 @@ def main() -> int:
     parser.add_argument("--vocab-limit", type=int, default=150000)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--startup-timeout", type=float, default=900.0)
+    parser.add_argument("--agents", type=int, default=16)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--first-len", type=int, default=2048)
+    parser.add_argument("--turn-len", type=int, default=512)
+    parser.add_argument("--agent-output-len", type=int, default=32)
+    parser.add_argument("--agent-concurrency", type=int, default=8)
     parser.add_argument("--workloads", type=lambda s: s.split(","), default=["unshared", "shared"],
-                        help="which workloads, in order (unshared, shared)")
+                        help="which workloads, in order (unshared, shared, agents)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     args.seed = time.time_ns() if args.seed is None else args.seed

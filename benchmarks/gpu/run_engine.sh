@@ -10,6 +10,7 @@
 #      STEP_ARGS, SERVING_ARGS, TEST_TIMEOUT_S, STEP_TIMEOUT_S, DECODE_TIMEOUT_S,
 #      SERVING_TIMEOUT_S, TEST_WORKERS, SKIP_HF=1 (no HF generate rows after the serving levels),
 #      SKIP_PREFIX=1, PREFIX_ARGS, PREFIX_TIMEOUT_S, PREFIX_BASELINE=0 (no block-reuse-off run),
+#      SKIP_HOST_TIER=1, HOST_TIER_ARGS, HOST_GPU_KV_BYTES, HOST_TIER_GIB (the agents workload),
 #      SERVING_BASELINE=1 (the serving levels again with prefix_block_reuse off).
 # Prints the machine, the test summary and the benchmark tables last.
 set -uo pipefail
@@ -79,9 +80,16 @@ stack_yaml() {
   printf '  prefill_chunk_size: 1024\n  max_num_batched_tokens: 2048\n'
   printf 'gateway:\n  max_active: 512\n  queue_capacity: 1024\n'
 }
+# YAML $1 with "key: value" lines $2.. added under engine:
+with_engine() {
+  local file=$1 lines=""
+  shift
+  for line in "$@"; do lines="$lines\\n  $line"; done
+  sed "s/^engine:\$/engine:$lines/" "$file"
+}
 # the same YAML with prefix block reuse switched off (the same-run before of prefix reuse)
 block_reuse_off() {
-  sed 's/^engine:$/engine:\n  prefix_block_reuse: false/' "$1"
+  with_engine "$1" "prefix_block_reuse: false"
 }
 # bench_serving's 1024/1024 levels against a stack started with config $1, JSON/log named $2
 serving_levels() {
@@ -142,6 +150,25 @@ if [ "${SKIP_PREFIX:-0}" != 1 ]; then
   echo "== prefix reuse benchmark: rc=$prefix_rc in $(( $(date +%s) - start )) s"
 fi
 
+host_rc=skipped
+if [ "${SKIP_HOST_TIER:-0}" != 1 ]; then    # workload (c): agents over a small GPU pool
+  start=$(date +%s)
+  qwen3_8b_core
+  stack_yaml 8192 > /tmp/helios-agents.yaml
+  gpu_kv="kv_cache_bytes: ${HOST_GPU_KV_BYTES:-6442450944}"
+  with_engine /tmp/helios-agents.yaml "$gpu_kv" "kv_offload_gib: ${HOST_TIER_GIB:-24}" \
+    > /tmp/helios-agents-host.yaml
+  with_engine /tmp/helios-agents.yaml "$gpu_kv" > /tmp/helios-agents-gpu.yaml
+  # shellcheck disable=SC2086
+  PREFIX_ARGS="--workloads agents --agents 24 --turns 6 ${HOST_TIER_ARGS:-}" \
+    prefix_levels /tmp/helios-agents-host.yaml agents_host
+  host_rc=$?
+  # shellcheck disable=SC2086
+  PREFIX_ARGS="--workloads agents --agents 24 --turns 6 ${HOST_TIER_ARGS:-}" \
+    prefix_levels /tmp/helios-agents-gpu.yaml agents_gpu || host_rc=$?
+  echo "== host tier benchmark: rc=$host_rc in $(( $(date +%s) - start )) s"
+fi
+
 echo
 [ -f "$OUT/decode_step.log" ] && tail -n 120 "$OUT/decode_step.log"
 [ -f "$OUT/decode.log" ] && { grep -E "^(shape|qwen|llama|poll|  error)" "$OUT/decode.log" || tail -n 20 "$OUT/decode.log"; }
@@ -149,4 +176,6 @@ echo
 [ -f "$OUT/serving_off.log" ] && { echo "prefix block reuse off:"; grep -A 4 -E "^target" "$OUT/serving_off.log"; }
 [ -f "$OUT/prefix_reuse.log" ] && tail -n 8 "$OUT/prefix_reuse.log"
 [ -f "$OUT/prefix_reuse_off.log" ] && { echo "block reuse off:"; tail -n 4 "$OUT/prefix_reuse_off.log"; }
-echo "tests rc=$test_rc step rc=$step_rc decode rc=$decode_rc serving rc=$serving_rc prefix rc=$prefix_rc"
+[ -f "$OUT/agents_host.log" ] && { echo "agents, host tier:"; tail -n 9 "$OUT/agents_host.log"; }
+[ -f "$OUT/agents_gpu.log" ] && { echo "agents, GPU only:"; tail -n 9 "$OUT/agents_gpu.log"; }
+echo "tests rc=$test_rc step rc=$step_rc decode rc=$decode_rc serving rc=$serving_rc prefix rc=$prefix_rc host tier rc=$host_rc"
