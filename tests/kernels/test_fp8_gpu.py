@@ -1,0 +1,134 @@
+"""FP8 on the GPU: the kernels at Qwen3-8B shapes against float64 quantize-dequantize
+references (torch._scaled_mm and the Triton GEMMs, the skinny kernel, the quantization bits),
+CUDA-graph replay, and the FP8 model's logits against bf16 on the same weights (top-1 and KL
+printed and bounded). Skipped without CUDA (`pytest -m gpu tests/kernels/test_fp8_gpu.py -s`
+prints the accuracy numbers)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.engine.model.fp8 import quantize_activation
+from tests.kernels.test_fp8 import SCHEMES, act64, dequant64, make_weight, rel
+
+pytestmark = pytest.mark.gpu
+H, INTER, QKV = 4096, 12288, 6144
+
+
+@pytest.mark.parametrize("kind", ["token", "group", "static"])
+@pytest.mark.parametrize("width", [H, INTER])
+def test_quantize_bits_on_gpu(kind, width, gen):
+    from services.engine.kernels.fp8_quant import quantize_fp8
+
+    x = (torch.randn(33, width, generator=gen) * 4).to(torch.bfloat16)
+    static = torch.tensor([0.01, 0.02]) if kind == "static" else None
+    q, scale = quantize_fp8(x.cuda(), kind, 128, None if static is None else static.cuda())
+    ref_q, ref_scale = quantize_activation(x, kind, 128, static)
+    assert torch.equal(scale.cpu(), ref_scale)
+    assert torch.equal(q.cpu().view(torch.uint8), ref_q.view(torch.uint8))
+
+
+@pytest.mark.parametrize("backend", ["scaled_mm", "triton"])
+@pytest.mark.parametrize("m", [2, 17, 256])
+@pytest.mark.parametrize(("n", "k"), [(QKV, H), (H, INTER)])
+def test_rowwise_gemm(backend, m, n, k, gen, monkeypatch):
+    from services.engine.kernels import fp8_gemm
+
+    monkeypatch.setenv("HELIOS_FP8_GEMM", backend)
+    fp8_gemm.gemm_backend.cache_clear()
+    try:
+        weight, w64 = make_weight(n, k, SCHEMES["token-channel"], gen, torch.device("cuda"))
+        x = torch.randn(m, k, generator=gen)
+        a, a_scale = quantize_activation(x, "token", 128)
+        bias = torch.randn(n, generator=gen).to(torch.bfloat16)
+        out = fp8_gemm.rowwise_mm(a.cuda(), a_scale.cuda(), weight.qweight, weight.scale,
+                                  bias.cuda(), torch.bfloat16)
+    finally:
+        fp8_gemm.gemm_backend.cache_clear()
+    ref = dequant64(a, a_scale) @ w64.t() + bias.double()
+    assert out.shape == (m, n) and rel(out, ref) < 1e-2
+    assert float((out.double().cpu() - ref).norm(dim=1).div(ref.norm(dim=1)).max()) < 3e-2
+
+
+@pytest.mark.parametrize("m", [3, 256])
+def test_block_gemm(m, gen):
+    from services.engine.kernels.fp8_gemm import block_mm
+
+    weight, w64 = make_weight(QKV, H, SCHEMES["group-block"], gen, torch.device("cuda"))
+    x = torch.randn(m, H, generator=gen)
+    a, a_scale = quantize_activation(x, "group", 128)
+    out = block_mm(a.cuda(), a_scale.cuda(), weight.qweight, weight.scale, None, torch.bfloat16)
+    assert rel(out, dequant64(a, a_scale) @ w64.t()) < 1e-2
+
+
+@pytest.mark.parametrize("scheme_name", list(SCHEMES))
+@pytest.mark.parametrize("rows", [1, 8, 200])
+@pytest.mark.parametrize(("n", "k", "activation"), [(QKV, H, None), (2 * INTER, H, "silu"),
+                                                    (H, INTER, None)])
+def test_fp8_layers_at_qwen3_8b(scheme_name, rows, n, k, activation, gen):
+    from services.engine.kernels.fp8_layers import fp8_linear, fp8_norm_linear
+    from services.engine.model.ops import reference_rms_norm
+
+    weight, w64 = make_weight(n, k, SCHEMES[scheme_name], gen, torch.device("cuda"))
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    if k == H:
+        residual = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+        g = (1 + 0.2 * torch.randn(k, generator=gen)).to(torch.bfloat16)
+        out, new_res = fp8_norm_linear(x.cuda(), residual.cuda(), g.cuda(), 1e-6, weight, None,
+                                       activation)
+        assert torch.equal(new_res.cpu(), x + residual)
+        inputs = reference_rms_norm(x + residual, g, 1e-6)
+    else:
+        out = fp8_linear(x.cuda(), weight, None, out_dtype=torch.float32)
+        inputs = x
+    a64 = inputs.double() if rows == 1 else act64(inputs, weight)
+    y = a64 @ w64.t()
+    if activation:
+        gate, up = y.chunk(2, dim=-1)
+        y = torch.nn.functional.silu(gate) * up
+    assert rel(out, y) < (2e-2 if activation else 1e-2)
+
+
+def test_graph_replay_matches_eager(gen):
+    from services.engine.kernels.fp8_layers import fp8_linear, fp8_norm_linear
+
+    device = torch.device("cuda")
+    qkv, _ = make_weight(QKV, H, SCHEMES["token-channel"], gen, device)
+    down, _ = make_weight(H, INTER, SCHEMES["group-block"], gen, device)
+    g = torch.ones(H, dtype=torch.bfloat16, device=device)
+    for rows in (1, 8):
+        x = torch.randn(rows, H, generator=gen).to(torch.bfloat16).cuda()
+        act = torch.randn(rows, INTER, generator=gen).to(torch.bfloat16).cuda()
+
+        def step(x=x, act=act):
+            y, _ = fp8_norm_linear(x, x, g, 1e-6, qkv)
+            return y, fp8_linear(act, down)
+
+        eager = step()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step()
+        x.copy_(torch.randn(rows, H, generator=gen).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        fresh = step()
+        for got, want in zip(captured, fresh, strict=True):
+            assert torch.equal(got, want)
+        assert not torch.equal(captured[0], eager[0])
+
+
+def test_fp8_model_logits_against_bf16(tmp_path):
+    """Online FP8 (per-channel weights, per-token activations) vs the bf16 model on the same
+    weights, every position of three prompts; and the same comparison on the CPU reference
+    path (float32), which the GPU kernels must track."""
+    from tests.engine.model.fp8_accuracy import compare, write
+
+    directory = write(tmp_path / "model")
+    gpu = compare(directory, torch.device("cuda"), torch.bfloat16)
+    cpu = compare(directory, torch.device("cpu"), torch.float32)
+    print(f"\nFP8 vs bf16 (GPU kernels): {gpu}\nFP8 vs fp32 (CPU reference): {cpu}")
+    assert gpu["top1"] >= 0.75 and gpu["kl_mean"] <= 0.4, gpu
+    assert abs(gpu["top1"] - cpu["top1"]) <= 0.1 and gpu["kl_mean"] <= 2 * cpu["kl_mean"] + 0.05
+
