@@ -2,12 +2,13 @@
 
     out = fused_experts(x, w_gate_up, w_down, topk_weights, topk_ids, *, gate_up_bias=None,
                         down_bias=None, activation="silu", limit=7.0, alpha=1.702)
-    out = fused_moe_routed(x, router_logits, w_gate_up, w_down, top_k, renormalize, ...)  # routes too
+    out, weights, ids = fused_moe_routed(x, router_logits, w_gate_up, w_down, top_k,
+                                         renormalize, ...)   # routes too
 
 Shapes and semantics are `services/engine/model/moe.py`'s (x [T, H], w_gate_up [E, 2I, H],
 w_down [E, H, I], topk [T, k]). Four launches, none of them reading a value on the host:
 
-1. `_route_align_kernel`, one program: (with `fused_moe`) softmax top-k of the router logits,
+1. `_route_align_kernel`, one program: (with `fused_moe_routed`) softmax top-k of the router logits,
    renormalized or not; a histogram of the T*k (token, expert) slots per expert; each
    expert's rows padded to a multiple of BLOCK_M; the slots scattered to their expert's rows
    (an atomic cursor per expert: the order inside an expert is arbitrary, the sum is not);
@@ -80,8 +81,8 @@ def _route_align_kernel(
     num_rows_ptr, cursor_ptr, load_ptr, num_real_ptr,
     num_tokens, num_experts, max_rows, max_blocks,
     TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, ROUTE: tl.constexpr, COUNT: tl.constexpr,
-    BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr, ROWS: tl.constexpr,
-    BLOCKS: tl.constexpr,
+    BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, K_PAD: tl.constexpr, CHUNK: tl.constexpr,
+    ROWS: tl.constexpr, BLOCKS: tl.constexpr,
 ):
     experts = tl.arange(0, E_PAD)
     live = experts < num_experts
@@ -98,22 +99,22 @@ def _route_align_kernel(
             top = tl.max(logits, axis=1)
             probs = tl.exp(logits - top[:, None])
             probs = probs / tl.sum(probs, axis=1)[:, None]
-            total = tl.full([ROWS], 1.0, tl.float32)
-            if RENORMALIZE:
-                left = probs
-                total = tl.zeros([ROWS], tl.float32)
-                for _ in tl.static_range(TOP_K):
-                    best = tl.max(left, axis=1)
-                    pick = tl.min(tl.where(left == best[:, None], experts[None, :], E_PAD),
-                                  axis=1)
-                    total += best
-                    left = tl.where(experts[None, :] == pick[:, None], -1.0, left)
+            # the k picks gathered in registers [ROWS, K_PAD], stored once
+            kcol = tl.arange(0, K_PAD)
+            values = tl.zeros([ROWS, K_PAD], tl.float32)
+            picks = tl.zeros([ROWS, K_PAD], tl.int32)
             for j in tl.static_range(TOP_K):
                 best = tl.max(probs, axis=1)
                 pick = tl.min(tl.where(probs == best[:, None], experts[None, :], E_PAD), axis=1)
-                tl.store(weights_ptr + rows * TOP_K + j, best / total, mask=rmask)
-                tl.store(ids_ptr + rows * TOP_K + j, pick, mask=rmask)
+                values = tl.where(kcol[None, :] == j, best[:, None], values)
+                picks = tl.where(kcol[None, :] == j, pick[:, None], picks)
                 probs = tl.where(experts[None, :] == pick[:, None], -1.0, probs)
+            if RENORMALIZE:
+                values = values / tl.sum(values, axis=1)[:, None]
+            out = rows[:, None] * TOP_K + kcol[None, :]
+            omask = rmask[:, None] & (kcol[None, :] < TOP_K)
+            tl.store(weights_ptr + out, values, mask=omask)
+            tl.store(ids_ptr + out, picks, mask=omask)
         tl.debug_barrier()
     # rows per expert, padded to BLOCK_M; real rows (tokens below num_real) for the load
     counts = tl.zeros([E_PAD], tl.int32)
@@ -314,8 +315,10 @@ def _run(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
         num_tokens, num_experts, plan.max_rows, plan.max_blocks,
         TOP_K=top_k, RENORMALIZE=renormalize, ROUTE=route, COUNT=count,
         BLOCK_M=plan.block_m, E_PAD=next_power_of_2(num_experts),
+        K_PAD=next_power_of_2(top_k),
         CHUNK=min(1024, max(16, next_power_of_2(max(slots, plan.max_rows)))),
-        ROWS=16, BLOCKS=32, num_warps=4)
+        ROWS=min(64, next_power_of_2(num_tokens)), BLOCKS=32,
+        num_warps=4 if num_tokens <= 64 else 8)
     # fp32 operands multiply exactly (the CPU-parity runs); bf16/fp16 on tensor cores
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     hidden_rows = torch.empty(slots, inter, dtype=x.dtype, device=device)
