@@ -2,7 +2,7 @@
 two, in one launch (plus a small reduction launch when the KV range is split).
 
     paged_attention(q [T, Hq, D], k_cache, v_cache [pages, page_size, Hk, D], meta, scale,
-                    sliding_window=0) -> [T, Hq, D]
+                    sliding_window=0, *, sinks=None) -> [T, Hq, D]
 
 `meta` is the model's `AttentionMetadata` (read by attribute): `query_start_loc` int32 [B+1]
 (packed query offsets), `seq_lens` int32 [B] (KV length after this step, the step's own keys
@@ -11,7 +11,9 @@ already written), `page_table` int32 [B, max_pages], and the host ints `max_quer
 sees KV [0, position]; with `sliding_window` W > 0 only KV [max(0, position - W + 1),
 position] (W keys including its own: transformers' `kv_idx > q_idx - sliding_window`), and the
 kernel reads nothing below a block's window, so a long context costs W positions per row.
-Rows past `query_start_loc[B]` are padding: they come back as zeros.
+Rows past `query_start_loc[B]` are padding: they come back as zeros. `sinks` [Hq] (gpt-oss's
+attention sinks, natural-log logits) adds exp(sinks[h]) to head h's softmax denominator: the
+unsplit kernel folds it into its final normalisation, split launches into the reduction.
 
 The launch shape depends only on host ints (T, B, max_query_len, max_seq_len, the head
 counts), never on tensor values, so nothing synchronizes and a CUDA graph captured with
@@ -179,14 +181,16 @@ def check_sliding_window(sliding_window: Any) -> int:
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: Any) -> None:
     check_rank("q", q, 3)
+    check_float("q", q)
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        check_float(name, t)
         check_last_dim_contiguous(name, t)
     check_rank("k_cache", k_cache, 4)
     if v_cache.shape != k_cache.shape:
         raise ValidationError(f"v_cache {tuple(v_cache.shape)} != k_cache {tuple(k_cache.shape)}")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise UnsupportedError(f"KV cache dtype {k_cache.dtype} must match q's {q.dtype}")
+    fp8 = (torch.float8_e4m3fn, torch.float8_e4m3fn)
+    if (k_cache.dtype, v_cache.dtype) not in ((q.dtype, q.dtype), fp8):
+        raise UnsupportedError(f"KV cache dtype {k_cache.dtype} must match q's {q.dtype} "
+                               "or be float8_e4m3fn (FP8 pages)")
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
     if k_cache.shape[3] != head_dim:
@@ -208,6 +212,19 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
     check_same_device(q=q, k_cache=k_cache, query_start_loc=qsl, seq_lens=seq_lens, page_table=page_table)
 
 
+def check_sinks(sinks: torch.Tensor | None, q: torch.Tensor) -> None:
+    """sinks: None, or one float logit per query head on q's device, contiguous."""
+    if sinks is None:
+        return
+    if sinks.dim() != 1 or sinks.shape[0] != q.shape[1]:
+        raise ValidationError(f"sinks: expected [{q.shape[1]}] (one per query head), got "
+                              f"{tuple(sinks.shape)}")
+    check_float("sinks", sinks)
+    if sinks.stride(0) != 1:
+        raise ValidationError("sinks: must be contiguous")
+    check_same_device(q=q, sinks=sinks)
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -216,6 +233,7 @@ def paged_attention(
     scale: float,
     sliding_window: int = 0,
     *,
+    sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     scratch: AttentionScratch | None = None,
     num_splits: int | None = None,
@@ -226,6 +244,7 @@ def paged_attention(
     `num_splits` overrides the split heuristic (tests and benchmarks); with `scratch` the split
     count is capped by what the scratch holds."""
     _check(q, k_cache, v_cache, meta)
+    check_sinks(sinks, q)
     sliding_window = check_sliding_window(sliding_window)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -244,7 +263,7 @@ def paged_attention(
         max_seq_len=int(meta.max_seq_len), num_sms=sm_count(q.device), num_splits=num_splits,
         max_splits=max(1, max_splits), sliding_window=sliding_window,
     )
-    launch(q, k_cache, v_cache, meta, scale, out, plan, scratch)
+    launch(q, k_cache, v_cache, meta, scale, out, plan, scratch, sinks=sinks)
     return out
 
 
@@ -257,6 +276,8 @@ def launch(
     out: torch.Tensor,
     plan: AttentionPlan,
     scratch: AttentionScratch | None = None,
+    *,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Run the kernels for a given plan (benchmarks sweep plans through this)."""
     num_tokens, num_q_heads, head_dim = q.shape
@@ -281,16 +302,18 @@ def launch(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         page_table.stride(0),
         plan.num_splits, plan.split_len, plan.min_split_len, plan.sliding_window,
+        q if sinks is None else sinks,
         HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)),
         GROUP=num_q_heads // num_kv_heads, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n, SMALL_BLOCK_Q=plan.small_block_q, SMALL_BLOCK_M=plan.small_block_m,
         PAGE_SIZE=page_size, IS_SPLIT=is_split, SLIDING=plan.sliding_window > 0,
-        num_warps=plan.num_warps, num_stages=plan.num_stages, **launch_options(q.device, num_tokens),
+        HAS_SINKS=sinks is not None, num_warps=plan.num_warps, num_stages=plan.num_stages, **launch_options(q.device, num_tokens),
     )
     if is_split:
         _reduce_splits_kernel[(num_tokens, num_q_heads)](
             part_out, part_lse, out, num_q_heads, plan.num_splits, out.stride(0), out.stride(1),
+            q if sinks is None else sinks,
             HEAD_DIM=head_dim, BLOCK_D=next_power_of_2(head_dim),
-            BLOCK_S=max(2, next_power_of_2(plan.num_splits)),
+            BLOCK_S=max(2, next_power_of_2(plan.num_splits)), HAS_SINKS=sinks is not None,
             num_warps=4, **launch_options(q.device, num_tokens),
         )

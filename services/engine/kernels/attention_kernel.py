@@ -35,6 +35,8 @@ import triton.language as tl
 
 from services.engine.kernels.pdl import wait_for_previous_grids
 
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # sinks are natural-log logits
+
 
 @triton.jit
 def _search_sequence(qsl_ptr, num_seqs, block, BLOCK_Q: tl.constexpr):
@@ -95,6 +97,7 @@ def _attend_tile(
     v_off = page * stride_vp + in_page * stride_vo + kv_head_off_v
     kv_mask = n_mask[None, :] & d_mask[:, None]
     k_t = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=kv_mask, other=0.0)
+    k_t = k_t.to(q.dtype)  # FP8 pages: e4m3 -> q's dtype, exact (a no-op otherwise)
     s = tl.dot(q, k_t) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
     if MASKED:
         visible = (offs_n[None, :] <= row_pos[:, None]) & n_mask[None, :]
@@ -109,7 +112,7 @@ def _attend_tile(
         v_cache_ptr + v_off[:, None] + offs_d[None, :],
         mask=n_mask[:, None] & d_mask[None, :],
         other=0.0,
-    )
+    ).to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
 
@@ -120,13 +123,16 @@ def _attend_block(
     seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
-    num_splits, split_len, min_split_len, window,
+    num_splits, split_len, min_split_len, window, sinks_ptr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr, SLIDING: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     """Attention of query tokens [tok0, tok0 + n_rows) (positions from pos0) x the GROUP query
-    heads of `kv_head`, over this program's KV range; writes the output or the split partials."""
+    heads of `kv_head`, over this program's KV range; writes the output or the split partials.
+    With HAS_SINKS (unsplit) each head's sink logit joins the softmax denominator here; split
+    launches add it in the reduction."""
     offs_m = tl.arange(0, BLOCK_M)
     row_tok = offs_m // GROUP
     row_head = kv_head * GROUP + offs_m % GROUP
@@ -222,6 +228,13 @@ def _attend_block(
             True, SLIDING, PAGE_SIZE, BLOCK_N,
         )
 
+    if HAS_SINKS and not IS_SPLIT:
+        # the sink: one more logit per head (log2 units here), no value behind it
+        sink = tl.load(sinks_ptr + row_head, mask=row_valid, other=0.0).to(tl.float32) * LOG2E
+        m_sink = tl.maximum(m_i, sink)
+        alpha = tl.math.exp2(m_i - m_sink)
+        l_i = l_i * alpha + tl.math.exp2(sink - m_sink)
+        acc = acc * alpha[:, None]
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     if IS_SPLIT:
@@ -250,11 +263,12 @@ def _paged_attention(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh,
     stride_pt,
-    num_splits, split_len, min_split_len, window,
+    num_splits, split_len, min_split_len, window, sinks_ptr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SMALL_BLOCK_Q: tl.constexpr, SMALL_BLOCK_M: tl.constexpr,
     PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr, SLIDING: tl.constexpr, PDL: tl.constexpr,
+    HAS_SINKS: tl.constexpr = False,
 ):
     wait_for_previous_grids(PDL)
     block = tl.program_id(0)
@@ -290,9 +304,9 @@ def _paged_attention(
                 seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
                 stride_qt, stride_qh, stride_ot, stride_oh,
                 stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
-                num_splits, split_len, min_split_len, window,
+                num_splits, split_len, min_split_len, window, sinks_ptr,
                 HEAD_DIM, BLOCK_D, GROUP, SMALL_BLOCK_Q, SMALL_BLOCK_M, BLOCK_N, PAGE_SIZE, IS_SPLIT,
-                SLIDING,
+                SLIDING, HAS_SINKS,
             )
         else:
             _attend_block(
@@ -300,9 +314,9 @@ def _paged_attention(
                 seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
                 stride_qt, stride_qh, stride_ot, stride_oh,
                 stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
-                num_splits, split_len, min_split_len, window,
+                num_splits, split_len, min_split_len, window, sinks_ptr,
                 HEAD_DIM, BLOCK_D, GROUP, BLOCK_Q, BLOCK_M, BLOCK_N, PAGE_SIZE, IS_SPLIT,
-                SLIDING,
+                SLIDING, HAS_SINKS,
             )
     else:
         _attend_block(
@@ -310,8 +324,9 @@ def _paged_attention(
             seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
             stride_qt, stride_qh, stride_ot, stride_oh,
             stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
-            num_splits, split_len, min_split_len, window,
+            num_splits, split_len, min_split_len, window, sinks_ptr,
             HEAD_DIM, BLOCK_D, GROUP, BLOCK_Q, BLOCK_M, BLOCK_N, PAGE_SIZE, IS_SPLIT, SLIDING,
+            HAS_SINKS,
         )
 
 
@@ -332,10 +347,12 @@ _paged_attention_any_size_kernel = triton.jit(
 @triton.jit
 def _reduce_splits_kernel(
     part_out_ptr, part_lse_ptr, out_ptr,
-    num_heads, num_splits, stride_ot, stride_oh,
+    num_heads, num_splits, stride_ot, stride_oh, sinks_ptr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+    HAS_SINKS: tl.constexpr = False,
 ):
-    """out[t, h] = sum_s w_s * partial_s / sum_s w_s with w_s = 2^(lse_s - max lse)."""
+    """out[t, h] = sum_s w_s * partial_s / sum_s w_s with w_s = 2^(lse_s - max lse); with
+    HAS_SINKS the head's sink adds 2^(sink - max) to the denominator (and to the max)."""
     wait_for_previous_grids(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -344,6 +361,9 @@ def _reduce_splits_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     lse = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=offs_s < num_splits, other=float("-inf"))
     lse_max = tl.max(lse, axis=0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
+        lse_max = tl.maximum(lse_max, sink)
     lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
     w = tl.math.exp2(lse - lse_max)  # 0 for splits that saw no KV
     used = lse > float("-inf")
@@ -353,6 +373,8 @@ def _reduce_splits_kernel(
         other=0.0,
     )
     total = tl.sum(w, axis=0)
+    if HAS_SINKS:
+        total += tl.math.exp2(sink - lse_max)
     out = tl.sum(part * w[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
     tl.store(
         out_ptr + token * stride_ot + head * stride_oh + offs_d,
