@@ -15,7 +15,7 @@ from services.engine.runner.graph_runner import GraphRunner
 from services.engine.runner.host_kv import HostKVStore
 from services.engine.scheduler.plan import KVTransfers
 from tests.engine.model.checkpoints import SPECS, VOCAB_SIZE, build_checkpoint
-from tests.engine.runner.conftest import greedy_request, make_engine
+from tests.engine.runner.conftest import greedy_request, make_engine, serve
 
 pytestmark = pytest.mark.gpu
 
@@ -54,25 +54,9 @@ def _prompt(length: int, seed: int) -> list[int]:
 
 
 def _serve(engine, request):
-    engine.scheduler.admit(request)
-    scheduler, runner = engine.scheduler, engine.runner
-    tokens: list[int] = []
-    logprobs: list[float] = []
-    usage = None
-    while scheduler.has_work:
-        submitted = False
-        if runner.outstanding < runner.window:
-            plan = scheduler.plan()
-            if plan is not None:
-                runner.submit(scheduler.commit(plan, scheduler.state.resources.fences.next_fence))
-                submitted = True
-        if runner.outstanding and (runner.outstanding >= runner.window or not submitted):
-            for update in scheduler.complete(runner.wait()):
-                usage = update.usage
-                for delta in update.deltas:
-                    tokens.extend(delta.token_ids)
-                    logprobs.extend(lp.logprob for lp in delta.logprobs)
-    return tokens, logprobs, usage
+    tokens, logprobs, usage = serve(engine, [request])
+    rid = request.request_id
+    return tokens[rid], [lp.logprob for lp in logprobs.get(rid, ())], usage[rid]
 
 
 def test_graph_runner_serves_an_evicted_prompt_from_host_memory(tmp_path):

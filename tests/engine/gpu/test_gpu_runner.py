@@ -21,7 +21,7 @@ from services.common.core import open_model
 from services.engine.runner.cuda_driver import driver_available, driver_event_done, event_done
 from services.engine.runner.graph_runner import GraphRunner
 from tests.engine.model.checkpoints import SPECS, VOCAB_SIZE, build_checkpoint
-from tests.engine.runner.conftest import greedy_request, make_engine
+from tests.engine.runner.conftest import greedy_request, make_engine, serve
 
 pytestmark = pytest.mark.gpu
 
@@ -51,23 +51,7 @@ def _requests(logprobs: bool = True):
 
 
 def _run(engine, requests):
-    for request in requests:
-        engine.scheduler.admit(request)
-    tokens: dict[str, list[int]] = {}
-    logprobs: dict[str, list] = {}
-    scheduler, runner = engine.scheduler, engine.runner
-    while scheduler.has_work:
-        submitted = False
-        if runner.outstanding < runner.window:
-            plan = scheduler.plan()
-            if plan is not None:
-                runner.submit(scheduler.commit(plan, scheduler.state.resources.fences.next_fence))
-                submitted = True
-        if runner.outstanding and (runner.outstanding >= runner.window or not submitted):
-            for update in scheduler.complete(runner.wait()):
-                for delta in update.deltas:
-                    tokens.setdefault(update.request_id, []).extend(delta.token_ids)
-                    logprobs.setdefault(update.request_id, []).extend(delta.logprobs)
+    tokens, logprobs, _ = serve(engine, requests)
     return tokens, logprobs
 
 

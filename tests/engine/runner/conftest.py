@@ -73,3 +73,29 @@ def hf_greedy(model, prompt, max_tokens: int):
     logprobs = [torch.log_softmax(score[0].float(), -1)[t].item()
                 for score, t in zip(out.scores, tokens, strict=True)]
     return tokens, logprobs
+
+
+def serve(engine: Engine, requests):
+    """Drive `requests` to completion as the engine loop does (submit while the runner's
+    window has room, complete the oldest when it is full or nothing could be planned):
+    (tokens, logprobs, last usage) per request id."""
+    for request in requests:
+        engine.scheduler.admit(request)
+    tokens: dict[str, list[int]] = {}
+    logprobs: dict[str, list] = {}
+    usage: dict[str, object] = {}
+    scheduler, runner = engine.scheduler, engine.runner
+    while scheduler.has_work:
+        submitted = False
+        if runner.outstanding < runner.window:
+            plan = scheduler.plan()
+            if plan is not None:
+                runner.submit(scheduler.commit(plan, scheduler.state.resources.fences.next_fence))
+                submitted = True
+        if runner.outstanding and (runner.outstanding >= runner.window or not submitted):
+            for update in scheduler.complete(runner.wait()):
+                usage[update.request_id] = update.usage
+                for delta in update.deltas:
+                    tokens.setdefault(update.request_id, []).extend(delta.token_ids)
+                    logprobs.setdefault(update.request_id, []).extend(delta.logprobs)
+    return tokens, logprobs, usage
