@@ -1,0 +1,142 @@
+"""The Qwen2.5-VL / Qwen3-VL paths on a CUDA device against the CPU float32 results, on the
+tiny checkpoints of tests/engine/model/vision: the vision towers (packed SDPA, rotary and
+linear kernels on CUDA), the mRoPE decoder with image features through the paged driver, and
+the whole engine core (TorchRunner with the vision stage and its device feature cache).
+
+Tolerances: float32 on the GPU gives the CPU's tokens (TF32 in the attention kernels: features
+within 1e-2 relative); bf16 features within 5e-2 of the float32 ones (relative to their
+norm), and bf16 greedy tokens teacher-forced within 0.25 nats of the float32 best, as
+tests/engine/gpu/test_gpu_runner.py checks the text models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.common.core import open_model
+from services.engine.model import load_model
+from services.engine.model.vision.inputs import VisionInput
+from tests.engine.model.vision.checkpoints import SPECS, build_checkpoint, prepared_image
+from tests.engine.model.vision.driver import VLDriver
+from tests.engine.model.vision.prompts import Prompt, compose, random_text
+from tests.engine.model.vision.test_engine_vision import DictPixels, drive, request
+from tests.engine.runner.conftest import make_engine
+
+pytestmark = pytest.mark.gpu
+NEW = 6
+
+
+@pytest.fixture(scope="module", params=sorted(SPECS))
+def checkpoint(request, tmp_path_factory):
+    name = request.param
+    return name, build_checkpoint(SPECS[name], tmp_path_factory.mktemp(name))
+
+
+def _prompts(profile: str) -> dict[str, Prompt]:
+    return {
+        "text": compose([random_text(30, 1)]),
+        "one": compose([random_text(4, 2), prepared_image(profile, 300, 420, 1),
+                        random_text(6, 3)]),
+        "two": compose([random_text(3, 4), prepared_image(profile, 140, 140, 2),
+                        random_text(2, 5), prepared_image(profile, 500, 180, 3),
+                        random_text(4, 6)]),
+    }
+
+
+def _inputs(model, prompt: Prompt) -> list[VisionInput]:
+    merge = model.vl_config.vision.spatial_merge_size
+    return [VisionInput.from_tensors(i.identity, i.tensors, merge) for i in prompt.images]
+
+
+def _generate(model, prompts: dict[str, Prompt]) -> dict[str, list[int]]:
+    driver = VLDriver(model, num_pages=512)
+    seqs = {}
+    for case, prompt in prompts.items():
+        features = model.encode_images(_inputs(model, prompt))
+        seqs[case] = driver.add(prompt.ids, prompt.positions, prompt.rope_delta,
+                                list(zip(prompt.offsets, features, strict=True)), NEW)
+    driver.run(chunk_size=37)
+    return {case: seq.generated for case, seq in seqs.items()}
+
+
+def test_towers_and_decoder_float32_match_cpu(checkpoint):
+    name, directory = checkpoint
+    cpu = load_model(open_model(directory), "cpu", torch.float32)
+    gpu = load_model(open_model(directory), "cuda", torch.float32)
+    prompts = _prompts(SPECS[name].profile)
+    for prompt in prompts.values():
+        for want, got in zip(cpu.encode_images(_inputs(cpu, prompt)),
+                             gpu.encode_images(_inputs(gpu, prompt)), strict=True):
+            scale = want.features.norm()
+            assert (got.features.cpu() - want.features).norm() <= 1e-2 * scale
+            for a, b in zip(want.deepstack, got.deepstack, strict=True):
+                assert (b.cpu() - a).norm() <= 1e-2 * a.norm()
+    assert _generate(gpu, prompts) == _generate(cpu, prompts)
+
+
+def test_bf16_stays_near_float32(checkpoint):
+    name, directory = checkpoint
+    reference = load_model(open_model(directory), "cuda", torch.float32)
+    model = load_model(open_model(directory), "cuda", torch.bfloat16)
+    prompts = _prompts(SPECS[name].profile)
+    for prompt in prompts.values():
+        for want, got in zip(reference.encode_images(_inputs(reference, prompt)),
+                             model.encode_images(_inputs(model, prompt)), strict=True):
+            diff = (got.features.float() - want.features).norm()
+            assert diff <= 5e-2 * want.features.norm()
+    bf16 = _generate(model, prompts)
+    # teacher-forced: every bf16 token is within 0.25 nats of float32's best at its step
+    for case, prompt in prompts.items():
+        for best, chosen in forced_logprobs(reference, prompt, bf16[case]):
+            assert best - chosen <= 0.25, case
+
+
+def forced_logprobs(model, prompt: Prompt, tokens: list[int]) -> list[tuple[float, float]]:
+    """(best, chosen) logprob at each generated position of `prompt` followed by `tokens`,
+    from one forward over the whole sequence (positions past the prompt: p + rope delta)."""
+    from services.engine.model import ForwardBatch, allocate_kv_cache, build_metadata
+    from services.engine.model.vision.inputs import ImageEmbeds
+
+    device, page_size = model.device, 16
+    length = len(prompt.ids) + len(tokens) - 1
+    ids = prompt.ids + tokens[:-1]
+    rows = [row + [p + prompt.rope_delta for p in range(len(prompt.ids), length)]
+            for row in prompt.positions]
+    pages = list(range(-(-length // page_size)))
+    kv = allocate_kv_cache(model.config, len(pages), page_size, device, model.dtype)
+    meta = build_metadata([length], [length], [pages], page_size, device)
+    features = model.encode_images(_inputs(model, prompt))
+    pieces = [(offset, f, 0, f.num_tokens)
+              for offset, f in zip(prompt.offsets, features, strict=True)]
+    batch = ForwardBatch(torch.tensor(ids, device=device),
+                         torch.tensor(rows, dtype=torch.int64, device=device), meta,
+                         images=ImageEmbeds.gather(pieces, device))
+    hidden = model(batch, kv).hidden[len(prompt.ids) - 1:]
+    logprobs = torch.log_softmax(model.compute_logits(hidden), dim=-1)
+    return [(float(row.max()), float(row[t])) for row, t in zip(logprobs, tokens, strict=True)]
+
+
+def test_engine_core_on_cuda(checkpoint):
+    """The whole engine on CUDA (float32): concurrent text and image requests, then the
+    same image again (feature-cache hit on the device), equal to the CPU engine."""
+    name, directory = checkpoint
+    source = open_model(directory)
+    profile = SPECS[name].profile
+    prompts = _prompts(profile)
+    again = compose([random_text(9, 40), prompts["one"].images[0], random_text(5, 41)])
+    results = {}
+    for device in ("cpu", "cuda"):
+        engine = make_engine(source, device=device, dtype="float32", page_size=16,
+                             imageprep_address="127.0.0.1:9")
+        pixels = DictPixels()
+        engine.runner.vision.pixels = pixels
+        for rid, prompt in prompts.items():
+            pixels.add(prompt)
+            engine.scheduler.admit(request(rid, prompt))
+        tokens, _ = drive(engine)
+        engine.scheduler.admit(request("again", again))
+        more, _ = drive(engine)
+        tokens.update(more)
+        assert engine.runner.vision.counters.images_encoded == 3     # "again" hit the cache
+        results[device] = tokens
+    assert results["cuda"] == results["cpu"]
