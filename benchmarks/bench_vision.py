@@ -299,6 +299,12 @@ def main() -> int:
     parser.add_argument("--levels", default="16,64", help="concurrent image chats")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available() and args.shape != "tiny":
+        print("no CUDA device: the 7B shape needs one; running the tiny CPU smoke instead",
+              flush=True)
+        args.shape, args.levels, args.output_len, args.skip_hf = "tiny", "2,4", 8, True
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         report = measure_stack(args, root)
