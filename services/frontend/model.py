@@ -48,7 +48,8 @@ class FrontendModel:
             template=template_text)
         vocabulary = set(assets.tokenizer.added_tokens.values())
         self.reasoning_parser = choose_reasoning_parser(reasoning_parser, template=template_text,
-                                                        vocabulary=vocabulary)
+                                                        vocabulary=vocabulary,
+                                                        model_type=manifest.model_type)
         self.image_tokens = self._image_tokens()
         self.max_model_len = manifest.max_model_len   # replaced by the engine's effective limit
         self.max_num_seqs = 0                         # the engine's admission bounds, once known

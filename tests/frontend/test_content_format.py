@@ -55,7 +55,8 @@ def test_templates_that_read_strings_are_string(source):
 
 
 def test_every_pinned_template_is_detected_as_specified():
-    assert set(CONTENT_FORMATS) == set(PINNED) == set(ASSET_NAMES)
+    # gptoss is pinned for its tokenizer; its harmony template is our own (test_harmony.py)
+    assert set(CONTENT_FORMATS) == set(PINNED) - {"gptoss"} == set(ASSET_NAMES)
     for asset in ASSET_NAMES:
         for template in frontend_assets(asset).templates.values():
             assert template.content_format.value == CONTENT_FORMATS[asset], asset

@@ -28,6 +28,7 @@ from services.common.api.events import (
     TopLogprob,
 )
 from services.frontend.generate.types import ChoiceStep, OutputOptions, SampledLogprob
+from services.frontend.parsers.harmony import HarmonyItem, HarmonyParser, ReasoningText
 from services.frontend.parsers.reasoning import ReasoningParser, Segment
 from services.frontend.parsers.select import TOOL_PARSERS
 from services.frontend.parsers.tool_calls import ContentText, ToolItem
@@ -43,12 +44,16 @@ class ChoiceProcessor:
         self.index = index
         self.options = options
         self._tokenizer = tokenizer
-        self._detok = tokenizer.detokenizer(skip_special_tokens=options.skip_special_tokens)
+        # harmony (gpt-oss) reads its channels from special tokens: they stay in the text
+        self._detok = tokenizer.detokenizer(
+            skip_special_tokens=options.skip_special_tokens and not options.harmony)
         self._stop = StopMatcher(options.stop, include_in_output=options.include_stop_str_in_output)
+        self._harmony = (HarmonyParser(options.tool_names, parse_tools=bool(options.tool_parser))
+                         if options.harmony else None)
         self._reasoning = (ReasoningParser(in_reasoning=options.starts_in_reasoning)
-                           if options.reasoning else None)
+                           if options.reasoning and not options.harmony else None)
         self._tools = (TOOL_PARSERS[options.tool_parser](options.tool_names)
-                       if options.tool_parser else None)
+                       if options.tool_parser and not options.harmony else None)
         self.finished = False
         self.finish: Finish | None = None
         self.num_tokens = 0
@@ -80,32 +85,62 @@ class ChoiceProcessor:
 
     @property
     def num_tool_calls(self) -> int:
+        if self._harmony is not None:
+            return self._harmony.num_calls
         return self._tools.num_calls if self._tools is not None else 0
+
+    @property
+    def _completed_calls(self) -> int:
+        if self._harmony is not None:
+            return self._harmony.completed_calls
+        return self._tools.completed_calls if self._tools is not None else 0
+
+    @property
+    def _in_reasoning(self) -> bool:
+        if self._harmony is not None:
+            return self._harmony.in_reasoning
+        return self._reasoning is not None and self._reasoning.in_reasoning
 
     # -- stages -------------------------------------------------------------------------------
 
     def _push_token(self, events: list[ChoiceEvent], token_id: int) -> None:
-        was_reasoning = self._reasoning is not None and self._reasoning.in_reasoning
+        was_reasoning = self._in_reasoning
         text = self._detok.push(token_id)
         result = self._stop.push(text) if text else None
         deltas = self._route(result.text) if result is not None else []
-        if was_reasoning or (self._reasoning is not None and self._reasoning.in_reasoning):
+        if was_reasoning or self._in_reasoning:
             self.num_reasoning_tokens += 1
         self._collect(events, deltas)
         if result is not None and result.stop is not None:
             self._collect(events, self._flush_parsers())
             self._end(events, FinishReason.STOP_STRING, stop_sequence=result.stop)
-        elif (self._tools is not None and not self.options.parallel_tool_calls
-              and self._tools.completed_calls >= 1):
+        elif (self._tools is not None or self._harmony is not None) and (
+                not self.options.parallel_tool_calls and self._completed_calls >= 1):
             self._collect(events, self._flush_parsers())
             self._end(events, FinishReason.TOOL_CALLS)
+        elif self._harmony is not None and self._harmony.turn_ended:
+            # <|call|> / <|return|> decoded (an engine without them as stop tokens): done
+            self._collect(events, self._flush_parsers())
+            self._end(events, FinishReason.TOOL_CALLS if self.num_tool_calls
+                      else FinishReason.STOP)
 
     def _route(self, text: str) -> list[OutputDelta]:
         if not text:
             return []
+        if self._harmony is not None:
+            return self._harmony_deltas(self._harmony.push(text))
         segments = (self._reasoning.push(text) if self._reasoning is not None
                     else [Segment("content", text)])
         return self._route_segments(segments)
+
+    def _harmony_deltas(self, items: list[HarmonyItem]) -> list[OutputDelta]:
+        deltas: list[OutputDelta] = []
+        for item in items:
+            if isinstance(item, ReasoningText):
+                deltas.append(ReasoningDelta(self.index, item.text))
+            else:
+                deltas.extend(self._tool_deltas([item]))
+        return deltas
 
     def _route_segments(self, segments: list[Segment]) -> list[OutputDelta]:
         deltas: list[OutputDelta] = []
@@ -128,6 +163,8 @@ class ChoiceProcessor:
         """The end of the output; `truncated` (the length limit): a tool call in progress is
         sent as the partial call it is, never as its raw text."""
         deltas: list[OutputDelta] = []
+        if self._harmony is not None:
+            deltas.extend(self._harmony_deltas(self._harmony.flush()))
         if self._reasoning is not None:
             deltas.extend(self._route_segments(self._reasoning.flush()))
         if self._tools is not None:

@@ -8,12 +8,13 @@ check, done after image expansion (which lengthens the prompt).
 from __future__ import annotations
 
 from services.common.api.chat import ToolChoiceMode
-from services.common.api.generate import GenerateRequest
+from services.common.api.generate import GenerateRequest, ResponseFormatType
 from services.common.errors import ContextOverflowError, UnsupportedError, ValidationError
 from services.frontend.bounded_encode import PromptTooLong
 from services.frontend.generate.types import OutputOptions, PreparedRequest
 from services.frontend.model import FrontendModel
 from services.frontend.parsers.reasoning import starts_in_reasoning
+from services.frontend.parsers.select import HARMONY
 from services.frontend.structured import build_grammar
 
 MAX_N = 128
@@ -135,6 +136,7 @@ class RequestPreparer:
         parse_tools = (request.parse_tool_calls if request.parse_tool_calls is not None
                        else chat.offers_tools)
         tool_parser = model.tool_parser if parse_tools and chat.offers_tools else ""
+        harmony = HARMONY in (model.reasoning_parser, model.tool_parser)
         output = OutputOptions(
             stop=request.stop,
             include_stop_str_in_output=request.include_stop_str_in_output,
@@ -143,11 +145,16 @@ class RequestPreparer:
             starts_in_reasoning=reasoning and starts_in_reasoning(rendered.prompt),
             tool_parser=tool_parser,
             tool_names=frozenset(tool.name for tool in chat.tools) if tool_parser else None,
+            harmony=harmony,
             parallel_tool_calls=chat.tool_choice.allows_parallel_calls,
             logprobs=request.sampling.logprobs,
         )
         forced = chat.tools and chat.tool_choice.mode in (ToolChoiceMode.REQUIRED,
                                                           ToolChoiceMode.FUNCTION)
+        if harmony and (forced or request.response_format.type is not ResponseFormatType.TEXT):
+            raise UnsupportedError(f"{model.name} writes the harmony format; forced tool calls "
+                                   "and response formats are not enforced for it yet",
+                                   param="tool_choice" if forced else "response_format")
         if forced and not model.tool_parser:
             raise UnsupportedError(f"tool_choice {chat.tool_choice.mode.value} needs the "
                                    f"model's tool-call format, and {model.name} has none",

@@ -28,6 +28,7 @@ class OutputOptions:
     starts_in_reasoning: bool = False        # the prompt opened the block
     tool_parser: str = ""                    # "" = no tool-call parsing
     tool_names: frozenset[str] | None = None
+    harmony: bool = False                    # gpt-oss: channels and calls (parsers/harmony.py)
     parallel_tool_calls: bool = True
     logprobs: bool = False
 

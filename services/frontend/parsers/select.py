@@ -8,8 +8,11 @@ by `FrontendConfig.tool_parser` / `reasoning_parser` ("auto" chooses, "none" dis
 | `hermes`      | the template writes `<tool_call>` (Qwen 2.5/3, Hermes, many fine-tunes) |
 | `deepseek_v3` | the template or model type is DeepSeek V3 (`<｜tool▁call▁begin｜>`)      |
 | `llama3_json` | Llama 3.x (`<|start_header_id|>`, `<|python_tag|>`, model_type llama)   |
+| `harmony`     | gpt-oss (the template writes `<|channel|>`, or model_type gpt_oss)     |
 
-The reasoning parser `think` is chosen when the template or vocabulary knows `<think>`.
+The reasoning parser `think` is chosen when the template or vocabulary knows `<think>`;
+`harmony` (gpt-oss's analysis channel) with the `harmony` tool parser: one parser
+(parsers/harmony.py) reads channels, reasoning and calls together.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ TOOL_PARSERS: dict[str, type[ToolCallParser]] = {
     "llama3_json": Llama3JsonToolParser,
     "deepseek_v3": DeepSeekV3ToolParser,
 }
-REASONING_PARSERS = ("think",)
+HARMONY = "harmony"      # parsers/harmony.py: reasoning, content and tool calls in one
+REASONING_PARSERS = ("think", HARMONY)
 
 
 def _configured(setting: str, known: Collection[str], option: str, choices_lead: str) -> str:
@@ -44,8 +48,10 @@ def choose_tool_parser(setting: str, *, model_type: str, architecture: str,
                        template: str) -> str:
     """The tool parser name ("" for none)."""
     if setting != "auto":
-        return _configured(setting, TOOL_PARSERS, "tool_parser", "one of ")
+        return _configured(setting, (*TOOL_PARSERS, HARMONY), "tool_parser", "one of ")
     kind = model_type.lower()
+    if is_harmony(template, model_type):
+        return HARMONY
     if "<tool_call>" in template:
         return "hermes"
     if "tool▁call" in template or kind.startswith("deepseek_v3") or "DeepseekV3" in architecture:
@@ -56,7 +62,14 @@ def choose_tool_parser(setting: str, *, model_type: str, architecture: str,
     return ""
 
 
-def choose_reasoning_parser(setting: str, *, template: str, vocabulary: set[str]) -> str:
+def is_harmony(template: str, model_type: str) -> bool:
+    return "<|channel|>" in template or model_type.lower() == "gpt_oss"
+
+
+def choose_reasoning_parser(setting: str, *, template: str, vocabulary: set[str],
+                            model_type: str = "") -> str:
     if setting != "auto":
         return _configured(setting, REASONING_PARSERS, "reasoning_parser", "")
+    if is_harmony(template, model_type):
+        return HARMONY
     return "think" if "<think>" in template or "<think>" in vocabulary else ""
