@@ -151,8 +151,11 @@ if [ "${SKIP_PREFIX:-0}" != 1 ]; then
 fi
 
 host_rc=skipped
-if [ "${SKIP_HOST_TIER:-0}" != 1 ]; then    # workload (c): agents over a small GPU pool
+if [ "${SKIP_HOST_TIER:-0}" != 1 ]; then    # copy bandwidth, then workload (c): agents
+  host_rc=0
   start=$(date +%s)
+  timeout 120 "$PY" benchmarks/bench_host_tier.py --out "$OUT/host_copies.json" \
+    > "$OUT/host_copies.log" 2>&1 || host_rc=$?
   qwen3_8b_core
   stack_yaml 8192 > /tmp/helios-agents.yaml
   gpu_kv="kv_cache_bytes: ${HOST_GPU_KV_BYTES:-6442450944}"
@@ -161,8 +164,7 @@ if [ "${SKIP_HOST_TIER:-0}" != 1 ]; then    # workload (c): agents over a small 
   with_engine /tmp/helios-agents.yaml "$gpu_kv" > /tmp/helios-agents-gpu.yaml
   # shellcheck disable=SC2086
   PREFIX_ARGS="--workloads agents --agents 24 --turns 6 ${HOST_TIER_ARGS:-}" \
-    prefix_levels /tmp/helios-agents-host.yaml agents_host
-  host_rc=$?
+    prefix_levels /tmp/helios-agents-host.yaml agents_host || host_rc=$?
   # shellcheck disable=SC2086
   PREFIX_ARGS="--workloads agents --agents 24 --turns 6 ${HOST_TIER_ARGS:-}" \
     prefix_levels /tmp/helios-agents-gpu.yaml agents_gpu || host_rc=$?
@@ -176,6 +178,7 @@ echo
 [ -f "$OUT/serving_off.log" ] && { echo "prefix block reuse off:"; grep -A 4 -E "^target" "$OUT/serving_off.log"; }
 [ -f "$OUT/prefix_reuse.log" ] && tail -n 8 "$OUT/prefix_reuse.log"
 [ -f "$OUT/prefix_reuse_off.log" ] && { echo "block reuse off:"; tail -n 4 "$OUT/prefix_reuse_off.log"; }
+[ -f "$OUT/host_copies.log" ] && cat "$OUT/host_copies.log"
 [ -f "$OUT/agents_host.log" ] && { echo "agents, host tier:"; tail -n 9 "$OUT/agents_host.log"; }
 [ -f "$OUT/agents_gpu.log" ] && { echo "agents, GPU only:"; tail -n 9 "$OUT/agents_gpu.log"; }
 echo "tests rc=$test_rc step rc=$step_rc decode rc=$decode_rc serving rc=$serving_rc prefix rc=$prefix_rc host tier rc=$host_rc"

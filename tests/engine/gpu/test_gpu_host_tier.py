@@ -30,6 +30,7 @@ def test_host_store_round_trip_on_cuda():
                                    dtype=torch.bfloat16) for _ in range(3)))
     original = [t.clone() for t in (*kv.k_caches, *kv.v_caches)]
     store = HostKVStore(kv, 256, staging_pages=16)
+    assert store.store.is_pinned()          # registered: the copies never block the host
     rng = random.Random(1)
     gpu = rng.sample(range(300), 150)                      # more than nine staging chunks
     host = list(range(10, 60)) + rng.sample(range(60, 256), 100)   # runs and scattered ids
