@@ -25,6 +25,30 @@ class GrammarMatcher:
         """Advance by one committed token; False: the grammar cannot continue."""
         return bool(self._matcher.consume_token(token_id))
 
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` the grammar accepts in order from here (state unchanged):
+        speculative drafts are cut to this prefix."""
+        return int(self._matcher.validate_tokens(list(tokens))) if tokens else 0
+
+    def draft_bitmasks(self, drafts: Sequence[int], words: int, executor: Any) -> np.ndarray:
+        """The allowed-token bitmask of each row of a verification step, int32
+        [len(drafts) + 1, words]: row o is the mask after drafts[:o] (the grammar must
+        accept every draft: `valid_prefix`); the matcher ends where it started."""
+        masks = np.zeros((len(drafts) + 1, words), dtype=np.int32)
+        consumed = 0
+        try:
+            for row in range(len(drafts) + 1):
+                executor.unsafe_compute_mask_ptr([(self._matcher, 0)],
+                                                 masks[row].ctypes.data, words * 4, 1)
+                if row < len(drafts):
+                    if not self._matcher.consume_token(drafts[row]):
+                        raise ValueError(f"draft {row} ({drafts[row]}) is not in the grammar")
+                    consumed += 1
+        finally:
+            if consumed:
+                self._matcher.rollback(consumed)
+        return masks
+
     @property
     def is_stopped(self) -> bool:
         """The grammar is complete: no token but EOS could follow."""

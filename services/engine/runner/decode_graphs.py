@@ -1,5 +1,7 @@
 """Decode CUDA graphs: one per (batch capacity, sampling mode, logprobs, grammar), captured into one
 memory pool, largest capacity first, and replayed for every pure-decode step that fits.
+Verification graphs: one per (batch capacity, width) and mode, for steps whose sequences
+each feed and sample up to `width` rows (a pending token plus drafts, or a plain decode).
 
 A decode step of n sequences runs in the graph of the smallest capacity c >= n. Its input
 frame holds each graph field padded to c (`pack_decode`, uploaded with `GraphPacking`), so every step of capacity c lands at the
@@ -8,8 +10,15 @@ offsets the graph read when it was captured; padding rows feed token 0 at positi
 sample into the padding state row. Graphs are captured with `max_seq_len` set to the context
 limit, so one graph serves every context length (the attention kernel's split plan covers it).
 
-The greedy mode without logprobs is captured for every capacity at startup; other modes on
-first use (one synchronisation, logged). Replays go straight to `cuGraphLaunch`
+A verification graph of capacity c and width w packs its sequences' rows back to back into
+c x w rows (`GraphPacking` with `width`): padding sequences are empty, padding rows write no
+KV and sample into the padding state row; attention runs with max_query_len = w over the
+context limit, so one graph serves every mix of widths up to w and every context length.
+Every packed row samples with the per-row inputs (`StepInputs.sample_*`), and the sampler
+advances each slot by its emitted prefix on the device (slot_sampler.VerifyRows).
+
+The greedy mode without logprobs is captured for every decode capacity at startup; other
+modes and every verification shape on first use (one synchronisation, logged). Replays go straight to `cuGraphLaunch`
 (cuda_driver.GraphLauncher: torch's replay prologue is RNG bookkeeping these graphs never use). On the CPU there are no graphs: `replay` runs the same
 body eagerly on the same padded views, so the CPU tests exercise the padding and offsets.
 """
@@ -57,11 +66,17 @@ def pack_decode(values: StepInputs, step: Step | None, layout: StepLayout | None
 
 
 def padding_step(frames: InputFrames, capacity: int, mirror: PageTableMirror,
-                 pads: GraphPads) -> PackedStep:
+                 pads: GraphPads, width: int = 1, cells: int = 0) -> PackedStep:
     """Upload an all-padding step of `capacity` (warm-up and capture inputs)."""
     values = StepInputs.empty()
     pack_decode(values, None, None, mirror)
-    return frames.upload(values, GraphPacking(capacity, pads), scratch=True)
+    return frames.upload(values, GraphPacking(capacity, pads, width, cells), scratch=True)
+
+
+def verify_cells(capacity: int, width: int, page_size: int) -> int:
+    """Page-table update entries of a verification graph: each sequence may reach the pages
+    of its `width` positions (start .. start + width - 1), one more than they span."""
+    return capacity * (1 + -(-(width - 1) // page_size))
 
 
 @dataclass(slots=True)
@@ -73,9 +88,10 @@ class DecodeGraphs:
     max_seq_len: int
     stream: torch.cuda.Stream | None
     pads: GraphPads
-    graphs: dict[tuple[int, SamplingMode, bool, bool], GraphLauncher] | None = None
+    graphs: dict[tuple[int, int, SamplingMode, bool, bool], GraphLauncher] | None = None
     pool: Any = None              # torch's graph pool handle (one pool for all)
     capture_seconds: float = 0.0
+    page_size: int = 16           # KV page size (a verification graph's page-table updates)
 
     @property
     def is_cuda(self) -> bool:
@@ -88,9 +104,20 @@ class DecodeGraphs:
     def capacity_for(self, num_seqs: int) -> int | None:
         return next((c for c in self.capacities if c >= num_seqs), None)
 
-    def shape(self, capacity: int) -> StepShape:
+    def shape(self, capacity: int, width: int = 1) -> StepShape:
+        if width > 1:
+            return StepShape(num_tokens=capacity * width, num_seqs=capacity,
+                             max_query_len=width, max_seq_len=self.max_seq_len,
+                             is_decode_graph=False, verify=True, all_rows_sample=True)
         return StepShape(num_tokens=capacity, num_seqs=capacity, max_query_len=1,
                          max_seq_len=self.max_seq_len, is_decode_graph=True)
+
+    def packing(self, capacity: int, width: int = 1) -> GraphPacking:
+        """How a step of this graph is packed (a decode graph: width 1)."""
+        if width > 1:
+            return GraphPacking(capacity, self.pads, width,
+                                verify_cells(capacity, width, self.page_size))
+        return GraphPacking(capacity, self.pads)
 
     def capture_startup(self) -> None:
         """Capture the greedy, no-logprobs graphs, largest capacity first."""
@@ -100,22 +127,23 @@ class DecodeGraphs:
             self._capture(capacity, SamplingMode.GREEDY, False, False)
 
     def replay(self, packed: PackedStep, capacity: int, mode: SamplingMode, logprobs: bool,
-               grammar: bool = False) -> None:
-        """Run the capacity's decode on the step just uploaded (`packed`: its offsets are
-        the capture's, `pack_decode` at this capacity). A graph missing for this mode is
-        captured first (synchronising once), then the step's inputs are uploaded again."""
+               grammar: bool = False, width: int = 1) -> None:
+        """Run the capacity's decode (or, width > 1, verification) on the step just uploaded
+        (`packed`: its offsets are the capture's, `packing(capacity, width)`). A graph
+        missing for this mode is captured first (synchronising once), then the step's inputs
+        are uploaded again."""
         if not self.is_cuda:
-            self.body.run(packed.views, self.shape(capacity), mode, logprobs, grammar)
+            self.body.run(packed.views, self.shape(capacity, width), mode, logprobs, grammar)
             return
-        graph = (self.graphs or {}).get((capacity, mode, logprobs, grammar))
+        graph = (self.graphs or {}).get((capacity, width, mode, logprobs, grammar))
         if graph is None:
-            graph = self._capture(capacity, mode, logprobs, grammar)
+            graph = self._capture(capacity, mode, logprobs, grammar, width)
             with torch.cuda.stream(self.stream):
                 self.frames.copy(packed)
         graph.launch()
 
     def _capture(self, capacity: int, mode: SamplingMode, logprobs: bool,
-                 grammar: bool) -> GraphLauncher:
+                 grammar: bool, width: int = 1) -> GraphLauncher:
         assert self.stream is not None
         started = time.perf_counter()
         if self.graphs is None:
@@ -123,18 +151,23 @@ class DecodeGraphs:
             self.pool = torch.cuda.graph_pool_handle()
         torch.cuda.synchronize()
         with torch.cuda.stream(self.stream):
-            views = padding_step(self.frames, capacity, self.mirror, self.pads).views
-            self.body.run(views, self.shape(capacity), mode, logprobs, grammar)   # warm-up
+            packing = self.packing(capacity, width)
+            views = padding_step(self.frames, capacity, self.mirror, self.pads, width,
+                                 packing.cells).views
+            shape = self.shape(capacity, width)
+            self.body.run(views, shape, mode, logprobs, grammar)   # warm-up
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
-            self.body.run(views, self.shape(capacity), mode, logprobs, grammar)
+            self.body.run(views, shape, mode, logprobs, grammar)
         torch.cuda.synchronize()
-        launcher = self.graphs[(capacity, mode, logprobs, grammar)] = GraphLauncher(
+        launcher = self.graphs[(capacity, width, mode, logprobs, grammar)] = GraphLauncher(
             graph, self.stream)
         elapsed = time.perf_counter() - started
         self.capture_seconds += elapsed
-        log.info("captured the decode graph b%d %s%s%s in %.2f s (%s replay)", capacity,
+        log.info("captured the %s graph b%d%s %s%s%s in %.2f s (%s replay)",
+                 "verification" if width > 1 else "decode", capacity,
+                 f" w{width}" if width > 1 else "",
                  mode.name.lower(), " +logprobs" if logprobs else "",
                  " +grammar" if grammar else "", elapsed,
                  "raw" if launcher.is_raw else "torch")

@@ -29,7 +29,7 @@ from services.engine.runner.step_inputs import (
     I32,
     I64,
     KINDS,
-    GraphPads,
+    GraphPacking,
     StepInputs,
     StepLimits,
     buffer_sizes,
@@ -53,14 +53,6 @@ def _host_frame(index: int, sizes: dict[str, int], pin: bool) -> HostFrame:
     tensors = {kind: torch.empty(max(1, size), dtype=_DTYPES[kind][1], pin_memory=pin)
                for kind, size in sizes.items()}
     return HostFrame(index, tensors, {kind: t.numpy() for kind, t in tensors.items()})
-
-
-@dataclass(frozen=True, slots=True)
-class GraphPacking:
-    """Pack a decode step at a graph's batch capacity: the graph's fields padded to it."""
-
-    capacity: int
-    pads: GraphPads
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,13 +93,13 @@ class InputFrames:
             self._next ^= 1
         used = dict.fromkeys(KINDS, 0)
         capacities: list[int] = []
-        count = len(values.seq_slots)            # sequences (a graph's query_start_loc pad)
+        count = len(values.input_ids)            # real rows (padding sequences start there)
         for (name, spec), bound in zip(FIELDS, self.bounds, strict=True):
             data = getattr(values, name)
             length = len(data)
             capacity = length
             if graph is not None and spec.graph is not None:
-                capacity = spec.graph(graph.capacity)
+                capacity = spec.graph(graph)
             if length > capacity or capacity > bound:
                 raise OverflowError(f"step input {name}: {length} values (capacity "
                                     f"{capacity}) exceed its bound of {bound}")

@@ -63,9 +63,12 @@ class SlotState:
 
     def __init__(self, num_slots: int, vocab_size: int, hidden_size: int,
                  hidden_dtype: torch.dtype, device: torch.device,
-                 eos_token_ids: tuple[int, ...] = (), token_vocab: int | None = None) -> None:
+                 eos_token_ids: tuple[int, ...] = (), token_vocab: int | None = None,
+                 width: int = 1) -> None:
         rows = num_slots + 1
         self.num_slots = num_slots
+        self.num_rows = rows
+        self.width = width                  # sampled rows per slot in a verification step
         self.padding_row = num_slots
         self.vocab_size = vocab_size        # logits columns (the model's embedding rows)
         # the tokenizer's ids: columns past it are masked before sampling (sampling/vocab.py)
@@ -86,10 +89,11 @@ class SlotState:
         self.stop_mask = torch.zeros((rows, vocab_size), dtype=torch.bool, device=device)
         # structured outputs: each slot's allowed-token bitmask [rows, ceil(V / 32)] int32,
         # all ones (every token) except while a constrained choice occupies the slot; steps
-        # that sample such a choice upload its row first (`install_bitmasks`)
-        self.token_bitmask = torch.full((rows, (vocab_size + 31) // 32), -1,
+        # that sample such a choice upload its row first (`install_bitmasks`). Verification
+        # rows have their own: row `bitmask_row(slot, offset)` = offset * rows + slot
+        self.token_bitmask = torch.full((rows * width, (vocab_size + 31) // 32), -1,
                                         dtype=torch.int32, device=device)
-        self._constrained: set[int] = set()   # slots whose bitmask row is not all ones
+        self._constrained: set[int] = set()   # bitmask rows that are not all ones
         # hidden state of each slot's last fed rows, by position parity: [rows * 2, H]
         self.last_hidden = torch.zeros((rows * 2, hidden_size), dtype=hidden_dtype,
                                        device=device)
@@ -190,11 +194,15 @@ class SlotState:
             self.floats[name].index_copy_(0, slots, floats[:, k])
 
     # -- structured outputs -----------------------------------------------------------------
+    def bitmask_row(self, slot: int, offset: int = 0) -> int:
+        """The bitmask row of a slot's sampled row at verification offset `offset`."""
+        return offset * self.num_rows + slot
+
     def pack_bitmasks(self, values: StepInputs, rows: list[tuple[int, object]],
                       released: list[int]) -> None:
-        """The step's grammar rows (slot, int32 bitmask) into its inputs (bitmask_slots /
-        bitmask_words), and the slots to reset to all ones (a constrained choice left them:
-        bitmask_reset). The fields stay empty in steps without grammars."""
+        """The step's grammar rows (bitmask row, int32 bitmask) into its inputs
+        (bitmask_slots / bitmask_words), and the rows to reset to all ones (a constrained
+        choice left them: bitmask_reset). The fields stay empty in steps without grammars."""
         slots = [slot for slot, _ in rows]
         values.bitmask_slots = slots
         if rows:
@@ -206,11 +214,12 @@ class SlotState:
         self._constrained.difference_update(released)
 
     def released_bitmasks(self, inits: list[tuple[SlotInfo, SamplingInit]],
-                          grammar_slots: set[int]) -> list[int]:
-        """Slots a new occupant takes over whose bitmask row a constrained choice left."""
-        return [info.handle.slot for info, _ in inits
-                if info.handle.slot in self._constrained
-                and info.handle.slot not in grammar_slots]
+                          grammar_rows: set[int]) -> list[int]:
+        """Bitmask rows of slots a new occupant takes over that a constrained choice left
+        (and this step does not upload again)."""
+        slots = {info.handle.slot for info, _ in inits}
+        return sorted(row for row in self._constrained
+                      if row % self.num_rows in slots and row not in grammar_rows)
 
     def install_bitmasks(self, views: StepInputs[torch.Tensor]) -> None:
         """Write the staged bitmask rows (device ops on the current stream, before the

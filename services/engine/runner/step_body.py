@@ -11,6 +11,11 @@ path runs for prefill, mixed and resume steps.
 4. Sampling rows (forward rows, or snapshot states for full-prefix hits at index T + k) give
    logits; the slot sampler (with the slots' grammar bitmasks in a `grammar` step) writes
    ids/logprobs into the persistent outputs and advances the slots' state.
+5. A verification step (`shape.verify`: some sequence checks drafts) samples every row of
+   those sequences with the per-row inputs (slot_sampler.VerifyRows); each sequence's last
+   emitted row keeps its hidden state in the cell of its position (`sample_cells`), the
+   state a terminal checkpoint at the accepted length reads. A verification graph
+   (`shape.all_rows_sample`) samples every packed row in order.
 Only tensor ops on device views and host ints (the `StepShape`): nothing synchronises.
 """
 
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.model import AttentionMetadata, CausalLM, ForwardBatch, KVCache
-from services.engine.runner.slot_sampler import SampleOutputs, sample_rows
+from services.engine.runner.slot_sampler import SampleOutputs, VerifyRows, sample_rows
 from services.engine.runner.slot_state import SamplingMode, SlotState
 from services.engine.runner.snapshots import SnapshotStore
 from services.engine.runner.step_inputs import StepInputs
@@ -36,6 +41,8 @@ class StepShape:
     max_query_len: int
     max_seq_len: int
     is_decode_graph: bool       # T == B, one token per sequence, every row samples
+    verify: bool = False        # some sequence verifies drafts (per-row sampling inputs)
+    all_rows_sample: bool = False   # a verification graph: every packed row samples, in order
 
 
 class StepBody:
@@ -74,6 +81,10 @@ class StepBody:
             state.last_hidden.index_copy_(0, cells, hidden)
             sample_hidden = hidden
             sample_slots = seq_slots
+        elif shape.all_rows_sample:
+            assert hidden is not None
+            sample_hidden = hidden
+            sample_slots = views.sample_slots
         else:
             if hidden is not None and views.hidden_rows.shape[0]:
                 state.last_hidden.index_copy_(0, views.hidden_cells,
@@ -94,5 +105,12 @@ class StepBody:
             assert source is not None
             sample_hidden = source.index_select(0, views.sample_rows)
         logits = self.model.compute_logits(sample_hidden)                         # [S, V]
-        sample_rows(logits, sample_slots, state, mode, logprobs, self.outputs, grammar)
+        verify = VerifyRows(views.sample_offsets, views.sample_drafts,
+                            views.sample_first) if shape.verify else None
+        last = sample_rows(logits, sample_slots, state, mode, logprobs, self.outputs, grammar,
+                           verify)
+        if last is not None:
+            padding = torch.full_like(views.sample_cells, state.padding_row * 2)
+            state.last_hidden.index_copy_(0, torch.where(last, views.sample_cells, padding),
+                                          sample_hidden)
         return hidden

@@ -42,19 +42,22 @@ class StepLimits:
     init_ints: int       # int64 values per initialised slot
     init_floats: int     # float32 values per initialised slot
     bitmask_words: int   # int32 words of grammar bitmask rows
+    bitmask_rows: int = 0   # grammar bitmask rows (a verification's: one per sampled row)
 
     @classmethod
     def for_runner(cls, *, num_slots: int, max_num_batched_tokens: int, max_graph_batch: int,
-                   table_width: int, vocab_size: int, init_ints: int, init_floats: int
-                   ) -> StepLimits:
+                   table_width: int, vocab_size: int, init_ints: int, init_floats: int,
+                   width: int = 1) -> StepLimits:
         """A step feeds at most the token budget, or one decode per slot plus the oldest
-        prefill's minimum chunk (64); a slot's whole page table uploads when it starts."""
+        prefill's minimum chunk (64); a slot's whole page table uploads when it starts.
+        `width`: rows per sequence of a verification step (1 + drafts; 1: no speculation)."""
         rows = max(num_slots, max_graph_batch)
         tokens = max(max_num_batched_tokens, rows) + 64
         return cls(tokens=tokens, seqs=rows, samples=tokens, resumes=num_slots,
                    table_cells=(num_slots + 1) * table_width, inits=num_slots,
                    init_ints=init_ints, init_floats=init_floats,
-                   bitmask_words=num_slots * ((vocab_size + 31) // 32))
+                   bitmask_words=num_slots * width * ((vocab_size + 31) // 32),
+                   bitmask_rows=num_slots * width)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,55 +69,105 @@ class GraphPads:
 
 
 @dataclass(frozen=True, slots=True)
+class GraphPacking:
+    """Pack a step at a graph's capacities: its fields padded to them.
+
+    A decode graph: `capacity` sequences of one row each. A verification graph (`width` > 1):
+    `capacity` sequences of up to `width` rows, packed back to back (tokens = capacity x
+    width), every row sampling, with `cells` page-table update entries."""
+
+    capacity: int
+    pads: GraphPads
+    width: int = 1
+    cells: int = 0                 # page-table update entries (0: one per sequence)
+
+    @property
+    def tokens(self) -> int:
+        return self.capacity * self.width
+
+    @property
+    def samples(self) -> int:
+        """Sampled rows a graph reads per-row fields for (a decode graph reads none)."""
+        return self.capacity * self.width if self.width > 1 else 0
+
+    @property
+    def update_cells(self) -> int:
+        return self.cells or self.capacity
+
+
+@dataclass(frozen=True, slots=True)
 class InputField:
     kind: str                                   # I64, I32 or F32
     bound: Callable[[StepLimits], int]          # most values one step holds
-    graph: Callable[[int], int] | None = None   # capacity in a decode graph of capacity c
+    graph: Callable[[GraphPacking], int] | None = None   # capacity in a graph
     pad: Callable[[GraphPads, int], float] = lambda pads, count: 0   # graph padding value
 
 
 def _input(kind: str, bound: Callable[[StepLimits], int],
-           graph: Callable[[int], int] | None = None,
+           graph: Callable[[GraphPacking], int] | None = None,
            pad: Callable[[GraphPads, int], float] | None = None) -> Any:
     spec = InputField(kind, bound, graph, pad or (lambda pads, count: 0))
     return field(default_factory=list, metadata={"input": spec})
 
 
-def _same(c: int) -> int:
-    return c
+def _rows(g: GraphPacking) -> int:
+    return g.tokens
+
+
+def _seqs(g: GraphPacking) -> int:
+    return g.capacity
+
+
+def _cells(g: GraphPacking) -> int:
+    return g.update_cells
+
+
+def _samples(g: GraphPacking) -> int:
+    return g.samples
 
 
 @dataclass(slots=True)
 class StepInputs(Generic[V]):
     # -- read by decode graphs (fixed offsets at each capacity) -----------------------------
-    input_ids: V = _input(I64, lambda lim: lim.tokens, _same)          # [T] fed ids (pending: 0)
-    positions: V = _input(I64, lambda lim: lim.tokens, _same)          # [T]
-    slot_mapping: V = _input(I64, lambda lim: lim.tokens, _same,       # [T] KV slot, -1: padding
+    input_ids: V = _input(I64, lambda lim: lim.tokens, _rows)          # [T] fed ids (pending: 0)
+    positions: V = _input(I64, lambda lim: lim.tokens, _rows)          # [T]
+    slot_mapping: V = _input(I64, lambda lim: lim.tokens, _rows,       # [T] KV slot, -1: padding
                              lambda pads, count: -1)
-    pending_slot: V = _input(I64, lambda lim: lim.tokens, _same,       # [T] slot feeding the row
+    pending_slot: V = _input(I64, lambda lim: lim.tokens, _rows,       # [T] slot feeding the row
                              lambda pads, count: -1)
-    seq_slots: V = _input(I64, lambda lim: lim.seqs, _same,            # [B] slot of each sequence
+    seq_slots: V = _input(I64, lambda lim: lim.seqs, _seqs,            # [B] slot of each sequence
                           lambda pads, count: pads.padding_row)
-    update_index: V = _input(I64, lambda lim: lim.table_cells, _same,  # [U] page-table cells
+    update_index: V = _input(I64, lambda lim: lim.table_cells, _cells,  # [U] page-table cells
                              lambda pads, count: pads.trash_cell)
-    query_start_loc: V = _input(I32, lambda lim: lim.seqs + 1,         # [B + 1]
-                                lambda c: c + 1, lambda pads, count: count)
-    seq_lens: V = _input(I32, lambda lim: lim.seqs, _same)             # [B] KV length after
-    update_value: V = _input(I32, lambda lim: lim.table_cells, _same)  # [U] page ids
+    query_start_loc: V = _input(I32, lambda lim: lim.seqs + 1,         # [B + 1] (padding
+                                lambda g: g.capacity + 1,              # sequences: empty)
+                                lambda pads, count: count)
+    seq_lens: V = _input(I32, lambda lim: lim.seqs, _seqs)             # [B] KV length after
+    update_value: V = _input(I32, lambda lim: lim.table_cells, _cells)  # [U] page ids
+    # -- sampled rows: per-row verification inputs (a verification graph reads them; eager
+    # steps that verify fill them; nothing else does) ----------------------------------------
+    sample_slots: V = _input(I64, lambda lim: lim.samples, _samples,    # [S] slot of each row
+                             lambda pads, count: pads.padding_row)
+    sample_offsets: V = _input(I64, lambda lim: lim.samples, _samples)  # [S] offset in its seq
+    sample_drafts: V = _input(I64, lambda lim: lim.samples, _samples,   # [S] the draft row o
+                              lambda pads, count: -1)                   # checks (-1: none)
+    sample_first: V = _input(I64, lambda lim: lim.samples, _samples)    # [S] its seq's first row
+    sample_cells: V = _input(I64, lambda lim: lim.samples, _samples,    # [S] hidden cell of the
+                             lambda pads, count: pads.padding_row * 2)  # row's position
     # -- eager steps only -------------------------------------------------------------------
     hidden_rows: V = _input(I64, lambda lim: lim.seqs)                  # [F] last fed row
     hidden_cells: V = _input(I64, lambda lim: lim.seqs)                 # [F] slot * 2 + parity
     sample_rows: V = _input(I64, lambda lim: lim.samples)               # [S] row (T + k: resumed)
-    sample_slots: V = _input(I64, lambda lim: lim.samples)              # [S]
     resume_ids: V = _input(I64, lambda lim: lim.resumes)                # [Z] snapshot rows
     resume_cells: V = _input(I64, lambda lim: lim.resumes)              # [Z] slot * 2 + parity
     # -- installed before the graph or body runs --------------------------------------------
     init_slots: V = _input(I64, lambda lim: lim.inits)                  # [N] slots initialised
     init_ints: V = _input(I64, lambda lim: lim.inits * lim.init_ints)     # [N * ints]
     init_floats: V = _input(F32, lambda lim: lim.inits * lim.init_floats)  # [N * floats]
-    bitmask_slots: V = _input(I64, lambda lim: lim.inits)               # [G] grammar rows' slots
+    bitmask_slots: V = _input(I64, lambda lim: max(lim.inits, lim.bitmask_rows))  # [G] rows
     bitmask_words: V = _input(I32, lambda lim: lim.bitmask_words)       # [G * words]
-    bitmask_reset: V = _input(I64, lambda lim: lim.inits)               # [R] slots back to all 1
+    bitmask_reset: V = _input(I64, lambda lim: max(lim.inits, lim.bitmask_rows))  # [R] rows
+                                                                        # back to all ones
 
     @classmethod
     def empty(cls) -> StepInputs[Any]:

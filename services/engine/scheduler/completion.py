@@ -17,6 +17,7 @@ from services.engine.scheduler.requests import (
 )
 from services.engine.scheduler.residency import release
 from services.engine.scheduler.sequence import Phase, Sequence
+from services.engine.scheduler.speculation import COPY
 from services.engine.scheduler.state import SchedulerState
 
 
@@ -97,6 +98,11 @@ def apply_result(state: SchedulerState, step: Step, planned: SeqStep, result: Se
                            prompt_logprobs=prompt_logprobs) if prompt_logprobs else None
     delta = _commit_tokens(state, seq, result, now)
     progress.pending_last(seq.total_len)
+    if planned.output_index > 0 and state.config.proposer is not None and \
+            seq.request.request.speculative:
+        _observe_speculation(state, seq, planned, result, len(delta.token_ids))
+    if planned.draft_token_ids and seq.phase is Phase.RUNNING:
+        release_draft_pages(state, seq, step.fence)
     if prompt_logprobs:
         delta = dataclasses.replace(delta, prompt_logprobs=prompt_logprobs)
     return delta
@@ -160,9 +166,45 @@ def _commit_tokens(state: SchedulerState, seq: Sequence, result: SeqResult,
                         reason, stop_token, error)
     if reason is FinishReason.ERROR:
         finish(state, seq, FinishReason.ERROR)
-    elif reason is not None and not begin_terminal_capture(state, seq, reason):
+    elif reason is not None and (len(committed) < len(result.token_ids) or
+                                 not begin_terminal_capture(state, seq, reason)):
+        # (a choice that ended inside a verified run keeps no terminal state: the runners
+        # keep the hidden state of the run's last emitted row, not of the row it ended at)
         finish(state, seq, reason)
     return delta
+
+
+def _observe_speculation(state: SchedulerState, seq: Sequence, planned: SeqStep,
+                         result: SeqResult, committed: int) -> None:
+    """A generation round of a speculating choice: its acceptance statistics (by depth and
+    proposal source) and the speculative counters."""
+    counters = state.counters
+    drafts = planned.draft_token_ids
+    counters.spec_rounds += 1
+    counters.spec_depth += len(drafts)
+    if not drafts:
+        return
+    emitted = len(result.token_ids)
+    source = getattr(state.config.proposer, "source", COPY)
+    seq.speculation.observe(source, len(drafts), emitted, committed)
+    counters.add_verification(len(drafts), min(emitted - 1, committed))
+
+
+def release_draft_pages(state: SchedulerState, seq: Sequence, fence: int) -> None:
+    """After a verification: pages that only rejected drafts' KV reached go back to the pool
+    (the next step writes from the accepted length on; it allocates again if it needs
+    them). Nothing else uses them: a verification step is never followed."""
+    res = state.resources
+    keep = res.pages_for(seq.total_len)
+    pages = seq.cache.page_ids
+    if len(pages) <= keep:
+        return
+    extra = pages[keep:]
+    if not all(page in seq.cache.private_pages for page in extra):
+        return
+    del pages[keep:]
+    seq.cache.private_pages.difference_update(extra)
+    res.retire_pages(extra, fence)
 
 
 def finish(state: SchedulerState, seq: Sequence, reason: FinishReason | None) -> None:

@@ -6,8 +6,9 @@ semantics: a sequence feeding its pending token plus k drafts may emit up to k +
 `NgramProposer` is prompt lookup (copy proposals): the longest recent n-gram of the sequence
 that occurred earlier in it proposes the tokens that followed that occurrence. A proposer
 sees only the sequence's known tokens; the policy bounds `limit` by the output and context
-left. Off unless `SchedulerConfig.proposer` is set (the CUDA graph runner does not verify
-yet: see runner/graph_runner.py).
+left and cuts the drafts to the width the request's acceptance statistics choose
+(speculation.py). `source` names the proposal source those statistics are kept under.
+Off unless `SchedulerConfig.proposer` is set (`--speculative-method ngram`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ from typing import Protocol
 
 
 class Proposer(Protocol):
+    @property
+    def num_tokens(self) -> int: ...       # drafts per step at most
+
+    @property
+    def source(self) -> str: ...           # proposal source (speculation.COPY, .DRAFT)
+
     def propose(self, tokens: Sequence[int], limit: int) -> tuple[int, ...]: ...
 
 
@@ -27,6 +34,7 @@ class NgramProposer:
     max_ngram: int = 3         # longest suffix looked up
     min_ngram: int = 1
     window: int = 4096         # how far back the lookup reaches
+    source: str = "copy"       # copy proposals (speculation.COPY)
 
     def propose(self, tokens: Sequence[int], limit: int) -> tuple[int, ...]:
         limit = min(limit, self.num_tokens)

@@ -52,7 +52,7 @@ def test_graph_packing_lands_at_the_capture_offsets():
     for name, spec in FIELDS:
         a, b = getattr(first, name), getattr(second, name)
         if spec.graph is not None:                     # the graph's fields: same place
-            assert a.data_ptr() == b.data_ptr() and a.numel() == b.numel() == spec.graph(4)
+            assert a.data_ptr() == b.data_ptr() and a.numel() == b.numel() == spec.graph(GraphPacking(4, PADS))
     assert second.slot_mapping.tolist() == [100, 101, 102, -1]
     assert second.seq_slots.tolist() == [0, 1, 2, PADS.padding_row]
     assert second.query_start_loc.tolist() == [0, 1, 2, 3, 3]

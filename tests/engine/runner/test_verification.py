@@ -1,7 +1,8 @@
 """Verification steps on the real model (TorchRunner): a decode that feeds k drafts emits
 the tokens the non-speculative engine would have produced, greedy or seeded sampling, for
-exact, wrong and copied proposals; logprobs match. The graph runner refuses them (its
-verification graphs come with speculative decoding)."""
+exact, wrong and copied proposals; logprobs match. A graph runner built without speculation
+refuses them (its buffers hold one sampled row per sequence); test_speculative.py runs the
+graph runner's verification."""
 
 from __future__ import annotations
 
@@ -118,10 +119,10 @@ def test_copied_proposals_on_a_repetitive_output(demo_source):
     assert _run(engine, [greedy_request("c", prompt, 30)])["c"][0] == plain["c"][0]
 
 
-def test_the_graph_runner_refuses_verification_steps(demo_source):
+def test_a_graph_runner_built_without_speculation_refuses_drafts(demo_source):
     prompt = _prompt(20, 5)
     engine = _with_proposer(make_engine(demo_source, runner="graph"),
                             Continuations({tuple(prompt): [1, 2, 3, 4, 5, 6]}, k=2))
     engine.scheduler.admit(greedy_request("g", prompt, 6))
-    with pytest.raises(WorkerFailure, match="max_emit > 1"):
+    with pytest.raises(WorkerFailure, match="verifies 2 drafts, the runner was built for 0"):
         run_until_idle(engine.scheduler, engine.runner)

@@ -1,0 +1,175 @@
+"""The speculation policy through the scheduler and the fake runner: per-request opt-out,
+acceptance statistics (by depth, censored inside a stopped run) that choose each request's
+width down to zero (and probe again), the batch switch-off from measured step costs, the
+speculative counters, and pages that only rejected drafts reached going back to the pool."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from services.engine.scheduler.speculation import (
+    COPY,
+    PROBE_EVERY,
+    AcceptanceStats,
+    choose_width,
+    verify_label,
+)
+from tests.engine.fakes import collect, reference_tokens, run_step, run_until_idle
+from tests.engine.scheduler.conftest import VOCAB, make_engine, prompt_of, request
+from tests.engine.scheduler.test_verification import Oracle
+
+
+class Wrong:
+    """Proposes k drafts that are always wrong (never the reference token)."""
+
+    num_tokens = 4
+    source = COPY
+
+    def __init__(self, prompt, count: int) -> None:
+        self.prompt = list(prompt)
+        self.reference = reference_tokens(prompt, count + 8, vocab=VOCAB)
+
+    def propose(self, tokens, limit):
+        done = len(tokens) - len(self.prompt)
+        return tuple((t + 1) % VOCAB for t in self.reference[done:done + min(4, limit)])
+
+
+def _drafted(runner) -> list:
+    return [s for step in runner.steps for s in step.seqs if s.draft_token_ids]
+
+
+class Both:
+    """One oracle per prompt (each proposes only for its own request)."""
+
+    num_tokens = 3
+    source = COPY
+
+    def __init__(self, *oracles) -> None:
+        self.oracles = oracles
+
+    def propose(self, tokens, limit):
+        for oracle in self.oracles:
+            if list(tokens[:len(oracle.prompt)]) == oracle.prompt:
+                return oracle.propose(tokens, limit)
+        return ()
+
+
+def test_a_request_that_opts_out_never_verifies():
+    on, off = prompt_of(15, salt=1), prompt_of(16, salt=11)
+    oracles = Oracle(on, 12, k=3), Oracle(off, 12, k=3)
+    scheduler, runner = make_engine(proposer=Both(*oracles))
+    scheduler.admit(dataclasses.replace(request("off", off, 12), speculative=False))
+    scheduler.admit(request("on", on, 12))
+    outputs = run_until_idle(scheduler, runner)
+    assert outputs["off"][0] == reference_tokens(off, 12, vocab=VOCAB)
+    assert outputs["on"][0] == reference_tokens(on, 12, vocab=VOCAB)
+    assert oracles[0].calls > 0 and oracles[1].calls == 0
+    assert _drafted(runner)
+
+
+def test_failing_drafts_narrow_the_width_to_zero_then_probe():
+    prompt = prompt_of(13, salt=2)
+    scheduler, runner = make_engine(proposer=Wrong(prompt, 60))
+    scheduler.admit(request("a", prompt, 60))
+    outputs = run_until_idle(scheduler, runner)
+    assert outputs["a"][0] == reference_tokens(prompt, 60, vocab=VOCAB)
+    widths = [len(s.draft_token_ids) for step in runner.steps for s in step.seqs
+              if s.output_index > 0 and s.sample]
+    assert widths[0] >= 2                   # the prior's width first
+    zero = widths.index(0)
+    assert all(w == 0 or w == 1 for w in widths[zero:])      # then plain, with probes
+    assert 1 in widths[zero:] and widths[zero:].count(0) >= PROBE_EVERY
+    counters = scheduler.state.counters
+    assert counters.spec_accepted_tokens == 0 and counters.spec_draft_tokens == sum(widths)
+    assert counters.spec_rounds == len(widths) and counters.spec_depth == sum(widths)
+
+
+def test_acceptance_statistics_by_depth():
+    stats = AcceptanceStats()
+    for _ in range(30):
+        stats.observe(COPY, offered=3, emitted=2, committed=2)   # d0 accepted, d1 rejected
+    assert stats.depth(COPY, 0).mean > 0.9 and stats.depth(COPY, 1).mean < 0.1
+    assert stats.depth(COPY, 2).offered == 0                     # never reached: the prior
+    assert choose_width(stats, COPY, 3, 0.05) == 1
+    censored = AcceptanceStats()
+    censored.observe(COPY, offered=4, emitted=5, committed=2)    # stopped at token 2 of 5
+    assert [censored.depth(COPY, d).offered for d in range(4)] == [1.0, 1.0, 0.0, 0.0]
+    assert censored.depth(COPY, 1).accepted == 1.0
+    assert choose_width(AcceptanceStats(), COPY, 0, 0.0) == 0
+    assert choose_width(stats, "draft", 3, 0.05) >= 2           # another source: the prior
+
+
+def test_the_batch_switch_off_uses_measured_costs():
+    """Verification that costs more than its expected tokens are worth turns speculation off
+    for the batch; cheap verification keeps it on."""
+    prompts = [prompt_of(10, salt=30 + i) for i in range(4)]
+
+    class Each:
+        num_tokens = 3
+        source = COPY
+
+        def __init__(self) -> None:
+            self.oracles = [Oracle(p, 20, k=3) for p in prompts]
+
+        def propose(self, tokens, limit):
+            for oracle in self.oracles:
+                if list(tokens[:len(oracle.prompt)]) == oracle.prompt:
+                    return oracle.propose(tokens, limit)
+            return ()
+
+    for verify_cost, expect_drafts in ((20.0, False), (1.05, True)):
+        scheduler, runner = make_engine(proposer=Each(), cost_model=True)
+        costs = scheduler.state.costs
+        for width in range(2, 5):
+            costs.observe(kind="verify", label=verify_label(4, width), batch_capacity=4,
+                          token_capacity=16, num_requests=4, duration_s=verify_cost, now=0.0)
+        costs.observe(kind="decode", label="b4 t4", batch_capacity=4, token_capacity=4,
+                      num_requests=4, duration_s=1.0, now=0.0)
+        for i, prompt in enumerate(prompts):
+            scheduler.admit(request(f"r{i}", prompt, 20))
+        costs.stale_after_s = 1e9
+        outputs = run_until_idle(scheduler, runner)
+        for i, prompt in enumerate(prompts):
+            assert outputs[f"r{i}"][0] == reference_tokens(prompt, 20, vocab=VOCAB)
+        assert bool(_drafted(runner)) is expect_drafts
+        assert (scheduler.state.counters.speculation_off > 0) is not expect_drafts
+
+
+def test_pages_only_rejected_drafts_reached_go_back():
+    prompt = prompt_of(14, salt=4)                       # page size 4
+    scheduler, runner = make_engine(proposer=Oracle(prompt, 30, k=4, wrong_at=0))
+    scheduler.admit(request("a", prompt, 30))
+    res = scheduler.state.resources
+    outputs: dict = {}
+    while scheduler.has_work:
+        _, updates = run_step(scheduler, runner)
+        collect(outputs, updates)
+        for seq in scheduler.state.running.values():
+            # resident between steps: never more pages than its known tokens need
+            assert len(seq.page_ids) <= res.pages_for(seq.total_len), len(seq.page_ids)
+    assert outputs["a"][0] == reference_tokens(prompt, 30, vocab=VOCAB)
+    # some verification's drafts reached a page its accepted tokens did not
+    assert any(res.pages_for(s.end) > res.pages_for(s.start + 2) for s in _drafted(runner))
+    res.evict_all()
+    assert res.pages.num_free == res.pages.capacity
+
+
+def test_a_stop_inside_a_verified_run_keeps_no_terminal_state():
+    """The stop id is an accepted draft in the middle of a run: the runners keep the hidden
+    state of the run's last emitted row, not of the stop, so no terminal checkpoint is
+    taken (a wrong one would poison the next turn)."""
+    prompt = prompt_of(19, salt=5)
+    reference = reference_tokens(prompt, 30, vocab=VOCAB)
+    eos = reference[6]
+    assert eos not in reference[:6]
+    scheduler, runner = make_engine(proposer=Oracle(prompt, 30, k=4), eos=frozenset({eos}))
+    scheduler.admit(request("a", prompt, 30, ignore_eos=False))
+    outputs = run_until_idle(scheduler, runner)
+    assert outputs["a"][0] == reference[:7]
+    assert any(len(r.token_ids) > 1 and eos in r.token_ids[:-1]
+               for c in runner.completed for r in c.results)
+    assert not any(step.kind == "snapshot" for step in runner.steps)
+    plain, plain_runner = make_engine(eos=frozenset({eos}))
+    plain.admit(request("a", prompt, 30, ignore_eos=False))
+    run_until_idle(plain, plain_runner)             # without drafts it is kept
+    assert any(step.kind == "snapshot" for step in plain_runner.steps)
