@@ -134,9 +134,12 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                     self.metrics.observe_first_token(time.monotonic() - started)
                 if update.finished:
                     self.metrics.observe_finished(time.monotonic() - started)
+                kind = next((d.error_kind for d in update.deltas if d.error), "")
                 update, failure = wire.split_failure(update)
                 if update is not None:
                     yield wire.update_to_pb(update)
+                if failure and kind == "unavailable":   # its image's pixels are gone
+                    raise UnavailableError(failure, stage=ErrorStage.EXECUTION)
                 if failure:   # a choice's grammar could not continue: the request fails
                     raise GrammarError(failure, stage=ErrorStage.EXECUTION)
                 if stream.done:

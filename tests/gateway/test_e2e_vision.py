@@ -170,3 +170,37 @@ def test_remote_urls_are_refused(vision_stack):
                 {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
                 {"type": "text", "text": QUESTION}]}])
     assert "remote image URLs are not fetched" in str(info.value)
+
+
+def test_an_image_imageprep_lost_fails_only_its_request(vision_stack):
+    """The engine fetches pixels by identity; one imageprep never prepared (or evicted from
+    every tier) fails that request with `unavailable` and the reason, before its step is
+    committed; the engine keeps serving (an image chat right after still works)."""
+    import grpc
+
+    from services.common.errors import UnavailableError
+    from services.common.pb import common_pb2, engine_pb2_grpc
+    from tests.engine.service.conftest import generate_request, typed_error
+
+    run, _, _ = vision_stack
+    ids = [151644, 872, 198, 151652] + [151655] * 4 + [151653, 3838, 151645, 198]
+    text = list(range(4)), list(range(6, 10))              # a 2 x 2 merged grid at 4
+    rows = [text[0] + t + text[1] for t in ([4, 4, 4, 4], [4, 4, 5, 5], [4, 5, 4, 5])]
+    multimodal = common_pb2.MultimodalInputs(
+        images=[common_pb2.ImageDescriptor(identity=bytes(range(32)), token_offset=4,
+                                           num_tokens=4, grid_t=1, grid_h=4, grid_w=4)],
+        mrope_positions=np.asarray(rows, dtype="<i4").tobytes(), rope_delta=-2)
+    with grpc.insecure_channel(run.addresses["engine"]) as channel:
+        stub = engine_pb2_grpc.EngineStub(channel)
+        code, error = typed_error(lambda: list(stub.Generate(generate_request(
+            "lost-image", ids, 4, multimodal=multimodal), timeout=120)))
+    assert code == grpc.StatusCode.UNAVAILABLE and isinstance(error, UnavailableError), error
+    assert "not retained" in str(error) or "could not return" in str(error)
+    oai = openai.OpenAI(base_url=run.url + "/v1", api_key="k", max_retries=0, timeout=120)
+    name = oai.models.list().data[0].id
+    data = base64.b64encode(png_bytes(100, 100, 7)).decode()
+    reply = oai.chat.completions.create(model=name, max_tokens=3, extra_body=EXACT, messages=[{
+        "role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}},
+            {"type": "text", "text": QUESTION}]}])
+    assert reply.usage.completion_tokens == 3

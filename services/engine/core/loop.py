@@ -61,6 +61,7 @@ from services.engine.grammar import CompiledGrammar
 from services.engine.model.moe import expert_load
 from services.engine.scheduler.plan import PlanInvalidated
 from services.engine.scheduler.requests import Admitted, EngineRequest, FinishReason
+from services.engine.vision.preflight import prepare_plan_images
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,13 @@ class EngineCore:
             plan = scheduler.plan()
             if plan is not None:
                 fence = scheduler.state.resources.fences.next_fence
+                vision = getattr(runner, "vision", None)
+                failed = prepare_plan_images(scheduler, vision, plan, fence) \
+                    if vision is not None else []
+                if failed:      # their images could not be fetched: plan without them
+                    self.outbox.publish(failed, scheduler.state.resources.take_block_events())
+                    plan = None
+            if plan is not None:
                 try:
                     runner.submit(scheduler.commit(plan, fence))
                     submitted = True

@@ -35,7 +35,7 @@ def merge_updates(old: RequestUpdate, new: RequestUpdate) -> RequestUpdate:
             prior.logprobs + delta.logprobs, delta.finish_reason or prior.finish_reason,
             delta.stop_token_id if delta.stop_token_id is not None else prior.stop_token_id,
             delta.error or prior.error, prior.prompt_logprobs + delta.prompt_logprobs,
-            delta.embedding or prior.embedding)
+            delta.embedding or prior.embedding, delta.error_kind or prior.error_kind)
     return RequestUpdate(new.request_id, tuple(by_index.values()), new.usage,
                          old.finished or new.finished)
 

@@ -111,6 +111,7 @@ class ChoiceDelta:
     error: str = ""                         # why an ERROR finish happened (grammar failures)
     prompt_logprobs: tuple[PromptLogprob, ...] = ()   # scored prompt positions, in order
     embedding: tuple[float, ...] = ()       # the pooled, normalized embedding (on finish)
+    error_kind: str = ""                    # "" (a grammar failure) or "unavailable" (an image)
 
 
 @dataclass(frozen=True, slots=True)

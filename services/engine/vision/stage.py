@@ -51,9 +51,27 @@ class VisionStage:
         self.merge = model.vl_config.vision.spatial_merge_size
         self.counters = VisionCounters()
         self._reported: tuple[int, float] = (0, 0.0)
+        # features prepared for a committed-but-not-completed step, by its fence
+        self._prepared: dict[int, dict[bytes, ImageFeatures]] = {}
 
     def complete(self, fence: int) -> None:
         self.cache.complete(fence)
+        self._prepared = {f: p for f, p in self._prepared.items() if f > fence}
+
+    def prepare(self, images: Sequence[bytes], fence: int) -> None:
+        """Before the step `fence` is committed: fetch and encode the images it will feed
+        that the cache lacks, so a failure (ImageUnavailable) can fail those requests alone;
+        the step then only reads features (kept for it even when the cache cannot)."""
+        missing = []
+        prepared = self._prepared.setdefault(fence, {})
+        for identity in dict.fromkeys(images):
+            features = self.cache.get(identity, fence)
+            if features is None:
+                missing.append(identity)
+            else:
+                prepared[identity] = features
+        if missing:
+            prepared.update(self._encode(missing, fence))
 
     def take_step_work(self) -> tuple[int, float]:
         """(images encoded, encoder seconds) since the last call: one step's share."""
@@ -70,7 +88,7 @@ class VisionStage:
                   for lo_pos in (image.offset + first,)]
         if not wanted:
             return None
-        found: dict[bytes, ImageFeatures] = {}
+        found: dict[bytes, ImageFeatures] = dict(self._prepared.get(fence, {}))
         missing: list[bytes] = []
         for _, image, _, _ in wanted:
             if image.identity in found or image.identity in missing:
