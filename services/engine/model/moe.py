@@ -381,18 +381,22 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """x [T, H] (normed) -> [T, H]; adds the real rows' (those before
         query_start_loc[-1]: padding rows come after) routing to `expert_tokens`."""
-        logits = self.router_logits(x)
         num_real = meta.query_start_loc[-1:]
         experts = self.experts
-        kernel = _kernel("fused_moe_routed") if x.is_cuda else None
-        if kernel is not None:   # routing, sorting, counting and both GEMMs in four launches
-            out, _, _ = kernel(x, logits, experts.w_gate_up, experts.w_down, self.top_k,
-                               self.renormalize, gate_up_bias=experts.gate_up_bias,
-                               down_bias=experts.down_bias, activation=experts.activation,
-                               limit=experts.limit, alpha=experts.alpha,
-                               expert_tokens=self.expert_tokens, num_real_tokens=num_real)
+        kw: dict[str, Any] = dict(
+            gate_up_bias=experts.gate_up_bias, down_bias=experts.down_bias,
+            activation=experts.activation, limit=experts.limit, alpha=experts.alpha,
+            expert_tokens=self.expert_tokens, num_real_tokens=num_real)
+        own_routing = type(self).route is SparseMoeBlock.route
+        routed = _kernel("fused_moe_routed") if x.is_cuda and own_routing else None
+        if routed is not None:   # routing, sorting, counting and both GEMMs in four launches
+            out, _, _ = routed(x, self.router_logits(x), experts.w_gate_up, experts.w_down,
+                               self.top_k, self.renormalize, **kw)
             return out
-        weights, ids = softmax_topk(logits, self.top_k, self.renormalize)
+        weights, ids = self.route(x)      # a family's own routing (gpt-oss) runs in torch
+        kernel = _kernel("fused_experts") if x.is_cuda else None
+        if kernel is not None:
+            return kernel(x, experts.w_gate_up, experts.w_down, weights, ids, **kw)
         real = (torch.arange(x.shape[0], device=x.device) < num_real).to(torch.int64)
         self.expert_tokens.index_add_(0, ids.flatten().long(),
                                       real.repeat_interleave(ids.shape[1]))

@@ -220,3 +220,27 @@ def test_experts_loaders_and_sparse_block_counts() -> None:
 ])
 def test_expert_checkpoint_names(name, target) -> None:
     assert moe.expert_checkpoint_target(name) == target
+
+
+def test_a_family_routing_override_is_used() -> None:
+    """A subclass's `route` (gpt-oss's top-k-then-softmax) decides the experts and the load."""
+    from services.engine.model.config import LayerAttention, ModelConfig, MoEConfig
+
+    class FirstTwo(moe.SparseMoeBlock):
+        def route(self, x):
+            ids = torch.tensor([[0, 1]] * x.shape[0], dtype=torch.int32)
+            return torch.full((x.shape[0], 2), 0.5), ids
+
+    config = ModelConfig(
+        architecture="GptOssForCausalLM", model_type="gpt_oss", vocab_size=16, hidden_size=8,
+        intermediate_size=4, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=4, rms_norm_eps=1e-6, max_position_embeddings=32, tie_word_embeddings=False,
+        layers=(LayerAttention(),))
+    block = FirstTwo(config, MoEConfig(4, 2, 4, (True,)), device="cpu", dtype=torch.float32)
+    for p in block.parameters():
+        torch.nn.init.normal_(p)
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(2))
+    weights, ids = block.route(x)
+    torch.testing.assert_close(block(x, _meta([0, 1, 2])), moe.reference_fused_experts(
+        x, block.experts.w_gate_up, block.experts.w_down, weights, ids))
+    assert block.expert_tokens.tolist() == [3, 3, 0, 0]
