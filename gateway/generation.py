@@ -147,7 +147,8 @@ class EventStream:
         return Usage(prompt_tokens=sum(u.prompt_tokens for u in parts),
                      completion_tokens=sum(u.completion_tokens for u in parts),
                      cached_tokens=sum(u.cached_tokens for u in parts),
-                     reasoning_tokens=sum(u.reasoning_tokens for u in parts))
+                     reasoning_tokens=sum(u.reasoning_tokens for u in parts),
+                     cached_tokens_host=sum(u.cached_tokens_host for u in parts))
 
     async def collect(self) -> Collector:
         """Run the request to the end and fold it (non-streaming responses)."""

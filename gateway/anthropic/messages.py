@@ -58,10 +58,13 @@ def usage_object(usage: Usage) -> dict[str, Any]:
     token is always computed (its logits start the output), so it counts as input even when
     the prefix cache held the whole prompt."""
     cached = min(usage.cached_tokens, max(0, usage.prompt_tokens - 1))
-    return {"input_tokens": usage.prompt_tokens - cached,
-            "output_tokens": usage.completion_tokens,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": cached}
+    fields = {"input_tokens": usage.prompt_tokens - cached,
+              "output_tokens": usage.completion_tokens,
+              "cache_creation_input_tokens": 0,
+              "cache_read_input_tokens": cached}
+    if usage.cached_tokens_host:      # of the cache reads, the engine's host-memory tier's
+        fields["cache_read_input_tokens_host"] = min(usage.cached_tokens_host, cached)
+    return fields
 
 
 def check_signatures(body: MessagesRequest, signer: ThinkingSigner) -> None:

@@ -43,10 +43,19 @@ def stop_reason(finish: Finish | None,
     return None
 
 
+def cached_details(usage: Usage) -> dict[str, int]:
+    """`cached_tokens` counts both KV tiers; with the engine's host-memory tier, the
+    `cached_tokens_host` extension says how many of them it brought back (absent when 0)."""
+    details = {"cached_tokens": usage.cached_tokens}
+    if usage.cached_tokens_host:
+        details["cached_tokens_host"] = usage.cached_tokens_host
+    return details
+
+
 def usage_object(usage: Usage) -> dict[str, Any]:
     return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.total_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "prompt_tokens_details": cached_details(usage),
             "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens}}
 
 

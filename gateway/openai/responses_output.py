@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from gateway.errors import HttpError
-from gateway.openai.format import logprob_value, new_id
+from gateway.openai.format import cached_details, logprob_value, new_id
 from gateway.openai.responses_schema import ResponsesRequest
 from services.common.api.events import (
     Finish,
@@ -94,7 +94,7 @@ class ResponseBuilder:
             "tools": [t.model_dump(mode="json", exclude_none=True) for t in body.tools or ()],
             "top_p": body.top_p, "truncation": body.truncation or "disabled",
             "usage": {"input_tokens": usage.prompt_tokens,
-                      "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+                      "input_tokens_details": cached_details(usage),
                       "output_tokens": usage.completion_tokens,
                       "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
                       "total_tokens": usage.total_tokens}

@@ -47,8 +47,9 @@ class Usage:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    cached_tokens: int = 0       # prompt tokens served from the prefix cache
+    cached_tokens: int = 0       # prompt tokens served from the prefix cache (both tiers)
     reasoning_tokens: int = 0    # completion tokens inside a reasoning block
+    cached_tokens_host: int = 0  # of cached_tokens, those the host-memory KV tier brought back
 
     @property
     def total_tokens(self) -> int:

@@ -90,11 +90,11 @@ class GeneratePipeline:
         choices = [ChoiceProcessor(i, self.model.tokenizer, prepared.output)
                    for i in range(request.num_choices)]
         prompt_tokens = len(engine_request.prompt_token_ids)
-        cached_tokens = 0
+        cached_tokens = cached_host = 0
 
         def usage() -> Usage:
             return Usage(prompt_tokens, sum(c.num_tokens for c in choices), cached_tokens,
-                               sum(c.num_reasoning_tokens for c in choices))
+                         sum(c.num_reasoning_tokens for c in choices), cached_host)
 
         async with self.engine.generate(engine_request) as stream:
             first = await anext(stream, None)
@@ -111,6 +111,7 @@ class GeneratePipeline:
             step: EngineStep | None = first
             while step is not None:
                 cached_tokens = max(cached_tokens, step.usage.cached_tokens)
+                cached_host = max(cached_host, step.usage.cached_tokens_host)
                 if scoring is not None:
                     for scored in scoring.add(step):
                         yield scored

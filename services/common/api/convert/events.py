@@ -40,12 +40,14 @@ def usage_to_pb(usage: Usage) -> common_pb2.Usage:
     return common_pb2.Usage(prompt_tokens=usage.prompt_tokens,
                             completion_tokens=usage.completion_tokens,
                             cached_tokens=usage.cached_tokens,
-                            reasoning_tokens=usage.reasoning_tokens)
+                            reasoning_tokens=usage.reasoning_tokens,
+                            cached_tokens_host=usage.cached_tokens_host)
 
 
 def usage_from_pb(pb: common_pb2.Usage) -> Usage:
     return Usage(prompt_tokens=pb.prompt_tokens, completion_tokens=pb.completion_tokens,
-                 cached_tokens=pb.cached_tokens, reasoning_tokens=pb.reasoning_tokens)
+                 cached_tokens=pb.cached_tokens, reasoning_tokens=pb.reasoning_tokens,
+                 cached_tokens_host=pb.cached_tokens_host)
 
 
 def _logprobs_to_pb(logprobs: Iterable[TokenLogprob]) -> list[frontend_pb2.TokenLogprobInfo]:
