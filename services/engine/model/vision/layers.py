@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -22,39 +23,53 @@ from services.engine.model.layers.weights import parameter
 from services.engine.model.vision.config import VisionConfig
 
 
-def segment_layout(cu_seqlens: Sequence[int], device: torch.device | str
-                   ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(segment [N], offset in segment [N], longest segment) for packed rows."""
-    lengths = [b - a for a, b in itertools.pairwise(cu_seqlens)]
-    segment = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-    starts = torch.tensor(cu_seqlens[:-1]).repeat_interleave(torch.tensor(lengths))
-    offset = torch.arange(int(cu_seqlens[-1])) - starts
-    return segment.to(device), offset.to(device), max(lengths, default=0)
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """Packed rows cut into segments (images or windows), laid out once per tower pass and
+    shared by every block that attends over them: (segment, offset) of each row, the key
+    mask of the padded batch, or None when every segment has the same length."""
+
+    count: int
+    longest: int
+    segment: torch.Tensor | None = None     # int64 [N]
+    offset: torch.Tensor | None = None      # int64 [N]
+    keys: torch.Tensor | None = None        # bool [S, 1, 1, L]
+
+    @classmethod
+    def of(cls, cu_seqlens: Sequence[int], device: torch.device | str) -> Segments:
+        lengths = [b - a for a, b in itertools.pairwise(cu_seqlens)]
+        if len(set(lengths)) == 1:
+            return cls(len(lengths), lengths[0])
+        sizes = torch.tensor(lengths)
+        segment = torch.repeat_interleave(torch.arange(len(lengths)), sizes)
+        offset = torch.arange(int(cu_seqlens[-1])) - torch.tensor(
+            cu_seqlens[:-1]).repeat_interleave(sizes)
+        longest = max(lengths)
+        keys = torch.arange(longest)[None, :] < sizes[:, None]
+        return cls(len(lengths), longest, segment.to(device), offset.to(device),
+                   keys[:, None, None, :].to(device))
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     cu_seqlens: Sequence[int], scale: float) -> torch.Tensor:
+                     segments: Segments, scale: float) -> torch.Tensor:
     """Non-causal attention within each segment: q/k/v [N, H, D] -> [N, H, D]."""
     num_rows, heads, dim = q.shape
-    lengths = [b - a for a, b in itertools.pairwise(cu_seqlens)]
-    if len(set(lengths)) == 1:                    # equal segments: a plain batched call
-        count, length = len(lengths), lengths[0]
+    if segments.segment is None:                 # equal segments: a plain batched call
+        count, length = segments.count, segments.longest
 
         def batched(x: torch.Tensor) -> torch.Tensor:
             return x.view(count, length, heads, dim).transpose(1, 2)
 
         out = F.scaled_dot_product_attention(batched(q), batched(k), batched(v), scale=scale)
         return out.transpose(1, 2).reshape(num_rows, heads, dim)
-    segment, offset, longest = segment_layout(cu_seqlens, q.device)
+    segment, offset = segments.segment, segments.offset
     padded = []
     for x in (q, k, v):
-        buffer = x.new_zeros(len(lengths), longest, heads, dim)
+        buffer = x.new_zeros(segments.count, segments.longest, heads, dim)
         buffer[segment, offset] = x
         padded.append(buffer.transpose(1, 2))                        # [S, H, L, D]
-    keys = torch.arange(longest, device=q.device)[None, :] < torch.tensor(
-        lengths, device=q.device)[:, None]                           # [S, L]
     out = F.scaled_dot_product_attention(padded[0], padded[1], padded[2],
-                                         attn_mask=keys[:, None, None, :],
+                                         attn_mask=segments.keys,
                                          scale=scale)                # [S, H, L, D]
     return out.transpose(1, 2)[segment, offset]
 
@@ -136,12 +151,12 @@ class VisionAttention(nn.Module):
         self.proj = Linear(hidden, hidden, bias=True, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, rotary: torch.Tensor, rows: torch.Tensor,
-                cu_seqlens: Sequence[int]) -> torch.Tensor:
+                segments: Segments) -> torch.Tensor:
         """x [N, hidden], rotary [N, D] (rows: 0..N-1) -> [N, hidden]."""
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
         q, k = ops.apply_rotary(q.contiguous(), k.contiguous(), rows, rotary, True)
-        out = varlen_attention(q, k, v.contiguous(), cu_seqlens, self.head_dim ** -0.5)
+        out = varlen_attention(q, k, v.contiguous(), segments, self.head_dim ** -0.5)
         return self.proj(out.reshape(n, -1))
 
 
@@ -198,6 +213,6 @@ class VisionBlock(nn.Module):
         self.attn = VisionAttention(config, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, rotary: torch.Tensor, rows: torch.Tensor,
-                cu_seqlens: Sequence[int]) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), rotary, rows, cu_seqlens)
+                segments: Segments) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), rotary, rows, segments)
         return x + self.mlp(self.norm2(x))

@@ -34,6 +34,7 @@ from services.engine.model.vision.inputs import ImageFeatures, VisionInput
 from services.engine.model.vision.layers import (
     LayerNorm,
     PatchEmbed,
+    Segments,
     VisionBlock,
     Weights,
     vision_rotary_table,
@@ -153,11 +154,11 @@ class Qwen2_5_VisionTower(VisionTower):
         patch_order = (order[:, None] * unit + torch.arange(unit, device=device)).reshape(-1)
         x, rotary = x[patch_order], rotary[patch_order]
         rows = torch.arange(x.shape[0], device=device)
-        full_bounds = frame_seqlens(images)
+        full = Segments.of(frame_seqlens(images), device)
+        windows = Segments.of(window_bounds, device)
         for index, block in enumerate(self.blocks):
-            bounds = full_bounds if index in self.config.fullatt_block_indexes \
-                else window_bounds
-            x = block(x, rotary, rows, bounds)
+            x = block(x, rotary, rows,
+                      full if index in self.config.fullatt_block_indexes else windows)
         merged = self.merger(x)[torch.argsort(order)]                     # image order
         return [ImageFeatures(f) for f in self.split(merged, images)]
 
@@ -188,11 +189,11 @@ class Qwen3VisionTower(VisionTower):
         x = x + (table[indices] * weights[:, :, None].to(table.dtype)).sum(1).to(x.dtype)
         rotary = self.rotary(images)
         rows = torch.arange(x.shape[0], device=device)
-        bounds = frame_seqlens(images)
+        segments = Segments.of(frame_seqlens(images), device)
         layers = self.config.deepstack_visual_indexes
         deepstack: list[torch.Tensor] = []
         for index, block in enumerate(self.blocks):
-            x = block(x, rotary, rows, bounds)
+            x = block(x, rotary, rows, segments)
             if index in layers:
                 deepstack.append(self.deepstack_merger_list[layers.index(index)](x))
         merged = self.split(self.merger(x), images)
