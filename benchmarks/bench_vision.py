@@ -250,9 +250,12 @@ def measure_hf(root: Path, batch: int, output_len: int) -> dict:
 
     model_dir = root / "model"
     config = transformers.AutoConfig.from_pretrained(model_dir)
+    model_class = transformers.Qwen2_5_VLForConditionalGeneration
     with torch.device("cuda"):
-        model = transformers.Qwen2_5_VLForConditionalGeneration._from_config(
-            config, dtype=torch.bfloat16).eval()
+        try:
+            model = model_class._from_config(config, dtype=torch.bfloat16).eval()
+        except TypeError:                                    # transformers < 5
+            model = model_class._from_config(config, torch_dtype=torch.bfloat16).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     messages = [{"role": "user", "content": [{"type": "image"},
                                              {"type": "text", "text": QUESTION}]}]
