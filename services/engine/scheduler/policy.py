@@ -31,6 +31,7 @@ from services.engine.scheduler.residency import drop_waiting_pins, preempt
 from services.engine.scheduler.sequence import Phase, Sequence
 from services.engine.scheduler.speculation import (
     COPY,
+    DEFAULT_ROW_COST,
     PROBE_EVERY,
     choose_width,
     extra_row_cost,
@@ -226,6 +227,11 @@ def wants_drafts(state: SchedulerState, seq: Sequence) -> bool:
 
 
 def _row_cost(state: SchedulerState, num_seqs: int) -> float:
+    """An extra verified row's relative cost: measured with the cost model on (CUDA),
+    the default estimate otherwise (CPU timings are host noise, and plans stay
+    deterministic)."""
+    if not state.config.cost_model:
+        return DEFAULT_ROW_COST
     proposer = state.config.proposer
     width = 1 + getattr(proposer, "num_tokens", 1)
     return extra_row_cost(state.costs, max(1, num_seqs), width)
