@@ -16,6 +16,7 @@ import torch
 
 from services.common.core import ModelSource
 from services.common.errors import UnsupportedError, ValidationError
+from services.common.startup import StartupPhases
 from services.engine.config import EngineConfig
 from services.engine.grammar import GrammarCompiler, GrammarVocabulary
 from services.engine.model import (
@@ -183,22 +184,31 @@ def resolve_runner(config: EngineConfig, device: torch.device) -> RunnerChoice:
     return RunnerChoice(graph, max_batch if graph else 0, overlap, cost_model)
 
 
-def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
+def build_engine(config: EngineConfig, source: ModelSource,
+                 phases: StartupPhases | None = None) -> Engine:
+    """The model, the KV cache, the runner and the scheduler; each start-up phase is timed
+    (`phases`, services/common/startup.py)."""
+    phases = phases or StartupPhases("engine")
     device = resolve_device(config.device)
     dtype = default_dtype(device) if config.dtype == "auto" else _DTYPES[config.dtype]
     model_config = ModelConfig.from_dict(source.config, config.quantization)
     manifest = source.manifest
     context = min(config.max_model_len or manifest.max_model_len, manifest.max_model_len,
                   model_config.max_context)
+    phases.start("load weights")
     if config.load_format == "dummy":
         model = load_dummy_model(model_config, device, dtype, max_positions=context,
                                  seed=config.dummy_seed)
     else:
         model = load_model(source, device, dtype, max_positions=context,
                            quantization=config.quantization)
+    phases.start("allocate the KV cache")
     itemsize = torch.empty((), dtype=dtype).element_size()
+    # FP8 pages (kv_cache_dtype fp8): one byte per element, so twice the pages per byte
+    kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype == "fp8" else dtype
     layout = plan_layout(
-        device=device, page_bytes=kv_cache_bytes_per_page(model_config, config.page_size, dtype),
+        device=device,
+        page_bytes=kv_cache_bytes_per_page(model_config, config.page_size, kv_dtype),
         page_size=config.page_size, hidden_bytes=model_config.hidden_size * itemsize,
         budget_bytes=config.kv_cache_bytes, memory_fraction=config.kv_cache_memory_fraction,
         num_snapshots=config.num_snapshots, max_num_seqs=config.max_num_seqs,
@@ -207,7 +217,7 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
         log.warning("the KV pool holds %d tokens, less than the %d-token context: longer "
                     "requests are refused (400: they can never run)",
                     (layout.num_pages - 1) * layout.page_size, context)
-    kv = allocate_kv_cache(model_config, layout.num_pages, layout.page_size, device, dtype)
+    kv = allocate_kv_cache(model_config, layout.num_pages, layout.page_size, device, kv_dtype)
     snapshots = SnapshotStore(kv, layout.num_snapshots, model_config.hidden_size, dtype, device)
     host_kv = build_host_tier(config, kv)
     eos = tuple(manifest.eos_token_ids)
@@ -231,6 +241,7 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
             eos_token_ids=eos, token_vocab=token_vocab,
             max_drafts=config.num_speculative_tokens
             if config.speculative_method != "none" else 0), host_kv=host_kv)
+        phases.start("capture CUDA graphs")
         graph_runner.capture()
         runner = graph_runner
     else:
@@ -255,7 +266,9 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
         overlap=choice.overlap, cost_model=choice.cost_model,
         pooling=pooling.mode, normalize_embeddings=pooling.normalize,
         pooling_hint=pooling.reason, proposer=build_proposer(config))
+    phases.start("load the grammar vocabulary")
     grammars = build_grammars(config, source, model_config.vocab_size, device)
+    phases.finish()
     scheduler = Scheduler(scheduler_config, resources, manifest.identity_bytes, grammars)
     info = CoreInfo(device=describe_device(device), dtype=str(dtype).removeprefix("torch."),
                     page_size=layout.page_size, num_pages=layout.num_pages,
@@ -268,5 +281,7 @@ def build_engine(config: EngineConfig, source: ModelSource) -> Engine:
         "device": info.device, "dtype": info.dtype, "pages": layout.num_pages,
         "page_size": layout.page_size, "snapshots": layout.num_snapshots,
         "context": context, "kv_bytes": layout.budget_bytes,
+        "kv_dtype": str(kv_dtype).removeprefix("torch."),
+        "quantization": model_config.quantization.name if model_config.quantization else "",
         "expert_weight_bytes": expert_weight_bytes(model)}})
     return Engine(scheduler, runner, info, grammars)

@@ -28,6 +28,16 @@ def check_float(name: str, t: torch.Tensor) -> None:
         raise UnsupportedError(f"{name}: dtype {t.dtype} is not supported (bf16, fp16, fp32)")
 
 
+# KV pages: the compute dtypes, or e4m3 (kv_cache_dtype fp8; kernels/fp8_quant.py rounds)
+KV_CACHE_DTYPES = (*FLOAT_DTYPES, torch.float8_e4m3fn)
+
+
+def check_kv_cache_dtype(name: str, t: torch.Tensor) -> None:
+    if t.dtype not in KV_CACHE_DTYPES:
+        raise UnsupportedError(f"{name}: dtype {t.dtype} is not supported (bf16, fp16, fp32, "
+                               "float8_e4m3fn)")
+
+
 def check_rank(name: str, t: torch.Tensor, rank: int) -> None:
     if t.dim() != rank:
         raise ValidationError(f"{name}: expected {rank} dims, got shape {tuple(t.shape)}")

@@ -55,6 +55,15 @@ def round_e4m3(v):
 
 
 @triton.jit
+def cast_for_cache(x, dtype: tl.constexpr):
+    """x as a KV cache of `dtype` stores it: e4m3 rounded by `round_e4m3` (scale 1: a
+    caller with per-head scales divides first), other dtypes a plain cast."""
+    if dtype == tl.float8e4nv:
+        return round_e4m3(x.to(tl.float32)).to(dtype)
+    return x.to(dtype)
+
+
+@triton.jit
 def _load_normed(x_row, r_row, g_ptr, k, k_mask, rstd, act_dtype, NORM: tl.constexpr,
                  RESIDUAL: tl.constexpr):
     """The value quantized at columns k: x, or rms_norm(x + residual) * g (float32)."""

@@ -23,11 +23,13 @@ from services.common.errors import ValidationError
 from services.engine.kernels.common import (
     cdiv,
     check_float,
+    check_kv_cache_dtype,
     check_out,
     check_rank,
     check_same_device,
     next_power_of_2,
 )
+from services.engine.kernels.fp8_quant import cast_for_cache
 from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
 
 
@@ -105,16 +107,16 @@ def _qkv_prologue_kernel(
         slot = tl.load(slot_ptr + token).to(tl.int64)
         if slot >= 0:
             kc = k_cache_ptr + slot * stride_kc_slot + heads[:, None] * stride_kc_head
-            tl.store(kc + d1[None, :], y1.to(k_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(kc + d2[None, :], y2.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(kc + d1[None, :], cast_for_cache(y1, k_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(kc + d2[None, :], cast_for_cache(y2, k_cache_ptr.dtype.element_ty), mask=mask)
             if BLOCK_REST > 0:
-                tl.store(kc + r[None, :], rest.to(k_cache_ptr.dtype.element_ty), mask=rmask)
+                tl.store(kc + r[None, :], cast_for_cache(rest, k_cache_ptr.dtype.element_ty), mask=rmask)
             d = tl.arange(0, BLOCK_D)
             vmask = hmask[:, None] & (d < HEAD_DIM)[None, :]
             v_row = row + n_k_heads * HEAD_DIM
             v = tl.load(v_row + d[None, :], mask=vmask, other=0.0)
             vc = v_cache_ptr + slot * stride_vc_slot + heads[:, None] * stride_vc_head
-            tl.store(vc + d[None, :], v.to(v_cache_ptr.dtype.element_ty), mask=vmask)
+            tl.store(vc + d[None, :], cast_for_cache(v, v_cache_ptr.dtype.element_ty), mask=vmask)
 
 
 def qkv_prologue(
@@ -150,8 +152,9 @@ def qkv_prologue(
                               f" {head_dim}], got {tuple(k_cache.shape)}")
     if (q_norm is None) != (k_norm is None):
         raise ValidationError("q_norm and k_norm come together")
-    for name, t in (("qkv", qkv), ("cos_sin_cache", cos_sin_cache), ("k_cache", k_cache)):
+    for name, t in (("qkv", qkv), ("cos_sin_cache", cos_sin_cache)):
         check_float(name, t)
+    check_kv_cache_dtype("k_cache", k_cache)
     if positions.shape != (num_tokens,) or slot_mapping.shape != (num_tokens,):
         raise ValidationError(f"positions and slot_mapping must be [{num_tokens}]")
     rot_dim = cos_sin_cache.shape[1]

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from services.engine.model.attention import AttentionMetadata
-from services.engine.model.fp8 import Fp8Weight, fp8_linear, fp8_norm_linear
+from services.engine.model.fp8 import FP8_DTYPE, FP8_MAX, Fp8Weight, fp8_linear, fp8_norm_linear
 
 log = logging.getLogger(__name__)
 
@@ -153,36 +153,46 @@ def composed_norm_linear(x: torch.Tensor, residual: torch.Tensor | None,
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Store k, v [T, Hk, D] at flat slots (int64 [T]) of the caches, in place; -1 is skipped."""
+             slot_mapping: torch.Tensor,
+             kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """Store k, v [T, Hk, D] at flat slots (int64 [T]) of the caches, in place; -1 is skipped.
+    FP8 caches hold e4m3 values: k / k_scale and v / v_scale with `kv_scales` (float32 [Hk]
+    each), else the values themselves, rounded to nearest even and clamped to +-448."""
     kernel = _kernel("write_kv", k)
     if kernel:
-        kernel(k, v, k_cache, v_cache, slot_mapping)
+        if kv_scales is None:
+            kernel(k, v, k_cache, v_cache, slot_mapping)
+        else:
+            kernel(k, v, k_cache, v_cache, slot_mapping, kv_scales=kv_scales)
     else:
-        reference_write_kv(k, v, k_cache, v_cache, slot_mapping)
+        reference_write_kv(k, v, k_cache, v_cache, slot_mapping, kv_scales)
 
 
 def qkv_prologue(qkv: torch.Tensor, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
                  eps: float, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                  is_neox: bool, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor, num_q_heads: int, num_kv_heads: int
-                 ) -> torch.Tensor:
+                 slot_mapping: torch.Tensor, num_q_heads: int, num_kv_heads: int,
+                 kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The attention prologue: qkv [T, (Hq + 2 Hk) D] -> q [T, Hq, D] normed (QK-norm when
     the weights are given) and rotated; k (normed, rotated) and v written to the cache.
-    One fused kernel on CUDA; elsewhere the composition of the ops above (the same order)."""
+    One fused kernel on CUDA; elsewhere the composition of the ops above (the same order).
+    FP8 caches with per-head `kv_scales` take the composition (write_kv divides)."""
     kernel = _kernel("qkv_prologue", qkv)
-    if kernel:
+    if kernel and kv_scales is None:
         return kernel(qkv, q_norm, k_norm, eps, positions, cos_sin_cache, is_neox, k_cache,
                       v_cache, slot_mapping, num_q_heads, num_kv_heads)
     return composed_qkv_prologue(qkv, q_norm, k_norm, eps, positions, cos_sin_cache, is_neox,
-                                 k_cache, v_cache, slot_mapping, num_q_heads, num_kv_heads)
+                                 k_cache, v_cache, slot_mapping, num_q_heads, num_kv_heads,
+                                 kv_scales)
 
 
 def composed_qkv_prologue(qkv: torch.Tensor, q_norm: torch.Tensor | None,
                           k_norm: torch.Tensor | None, eps: float, positions: torch.Tensor,
                           cos_sin_cache: torch.Tensor, is_neox: bool, k_cache: torch.Tensor,
                           v_cache: torch.Tensor, slot_mapping: torch.Tensor, num_q_heads: int,
-                          num_kv_heads: int) -> torch.Tensor:
+                          num_kv_heads: int,
+                          kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None
+                          ) -> torch.Tensor:
     """qkv_prologue as separate (dispatching) ops: norm, rotary, KV write."""
     num_tokens = qkv.shape[0]
     head_dim = k_cache.shape[3]
@@ -195,7 +205,7 @@ def composed_qkv_prologue(qkv: torch.Tensor, q_norm: torch.Tensor | None,
     k = k.reshape(num_tokens, num_kv_heads, head_dim)                # [T, Hk, D]
     v = v.reshape(num_tokens, num_kv_heads, head_dim)                # [T, Hk, D]
     q, k = apply_rotary(q, k, positions, cos_sin_cache, is_neox)
-    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    write_kv(k, v, k_cache, v_cache, slot_mapping, kv_scales)
     return q
 
 
@@ -271,8 +281,21 @@ def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return y if out_dtype is None or y.dtype == out_dtype else y.to(out_dtype)
 
 
+def to_cache_dtype(values: torch.Tensor, dtype: torch.dtype,
+                   scale: torch.Tensor | None = None) -> torch.Tensor:
+    """K/V rows [T, Hk, D] as a cache of `dtype` stores them: e4m3 pages hold values /
+    scale[head] clamped to +-448 (torch's cast rounds to nearest even), others a cast."""
+    if dtype != FP8_DTYPE:
+        return values.to(dtype)
+    v = values.float()
+    if scale is not None:
+        v = v / scale.float()[:, None]
+    return v.clamp(-FP8_MAX, FP8_MAX).to(dtype)
+
+
 def reference_write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                       v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+                       v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                       kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     # Without a host sync we cannot drop the -1 rows, so each padding row re-writes what a
     # valid row writes (same slot, same value: duplicates are harmless), or, when no row is
     # valid, slot 0's current contents back to slot 0.
@@ -281,11 +304,19 @@ def reference_write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
     first = torch.argmax(valid.to(torch.int32)).view(1)         # first valid row (0 if none)
     fallback_slot = torch.where(any_valid, slot_mapping.index_select(0, first), 0)
     slots = torch.where(valid, slot_mapping, fallback_slot)      # [T]
-    for src, cache in ((k, k_cache), (v, v_cache)):
+    scales = kv_scales if kv_scales is not None else (None, None)
+    for src, cache, scale in ((k, k_cache, scales[0]), (v, v_cache, scales[1])):
         flat = cache.view(-1, *cache.shape[2:])                  # [num_slots, Hk, D]
-        fallback = torch.where(any_valid, src.index_select(0, first), flat[:1].to(src.dtype))
-        values = torch.where(valid[:, None, None], src, fallback)       # [T, Hk, D]
-        flat.index_copy_(0, slots, values.to(cache.dtype))
+        # padding rows rewrite a valid row's value, or slot 0's own (decoded back exactly)
+        current = flat[:1].to(src.dtype) if scale is None else (
+            flat[:1].float() * scale.float()[:, None]).to(src.dtype)
+        fallback = torch.where(any_valid, src.index_select(0, first), current)
+        values = to_cache_dtype(torch.where(valid[:, None, None], src, fallback),  # [T, Hk, D]
+                                cache.dtype, scale)
+        if cache.dtype == FP8_DTYPE:   # index_copy_ has no e4m3 kernels: copy the bytes
+            flat.view(torch.uint8).index_copy_(0, slots, values.view(torch.uint8))
+        else:
+            flat.index_copy_(0, slots, values)
 
 
 def _gather_kv(cache: torch.Tensor, page_table: torch.Tensor, num_positions: int

@@ -1,0 +1,106 @@
+"""FP8 KV pages (kv_cache_dtype fp8): the KV write (plain and per-head scaled) and the fused
+prologue store e4m3 values, and paged attention reads e4m3 pages in decode, prefill and mixed
+launches, split and unsplit, against float64 references over the same e4m3 values. Triton's
+interpreter on a CPU machine (fp16 operands for tl.dot there), compiled on a GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from services.engine.model import ops
+from tests.kernels import reference
+from tests.kernels.batch import make_batch
+
+E4M3 = torch.float8_e4m3fn
+
+
+def to_fp8(batch):
+    """The batch with its pages in e4m3 (NaN poison kept)."""
+    return dataclasses.replace(batch, k_cache=batch.k_cache.float().clamp(-448, 448).to(E4M3),
+                               v_cache=batch.v_cache.float().clamp(-448, 448).to(E4M3))
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_write_kv_fp8_bits(scaled, device, gen):
+    from services.engine.kernels.kv_write import write_kv
+
+    k = (torch.randn(6, 4, 32, generator=gen) * 150).to(torch.bfloat16)   # some past 448
+    v = torch.randn(6, 4, 32, generator=gen).to(torch.bfloat16)
+    slots = torch.tensor([3, -1, 17, 8, 0, 30])
+    scales = (torch.tensor([0.5, 1.0, 2.0, 0.25]), torch.tensor([0.01, 0.1, 1.0, 3.0])) \
+        if scaled else None
+    kernel_pages = [torch.zeros(8, 4, 4, 32, dtype=E4M3, device=device) for _ in range(2)]
+    ref_pages = [torch.zeros(8, 4, 4, 32, dtype=E4M3) for _ in range(2)]
+    write_kv(k.to(device), v.to(device), *kernel_pages, slots.to(device),
+             kv_scales=None if scales is None else tuple(s.to(device) for s in scales))
+    ops.reference_write_kv(k, v, *ref_pages, slots, scales)
+    for got, want in zip(kernel_pages, ref_pages, strict=True):
+        assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))
+    # the reference itself: value / scale, clamped, rounded to nearest even
+    flat = ref_pages[0].view(-1, 4, 32).float()
+    expect = (k.float() / (scales[0][:, None] if scales else 1)).clamp(-448, 448)
+    assert torch.equal(flat[slots[slots >= 0]], expect[slots >= 0].to(E4M3).float())
+    assert float(flat.abs().max()) == 448.0   # saturated, not NaN
+
+
+def test_prologue_writes_fp8_pages(device, gen):
+    from services.engine.kernels.prologue import qkv_prologue
+    from services.engine.model.config import ModelConfig
+    from services.engine.model.rope import build_cos_sin_cache
+
+    config = ModelConfig.from_dict({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 1, "vocab_size": 64, "max_position_embeddings": 64,
+        "rms_norm_eps": 1e-6})
+    table = build_cos_sin_cache(config, 64, "cpu", config.rope)
+    qkv = torch.randn(5, 4 * 16 + 2 * 2 * 16, generator=gen).to(torch.float16)
+    positions = torch.tensor([0, 1, 2, 7, 9])
+    slots = torch.tensor([4, 5, 6, -1, 11])
+    pages = [torch.zeros(4, 4, 2, 16, dtype=E4M3) for _ in range(4)]
+    qkv_prologue(qkv.to(device), None, None, 1e-6, positions.to(device), table.to(device), True,
+                 pages[0].to(device), pages[1].to(device), slots.to(device), 4, 2)
+    ops.composed_qkv_prologue(qkv, None, None, 1e-6, positions, table, True, pages[2], pages[3],
+                              slots, 4, 2)
+    for got, want in zip(pages[:2], pages[2:], strict=True):
+        got, want = got.cpu().float(), want.float()
+        # the fused kernel rounds once less than the composition (rotary in float32 straight
+        # to the page): at most one e4m3 step apart
+        assert torch.all((got - want).abs() <= want.abs() / 8 + 2 ** -9)
+        assert (got == want).float().mean() > 0.8
+
+
+CASES = {
+    "decode": ([37, 5, 64, 100], [1, 1, 1, 1], {}),
+    "decode split": ([300, 17], [1, 1], {"num_splits": 3}),
+    "prefill over a prefix": ([40, 70], [40, 22], {}),
+    "mixed": ([50, 9, 33], [20, 1, 1], {}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_paged_attention_reads_fp8_pages(case, device, dot_dtype, gen):
+    from services.engine.kernels.attention import paged_attention
+
+    seq_lens, q_lens, kwargs = CASES[case]
+    batch = to_fp8(make_batch(seq_lens, q_lens, num_q_heads=8, num_kv_heads=2, head_dim=32,
+                              page_size=16, dtype=dot_dtype, device=device, generator=gen,
+                              num_padding=2))
+    scale = 32 ** -0.5
+    out = paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, scale, **kwargs)
+    ref = reference.paged_attention(batch, scale)
+    rows = sum(q_lens)
+    assert out.dtype == batch.q.dtype and torch.isfinite(out[:rows]).all()
+    assert reference.rel_error(out[:rows], ref[:rows]) < 1e-2
+    # the torch reference path (graph-safe and CPU varlen) reads e4m3 pages too (it gathers
+    # whole pages, so no NaN poison here)
+    clean = to_fp8(make_batch(seq_lens, q_lens, num_q_heads=8, num_kv_heads=2, head_dim=32,
+                              page_size=16, dtype=dot_dtype, generator=gen, num_padding=2,
+                              poison_unused=False))
+    ref = reference.paged_attention(clean, scale)
+    for fn in (ops.reference_paged_attention, ops.varlen_paged_attention):
+        torch_out = fn(clean.q, clean.k_cache, clean.v_cache, clean.meta, scale)
+        assert reference.rel_error(torch_out[:rows], ref[:rows]) < 1e-2, fn.__name__
