@@ -1,0 +1,30 @@
+"""gpt-oss through the GraphRunner on a CUDA device (tiny random checkpoint, the "gpt-oss"
+parity spec): attention sinks in the Triton attention kernel (decode graphs, split-K and
+prefill), sliding and full layers, the experts through the fused-MoE path; float32 against
+the CPU path and bf16 against a float32 reference, with test_gpu_runner.py's checks and
+tolerances."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine.gpu.test_gpu_runner import (
+    _check_bf16_against_float32,
+    _check_float32_matches_the_cpu,
+)
+from tests.engine.model.checkpoints import SPECS, build_checkpoint
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_checkpoint(tmp_path_factory):
+    return build_checkpoint(SPECS["gpt-oss"], tmp_path_factory.mktemp("gpt-oss"))
+
+
+def test_gpt_oss_in_float32_matches_the_cpu_path(gpt_oss_checkpoint):
+    _check_float32_matches_the_cpu(gpt_oss_checkpoint)
+
+
+def test_gpt_oss_in_bf16_against_a_float32_reference(gpt_oss_checkpoint):
+    _check_bf16_against_float32(gpt_oss_checkpoint)
