@@ -28,6 +28,9 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.cli.progress import StartupProgress
+from services.common.startup import ENV as STARTUP_ENV
+
 log = logging.getLogger("helios.run")
 
 # Start order; shutdown goes the other way (gateway first).
@@ -121,10 +124,15 @@ class Launcher:
             log_dir = Path(self.options.log_dir)
             log_dir.mkdir(parents=True, exist_ok=True)
             output = (log_dir / f"{name}.log").open("ab")
+        env = dict(os.environ, **{STARTUP_ENV: str(self._progress_file(name))})
         self.processes[name] = subprocess.Popen(cmd, preexec_fn=_set_parent_death_signal,
-                                                stdout=output, stderr=output)
+                                                stdout=output, stderr=output, env=env)
         if output is not None:
             output.close()  # the child holds its own descriptor
+
+    def _progress_file(self, name: str) -> Path:
+        """Where `name` appends its start-up phases (services/common/startup.py)."""
+        return self.runtime_dir / f"startup-{name}.jsonl"
 
     def _grpc_serving(self, name: str) -> bool:
         try:
@@ -148,20 +156,35 @@ class Launcher:
         return None
 
     def _wait_ready(self) -> bool:
+        """Wait for every service to serve, showing their start-up phases as they go (live
+        on a terminal without the dashboard, as log lines otherwise)."""
+        progress = StartupProgress(
+            {name: self._progress_file(name) for name in SERVICE_ORDER},
+            terminal=sys.stderr.isatty() and not self.options.dashboard)
+        try:
+            return self._poll_ready(progress)
+        finally:
+            progress.close()
+
+    def _poll_ready(self, progress: StartupProgress) -> bool:
         deadline = time.monotonic() + self.options.startup_timeout_s
         pending = list(SERVICE_ORDER)
+        serving: dict[str, bool] = {}
         while pending and not self._stop.is_set():
             failed = self._failed_child()
             if failed:
+                progress.update(serving)
                 log.error("%s exited with %s during startup", failed,
                           self.processes[failed].returncode)
                 return False
             name = pending[0]
             ready = self._gateway_ready() if name == "gateway" else self._grpc_serving(name)
             if ready:
-                log.info("%s is SERVING", name)
+                serving[name] = True
                 pending.pop(0)
+                progress.update(serving)
                 continue
+            progress.update(serving)
             if time.monotonic() > deadline:
                 log.error("startup timed out waiting for %s", name)
                 return False

@@ -30,6 +30,7 @@ from services.common.grpc_server import BasicLifecycle, HealthReporter, ServiceB
 from services.common.logging import setup_logging
 from services.common.metrics import service_registry
 from services.common.pb import engine_pb2, engine_pb2_grpc
+from services.common.startup import startup_phases
 from services.engine import wire
 from services.engine.config import EngineConfig
 from services.engine.core.client import CoreClient
@@ -60,9 +61,11 @@ class EngineLifecycle(BasicLifecycle):
 
     async def start(self, health: HealthReporter) -> None:
         self.health = health
-        self.model = await asyncio.to_thread(
-            open_model, self.config.model,
-            allow_missing_weights=self.config.load_format == "dummy")
+        phases = startup_phases("engine")
+        with phases.phase("verify model files"):
+            self.model = await asyncio.to_thread(
+                open_model, self.config.model,
+                allow_missing_weights=self.config.load_format == "dummy")
         if self.metrics is not None:
             self.metrics.model_name = self.model.manifest.card_id
         self.client = CoreClient(self.config, on_failure=health.fail)

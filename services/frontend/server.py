@@ -32,6 +32,7 @@ from services.common.grpc_server import HealthReporter, ServiceBinding, serve
 from services.common.logging import setup_logging
 from services.common.metrics import service_registry
 from services.common.pb import frontend_pb2, frontend_pb2_grpc
+from services.common.startup import startup_phases
 from services.frontend.config import FrontendConfig
 from services.frontend.generate.pipeline import GeneratePipeline
 from services.frontend.generate.upstream import EngineClient, ImagePrepClient
@@ -78,12 +79,13 @@ class FrontendLifecycle:
     async def start(self, health: HealthReporter) -> None:
         self._health = health
         if self.model is None:
-            source = await asyncio.to_thread(open_model, self.config.model,
-                                             verify=TOKENIZER_ROLES)
-            self.model = await asyncio.to_thread(
-                FrontendModel.load, source, tool_parser=self.config.tool_parser,
-                reasoning_parser=self.config.reasoning_parser,
-                default_template_kwargs=self.config.default_template_kwargs)
+            with startup_phases("frontend").phase("load the tokenizer and chat template"):
+                source = await asyncio.to_thread(open_model, self.config.model,
+                                                 verify=TOKENIZER_ROLES)
+                self.model = await asyncio.to_thread(
+                    FrontendModel.load, source, tool_parser=self.config.tool_parser,
+                    reasoning_parser=self.config.reasoning_parser,
+                    default_template_kwargs=self.config.default_template_kwargs)
         engine_channel = open_channel(self.config.engine_address)
         self._channels.append(engine_channel)
         self._engine = EngineClient(engine_channel)

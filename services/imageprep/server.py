@@ -18,6 +18,7 @@ from services.common.grpc_server import HealthReporter, ServiceBinding, serve
 from services.common.logging import setup_logging
 from services.common.metrics import service_registry
 from services.common.pb import imageprep_pb2, imageprep_pb2_grpc
+from services.common.startup import startup_phases
 from services.imageprep.cache.disk import DiskTier
 from services.imageprep.cache.memory import MemoryTier
 from services.imageprep.cache.redis_tier import RedisTier
@@ -89,8 +90,9 @@ class ImagePrepLifecycle:
     async def start(self, health: HealthReporter) -> None:
         if self.config.torch_threads:
             torch.set_num_threads(self.config.torch_threads)
-        resolver = await asyncio.to_thread(ProfileResolver.from_model, self.config.model)
-        cache = await asyncio.to_thread(build_cache, self.config)
+        with startup_phases("imageprep").phase("load the image profiles and cache"):
+            resolver = await asyncio.to_thread(ProfileResolver.from_model, self.config.model)
+            cache = await asyncio.to_thread(build_cache, self.config)
         self._service = ImagePrepService(self.config, resolver, cache, self.metrics)
         log.info("imageprep ready", extra={"fields": {
             "workers": self.config.num_workers, "torch_threads": torch.get_num_threads(),

@@ -21,6 +21,16 @@ def test_run_demo_up_and_down(tmp_path, demo_core, sig):
                 engine_pb2.GetModelInfoRequest(), timeout=10)
         assert info.architecture == "Qwen3ForCausalLM"
         assert "helios-demo" in info.served_names
+        # start-up progress on a non-terminal: each phase as a log line, then the summary
+        output = run.output()
+        for line in ("engine: verify model files", "engine: start the engine core",
+                     "engine: load weights", "engine: allocate the KV cache",
+                     "frontend: load the tokenizer and chat template",
+                     "imageprep: load the image profiles and cache", "engine is SERVING after"):
+            assert line in output, (line, output)
+        summary = next(line for line in output.splitlines() if "start-up: " in line)
+        for name in ("imageprep", "engine", "frontend", "gateway"):
+            assert f"{name} " in summary.split("start-up: ", 1)[1], summary
         assert run.terminate(sig) == 0, run.output()
         for name in ("gateway", "frontend", "engine", "imageprep"):
             assert f"{name} stopped" in run.output() or name == "gateway"

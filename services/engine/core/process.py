@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 from services.common.core import open_model
 from services.common.errors import HeliosError, WorkerFailure
 from services.common.logging import setup_logging
+from services.common.startup import startup_phases
 from services.engine.config import EngineConfig
 from services.engine.core.build import build_engine
 from services.engine.core.loop import EngineCore
@@ -50,11 +51,14 @@ def core_main(config: EngineConfig, connection: Connection) -> None:
         import torch
 
         torch.set_num_threads(config.cpu_threads)
+    phases = startup_phases("engine")
+    phases.start("start the engine core")       # since the spawn: imports, the model's files
     try:
         source = open_model(config.model, verify=(),   # the servicer verified the files
                             allow_missing_weights=config.load_format == "dummy")
-        engine = build_engine(config, source)
+        engine = build_engine(config, source, phases)
     except Exception as exc:
+        phases.fail()
         error = exc if isinstance(exc, HeliosError) else WorkerFailure(
             f"engine core failed to start: {type(exc).__name__}: {exc}")
         if error is not exc:
