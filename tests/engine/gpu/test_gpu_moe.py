@@ -28,3 +28,37 @@ def test_moe_in_float32_matches_the_cpu_path(moe_checkpoint):
 
 def test_moe_in_bf16_against_a_float32_reference(moe_checkpoint):
     _check_bf16_against_float32(moe_checkpoint)
+
+
+def test_kv_pool_gets_what_the_expert_weights_leave(tmp_path):
+    """The pool is sized from the device memory free after the load: ~2.4 GB of experts
+    (dummy bf16 weights) come out of it, and nothing else does."""
+    import json
+
+    import torch
+
+    from services.common.core import open_model
+    from services.engine.model.moe import expert_weight_bytes
+    from tests.engine.model.checkpoints import write_tokenizer
+    from tests.engine.runner.conftest import make_engine
+
+    config = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+              "vocab_size": 320, "hidden_size": 1024, "intermediate_size": 2048,
+              "moe_intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 8,
+              "num_key_value_heads": 2, "head_dim": 128, "num_experts": 64,
+              "num_experts_per_tok": 4, "norm_topk_prob": True, "max_position_embeddings": 512,
+              "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    write_tokenizer(tmp_path)
+    torch.cuda.empty_cache()
+    free_before, _ = torch.cuda.mem_get_info()
+    engine = make_engine(open_model(tmp_path, allow_missing_weights=True), device="cuda",
+                         dtype="bfloat16", load_format="dummy", kv_cache_bytes=0,
+                         kv_cache_memory_fraction=0.5, cuda_graph_max_batch=-1)
+    model = engine.runner.model
+    experts = expert_weight_bytes(model)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert experts == 6 * 64 * 3 * 1024 * 1024 * 2 and experts > 0.9 * weights
+    budget = engine.info.kv_cache_bytes
+    assert budget <= 0.5 * (free_before - experts)
+    assert budget >= 0.5 * (free_before - weights) - (512 << 20)   # allocator slack
