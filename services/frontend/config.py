@@ -22,9 +22,9 @@ class FrontendConfig(ServiceConfig):
     context_hint: str = option("raise --max-model-len (engine) up to the model's context",
                                "appended to context-overflow errors")
     tool_parser: str = option("auto", "tool-call format: auto (from the model), none, hermes, "
-                                      "llama3_json or deepseek_v3")
-    reasoning_parser: str = option("auto", "reasoning format: auto (from the model), none or "
-                                           "think")
+                                      "llama3_json, deepseek_v3 or harmony")
+    reasoning_parser: str = option("auto", "reasoning format: auto (from the model), none, "
+                                           "think or harmony")
     default_chat_template_kwargs: str = option(
         "", "JSON object of chat-template variables used when a request does not set them, "
             "e.g. {\"enable_thinking\": false}")
