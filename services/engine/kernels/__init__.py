@@ -10,7 +10,7 @@ plain-torch reference. The exported names and signatures match `model/ops.py` ex
     silu_and_mul(x) -> out
     gelu_tanh_and_mul(x) -> out                                 (Gemma's gelu_pytorch_tanh)
     write_kv(k, v, k_cache, v_cache, slot_mapping) -> None     (in place)
-    paged_attention(q, k_cache, v_cache, meta, scale, sliding_window=0) -> out
+    paged_attention(q, k_cache, v_cache, meta, scale, sliding_window=0, *, sinks=None) -> out
     qkv_prologue(qkv, q_norm, k_norm, eps, positions, cos_sin_cache, is_neox, k_cache,
                  v_cache, slot_mapping, num_q_heads, num_kv_heads) -> q   (writes K/V)
     linear(x, weight, bias=None, out_dtype=None) -> out        (skinny rows; cuBLAS above)
