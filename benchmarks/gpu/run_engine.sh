@@ -11,6 +11,8 @@
 #      SERVING_TIMEOUT_S, TEST_WORKERS, SKIP_HF=1 (no HF generate rows after the serving levels),
 #      SKIP_PREFIX=1, PREFIX_ARGS, PREFIX_TIMEOUT_S, PREFIX_BASELINE=0 (no block-reuse-off run),
 #      SKIP_HOST_TIER=1, HOST_TIER_ARGS, HOST_GPU_KV_BYTES, HOST_TIER_GIB (the agents workload),
+#      SKIP_COLD_START=0 (bench_cold_start.py, off by default), COLD_TIMEOUT_S,
+#      BENCHES (more benchmarks, one per line: "name timeout_s command ..."), BENCH_TAIL,
 #      SERVING_BASELINE=1 (the serving levels again with prefix_block_reuse off).
 # Prints the machine, the test summary and the benchmark tables last.
 set -uo pipefail
@@ -171,7 +173,32 @@ if [ "${SKIP_HOST_TIER:-0}" != 1 ]; then    # copy bandwidth, then workload (c):
   echo "== host tier benchmark: rc=$host_rc in $(( $(date +%s) - start )) s"
 fi
 
+cold_rc=skipped
+if [ "${SKIP_COLD_START:-1}" != 1 ]; then     # helios run on Qwen3-8B safetensors -> 1st token
+  start=$(date +%s)
+  timeout "${COLD_TIMEOUT_S:-240}" "$PY" benchmarks/bench_cold_start.py \
+    --dir /tmp/helios-cold/qwen3-8b --out "$OUT/cold_start.json" > "$OUT/cold_start.log" 2>&1
+  cold_rc=$?
+  echo "== cold start: rc=$cold_rc in $(( $(date +%s) - start )) s"
+fi
+
+# more benchmarks, one per line of BENCHES: "name timeout_s command ..." (logs: $OUT/name.log)
+bench_rcs=""
+while read -r name limit command; do
+  [ -n "$name" ] || continue
+  start=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout "$limit" bash -c "$command" > "$OUT/$name.log" 2>&1
+  rc=$?
+  bench_rcs="$bench_rcs $name=$rc"
+  echo "== $name: rc=$rc in $(( $(date +%s) - start )) s"
+done <<< "${BENCHES:-}"
+
 echo
+[ -f "$OUT/cold_start.log" ] && tail -n 16 "$OUT/cold_start.log"
+while read -r name _; do
+  [ -n "$name" ] && [ -f "$OUT/$name.log" ] && { echo "-- $name:"; tail -n "${BENCH_TAIL:-25}" "$OUT/$name.log"; }
+done <<< "${BENCHES:-}"
 [ -f "$OUT/decode_step.log" ] && tail -n 120 "$OUT/decode_step.log"
 [ -f "$OUT/decode.log" ] && { grep -E "^(shape|qwen|llama|poll|  error)" "$OUT/decode.log" || tail -n 20 "$OUT/decode.log"; }
 [ -f "$OUT/serving.log" ] && { grep -A 12 -E "^target" "$OUT/serving.log" || tail -n 25 "$OUT/serving.log"; }
@@ -181,4 +208,4 @@ echo
 [ -f "$OUT/host_copies.log" ] && cat "$OUT/host_copies.log"
 [ -f "$OUT/agents_host.log" ] && { echo "agents, host tier:"; tail -n 9 "$OUT/agents_host.log"; }
 [ -f "$OUT/agents_gpu.log" ] && { echo "agents, GPU only:"; tail -n 9 "$OUT/agents_gpu.log"; }
-echo "tests rc=$test_rc step rc=$step_rc decode rc=$decode_rc serving rc=$serving_rc prefix rc=$prefix_rc host tier rc=$host_rc"
+echo "tests rc=$test_rc step rc=$step_rc decode rc=$decode_rc serving rc=$serving_rc prefix rc=$prefix_rc host tier rc=$host_rc cold start rc=$cold_rc$bench_rcs"
