@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.dashboard.sample import SpeculativeSample
 from services.dashboard.state import HISTORY_CELLS, DashboardState, GraphRow
 
 PANES = ("overview", "scheduler")
@@ -70,10 +71,20 @@ def overview(state: DashboardState, width: int) -> list[str]:
         f"retiring {s.pages_retiring:,}",
         f"Slots        live {s.slots_live} / {s.slots_total}   free {s.slots_free}   retiring "
         f"{s.slots_retiring}",
-        "Speculation  drafter steps —   verification steps —   acceptance —",
+        speculation(s.speculative),
     ]
     lines += experts(state, width)
     return [line[:width] for line in lines]
+
+
+def speculation(spec: SpeculativeSample | None) -> str:
+    """Drafter steps (learned proposals; copy proposals run none), verification steps, mean
+    accepted drafts per round that offered any, and draft positions per round (DEPTH)."""
+    if spec is None:
+        return "Speculation  drafter steps —   verification steps —   acceptance —"
+    return (f"Speculation  drafter steps {spec.drafter_steps:,}   verification steps "
+            f"{spec.verification_steps:,}   acceptance {_num(spec.acceptance_length, 2)}   "
+            f"DEPTH {_num(spec.mean_depth, 2)}")
 
 
 BARS = " ▁▂▃▄▅▆▇█"

@@ -86,6 +86,27 @@ class EngineSample:
     expert_tokens: tuple[int, ...] = ()
     moe_layers: int = 0
     experts_per_token: int = 0
+    speculative: SpeculativeSample | None = None   # None: speculative decoding off
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeSample:
+    drafter_steps: int
+    verification_steps: int
+    num_drafts: int              # rounds that verified at least one draft
+    accepted_tokens: int
+    rounds: int                  # generation rounds of speculating requests
+    depth: int                   # draft positions allocated over them
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """Accepted drafts per round that offered any (the bonus token excluded)."""
+        return self.accepted_tokens / self.num_drafts if self.num_drafts else None
+
+    @property
+    def mean_depth(self) -> float | None:
+        """Draft positions per round, zero-draft rounds included."""
+        return self.depth / self.rounds if self.rounds else None
 
 
 def from_pb(snapshot: engine_pb2.LoadSnapshot) -> EngineSample:
@@ -115,6 +136,11 @@ def from_pb(snapshot: engine_pb2.LoadSnapshot) -> EngineSample:
             for c in s.completions),
         expert_tokens=tuple(s.expert_tokens), moe_layers=s.moe_layers,
         experts_per_token=s.experts_per_token,
+        speculative=SpeculativeSample(
+            s.speculative.drafter_steps, s.speculative.verification_steps,
+            s.speculative.num_drafts, s.speculative.num_accepted_tokens,
+            s.speculative.rounds, s.speculative.depth)
+        if s.HasField("speculative") else None,
     )
 
 

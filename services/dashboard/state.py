@@ -24,7 +24,8 @@ SCHEDULER_WINDOW_S = 2.0
 HISTORY_CELLS = 10
 HISTORY_CELL_S = 1.0
 THROUGHPUT_WINDOW_S = 2.0
-PRIMARY_KINDS = {"prefill": "P", "decode": "D", "speculative": "S", "vision": "V"}
+PRIMARY_KINDS = {"prefill": "P", "decode": "D", "speculative": "S", "verify": "S",
+                 "vision": "V"}
 
 
 @dataclass(slots=True)

@@ -128,6 +128,7 @@ class EngineMetrics(Collector):
             metric.add_metric(value, number)
             yield metric
         yield from _tier_metrics(snap)
+        yield from _speculative_metrics(snap, self.model_name)
         # the cache's shape, as vLLM states it (Gateway API Inference Extension's model-server
         # protocol): a block is the prefix cache's 64-token unit, the one KV events name
         info = GaugeMetricFamily(
@@ -167,3 +168,45 @@ def _tier_metrics(snap: LoadSnapshot) -> Iterator[Metric]:
          host.blocks_evicted),
     ):
         yield CounterMetricFamily(name, help_text, value=value)
+
+
+def _speculative_metrics(snap: LoadSnapshot, model_name: str) -> Iterator[Metric]:
+    """Speculative decoding: Helios's names and vLLM's `vllm:spec_decode_*` (nothing while it
+    is off)."""
+    spec = snap.speculative
+    if spec is None:
+        return
+    for name, help_text, value in (
+        ("helios_engine_spec_verification_steps", "completed steps that verified drafts",
+         spec.verification_steps),
+        ("helios_engine_spec_drafter_steps", "learned-proposal (draft model) steps run; copy "
+         "proposals run none", spec.drafter_steps),
+        ("helios_engine_spec_rounds", "generation rounds of speculating requests",
+         spec.rounds),
+        ("helios_engine_spec_depth", "draft positions allocated over those rounds (zero-draft "
+         "rounds included)", spec.depth),
+        ("helios_engine_spec_accepted_tokens", "drafts accepted and committed",
+         spec.num_accepted_tokens),
+        ("helios_engine_spec_switched_off", "rounds the batch switch-off stripped every draft",
+         spec.switched_off),
+    ):
+        yield CounterMetricFamily(name, help_text, value=value)
+    yield GaugeMetricFamily(
+        "helios_engine_spec_acceptance_length", "mean accepted drafts per round that verified "
+        "any (the bonus token excluded)",
+        value=spec.num_accepted_tokens / spec.num_drafts if spec.num_drafts else 0.0)
+    for name, help_text, number in (
+        ("vllm:spec_decode_num_drafts", "rounds that verified drafts", spec.num_drafts),
+        ("vllm:spec_decode_num_draft_tokens", "draft tokens verified", spec.num_draft_tokens),
+        ("vllm:spec_decode_num_accepted_tokens", "draft tokens accepted",
+         spec.num_accepted_tokens),
+    ):
+        metric = CounterMetricFamily(name, help_text, labels=["model_name"])
+        metric.add_metric([model_name], number)
+        yield metric
+    per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                  "draft tokens accepted, by draft position",
+                                  labels=["model_name", "position"])
+    for position, count in enumerate(spec.num_accepted_tokens_per_pos):
+        per_pos.add_metric([model_name, str(position)], count)
+    yield per_pos

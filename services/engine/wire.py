@@ -244,6 +244,15 @@ def load_to_pb(load: LoadSnapshot) -> engine_pb2.LoadSnapshot:
             pages_total=h.pages_total, pages_cached=h.pages_cached,
             blocks_offloaded=h.blocks_offloaded, blocks_dropped=h.blocks_dropped,
             blocks_evicted=h.blocks_evicted, hits=h.hits, reused_tokens=h.reused_tokens))
+    if load.speculative is not None:
+        v = load.speculative
+        message.speculative.CopyFrom(engine_pb2.SpeculativeLoad(
+            method=v.method, num_speculative_tokens=v.num_speculative_tokens,
+            num_drafts=v.num_drafts, num_draft_tokens=v.num_draft_tokens,
+            num_accepted_tokens=v.num_accepted_tokens,
+            num_accepted_tokens_per_pos=list(v.num_accepted_tokens_per_pos),
+            verification_steps=v.verification_steps, drafter_steps=v.drafter_steps,
+            rounds=v.rounds, depth=v.depth, switched_off=v.switched_off))
     return message
 
 

@@ -116,3 +116,30 @@ def test_scrolling_moves_the_visible_rows():
     scrolled = render.requests(state, 120, 6, 3)
     assert top[1].startswith("0.1") and scrolled[1].startswith("3.1")
     assert "rows 4-8 of 30" in scrolled[-1]
+
+
+def test_the_speculative_rows():
+    """Drafter steps, verification steps, accepted drafts per round that offered any (bonus
+    excluded) and draft positions per round (zero-draft rounds included), from GetLoad."""
+    import dataclasses
+
+    from services.common.pb import engine_pb2
+    from services.dashboard.sample import from_pb
+
+    off = render.overview(_ingested(sample(1.0)), 120)
+    assert any(line.startswith("Speculation") and "acceptance —" in line for line in off)
+    snapshot = engine_pb2.LoadSnapshot(speculative=engine_pb2.SpeculativeLoad(
+        method="ngram", num_speculative_tokens=4, num_drafts=8, num_draft_tokens=20,
+        num_accepted_tokens=14, verification_steps=6, drafter_steps=0, rounds=10, depth=20))
+    spec = from_pb(snapshot).speculative
+    assert spec is not None and from_pb(engine_pb2.LoadSnapshot()).speculative is None
+    on = render.overview(_ingested(dataclasses.replace(sample(1.0), speculative=spec)), 120)
+    (line,) = [line for line in on if line.startswith("Speculation")]
+    assert "drafter steps 0" in line and "verification steps 6" in line
+    assert "acceptance 1.75" in line and "DEPTH 2.00" in line
+
+
+def _ingested(engine_sample) -> DashboardState:
+    state = DashboardState()
+    state.ingest(engine_sample, local_s=0)
+    return state

@@ -88,6 +88,34 @@ class HostTierLoad:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeculativeLoad:
+    """Speculative decoding's counters (scheduler/stats.py; vLLM's spec_decode meanings)."""
+
+    method: str
+    num_speculative_tokens: int
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    num_accepted_tokens_per_pos: tuple[int, ...]
+    verification_steps: int
+    drafter_steps: int
+    rounds: int
+    depth: int
+    switched_off: int
+
+    @classmethod
+    def of(cls, scheduler: Scheduler) -> SpeculativeLoad | None:
+        proposer = scheduler.state.config.proposer
+        if proposer is None:
+            return None
+        c = scheduler.state.counters
+        return cls(getattr(proposer, "method", "ngram"), proposer.num_tokens, c.spec_drafts,
+                   c.spec_draft_tokens, c.spec_accepted_tokens,
+                   tuple(c.spec_accepted_per_pos), c.spec_verify_steps, c.spec_drafter_steps,
+                   c.spec_rounds, c.spec_depth, c.speculation_off)
+
+
+@dataclass(frozen=True, slots=True)
 class LoadSnapshot:
     session_id: str
     sample_time_s: float
@@ -131,6 +159,7 @@ class LoadSnapshot:
     moe_layers: int = 0
     experts_per_token: int = 0
     host_tier: HostTierLoad | None = None      # None: no host tier
+    speculative: SpeculativeLoad | None = None  # None: speculative decoding off
 
 
 @dataclass(slots=True)
@@ -234,6 +263,7 @@ def snapshot(scheduler: Scheduler, telemetry: Telemetry, query: LoadQuery, *,
         draining=draining, graphs=graphs, requests=rows, dropped_updates=telemetry.dropped,
         completions=completions,
         host_tier=HostTierLoad.of(res.host) if res.host is not None else None,
+        speculative=SpeculativeLoad.of(scheduler),
         expert_tokens=experts.tokens if experts else (),
         moe_layers=experts.layers if experts else 0,
         experts_per_token=experts.top_k if experts else 0)

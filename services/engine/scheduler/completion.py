@@ -221,7 +221,8 @@ def finish(state: SchedulerState, seq: Sequence, reason: FinishReason | None) ->
 
 def observe_duration(state: SchedulerState, step: Step, completion: Completion) -> None:
     batch = 1 << max(0, len(step.seqs) - 1).bit_length()
-    tokens = 1 << max(0, step.num_tokens - 1).bit_length()
+    tokens = batch * step.width if step.kind == "verify" else \
+        1 << max(0, step.num_tokens - 1).bit_length()
     state.costs.observe(kind=step.kind, label=step.label, batch_capacity=batch,
                         token_capacity=tokens, num_requests=len(step.seqs),
                         duration_s=completion.duration_s, now=time.monotonic())

@@ -227,10 +227,11 @@ class Step:
     @property
     def label(self) -> str:
         """Capacity label as the dashboard shows it: b<batch capacity> t<token capacity>
-        (a verification step: b<batch capacity> w<target width>)."""
+        (a verification step: b<batch capacity> w<target width> rows<packed target rows>,
+        the rows of its graph)."""
         batch = 1 << max(0, len(self.seqs) - 1).bit_length()
         if self.kind == "verify":
-            return f"b{batch} w{self.width}"
+            return f"b{batch} w{self.width} rows{batch * self.width}"
         tokens = 1 << max(0, self.num_tokens - 1).bit_length()
         return f"b{batch} t{tokens}"
 

@@ -4,7 +4,8 @@ semantics: a sequence feeding its pending token plus k drafts may emit up to k +
     drafts = proposer.propose(tokens, limit)     # tuple of at most `limit` token ids
 
 `NgramProposer` is prompt lookup (copy proposals): the longest recent n-gram of the sequence
-that occurred earlier in it proposes the tokens that followed that occurrence. A proposer
+that occurred earlier in it proposes the tokens that followed that occurrence (continuing
+the repeat past the sequence's end when the occurrence is recent). A proposer
 sees only the sequence's known tokens; the policy bounds `limit` by the output and context
 left and cuts the drafts to the width the request's acceptance statistics choose
 (speculation.py). `source` names the proposal source those statistics are kept under.
@@ -46,7 +47,14 @@ class NgramProposer:
             # the latest earlier occurrence (its continuation is likelier to repeat)
             for start in range(len(recent) - n - 1, -1, -1):
                 if recent[start:start + n] == suffix:
-                    follow = recent[start + n:start + n + limit]
-                    if follow:
-                        return tuple(follow)
+                    return _copy(recent, start + n, limit)
         return ()
+
+
+def _copy(recent: list[int], begin: int, limit: int) -> tuple[int, ...]:
+    """`limit` tokens copied from `begin` on; past the end the copy continues from what it
+    copied (a repeat of period len(recent) - begin: "a b a b" proposes "a b a b ...")."""
+    extended = list(recent)
+    for i in range(limit):
+        extended.append(extended[begin + i])
+    return tuple(extended[len(recent):])

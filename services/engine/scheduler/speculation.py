@@ -131,9 +131,9 @@ def extra_row_cost(costs: DurationEstimator, num_seqs: int, width: int) -> float
 
 def verify_label(num_seqs: int, width: int) -> str:
     """A verification step's shape label: b<batch capacity> w<target width> (the widest
-    request's rows: 1 + its drafts), as `Step.label` names it."""
+    request's rows: 1 + its drafts) rows<packed target rows>, as `Step.label` names it."""
     batch = 1 << max(0, num_seqs - 1).bit_length()
-    return f"b{batch} w{width}"
+    return f"b{batch} w{width} rows{batch * width}"
 
 
 def worth_verifying(costs: DurationEstimator, num_seqs: int, width: int,

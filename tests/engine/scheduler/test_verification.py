@@ -183,7 +183,8 @@ def test_ngram_proposer_copies_the_continuation_of_the_latest_match():
     assert proposer.propose(tokens, 2) == (7, 8)
     assert proposer.propose(tokens, 0) == ()
     assert proposer.propose([4, 5, 6], 3) == ()                 # nothing repeats
-    assert proposer.propose([5, 6, 5], 3) == (6, 5)             # a 1-gram match
+    assert proposer.propose([5, 6, 5], 3) == (6, 5, 6)          # a 1-gram match, repeated
+    assert proposer.propose([4, 9, 9, 9], 3) == (9, 9, 9)        # a run continues
 
 
 def test_ngram_proposals_keep_the_output_exact():
