@@ -75,6 +75,14 @@ def png_bytes(height: int, width: int, seed: int) -> bytes:
 
 def reference_answer(model, tokenizer, png: bytes) -> tuple[str, int]:
     """transformers' greedy text for the image + question, and the expanded prompt length."""
+    messages = [{"role": "user", "content": [{"type": "image"},
+                                             {"type": "text", "text": QUESTION}]}]
+    return reference_chat(model, tokenizer, messages, [png])
+
+
+def reference_chat(model, tokenizer, messages: list, pngs: list[bytes]) -> tuple[str, int]:
+    """transformers' greedy text for a chat whose {"type": "image"} parts are `pngs` in
+    order (prepared by imageprep's pipeline), and the expanded prompt length."""
     from PIL import Image
 
     from services.imageprep.decode import DecodedImage
@@ -82,25 +90,69 @@ def reference_answer(model, tokenizer, png: bytes) -> tuple[str, int]:
     from services.imageprep.processor import process_image
     from services.imageprep.profiles import builtin_profile
 
-    rgb = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
-    prepared = process_image(DecodedImage(rgb, "RGB", 1), builtin_profile("qwen2_5_vl"))
-    messages = [{"role": "user", "content": [{"type": "image"},
-                                             {"type": "text", "text": QUESTION}]}]
+    prepared = [process_image(DecodedImage(np.asarray(Image.open(io.BytesIO(png)).convert(
+        "RGB")), "RGB", 1), builtin_profile("qwen2_5_vl")) for png in pngs]
     rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                              tokenize=False)
     ids = tokenizer.encode(rendered, add_special_tokens=False)
-    expanded = expand_prompt(ids, [prepared.geometry], image_token_id=151655,
+    expanded = expand_prompt(ids, [p.geometry for p in prepared], image_token_id=151655,
                              vision_start_token_id=151652)
     input_ids = torch.tensor([expanded.token_ids.tolist()])
     with torch.no_grad():
         out = model.generate(
             input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=NEW,
             min_new_tokens=NEW, do_sample=False, pad_token_id=0,
-            pixel_values=torch.from_numpy(prepared.tensors["pixel_values"]),
-            image_grid_thw=torch.from_numpy(prepared.tensors["grid_thw"]),
+            pixel_values=torch.cat([torch.from_numpy(p.tensors["pixel_values"])
+                                    for p in prepared]),
+            image_grid_thw=torch.cat([torch.from_numpy(p.tensors["grid_thw"])
+                                      for p in prepared]),
             mm_token_type_ids=torch.tensor([expanded.modality_ids.tolist()]))
     tokens = out[0, input_ids.shape[1]:].tolist()
     return tokenizer.decode(tokens, skip_special_tokens=True), input_ids.shape[1]
+
+
+class VisionRecords:
+    """Images the engine's encoder ran on (its dashboard 'vision' completion records), polled
+    every second: the engine keeps records only while someone polls."""
+
+    def __init__(self, run) -> None:
+        import threading
+
+        self.run, self.cursor, self.images = run, 0, 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.poll()              # starts the engine's record keeping; older records skipped
+        self.images = 0
+        self.thread.start()
+
+    def poll(self) -> int:
+        with self.lock:
+            load = engine_load_with_completions(self.run, self.cursor)
+            for record in load.completions:
+                if record.sequence > self.cursor:
+                    self.cursor = record.sequence
+                    if record.kind == "vision":
+                        self.images += int(record.label.split()[0])
+            return self.images
+
+    def _loop(self) -> None:
+        while not self.stop.wait(1.0):
+            self.poll()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def engine_load_with_completions(run, after: int = 0):
+    import grpc
+
+    from services.common.pb import engine_pb2, engine_pb2_grpc
+
+    with grpc.insecure_channel(run.addresses["engine"]) as channel:
+        return engine_pb2_grpc.EngineStub(channel).GetLoad(
+            engine_pb2.GetLoadRequest(completions_after=after), timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +256,50 @@ def test_an_image_imageprep_lost_fails_only_its_request(vision_stack):
             {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}},
             {"type": "text", "text": QUESTION}]}])
     assert reply.usage.completion_tokens == 3
+
+
+def test_two_images_then_a_later_turn_and_the_same_image_again(vision_stack):
+    """Two images in one message; the next turn of that conversation (a prefix hit across
+    both images: no encoding); the first image again in a new chat (a feature-cache hit: the
+    encoder does not run); each answer equal to transformers'."""
+    run, reference, tokenizer = vision_stack
+    oai = openai.OpenAI(base_url=run.url + "/v1", api_key="k", max_retries=0, timeout=120)
+    name = oai.models.list().data[0].id
+    first, second = png_bytes(150, 120, 21), png_bytes(110, 260, 22)
+    url = [f"data:image/png;base64,{base64.b64encode(p).decode()}" for p in (first, second)]
+    records = VisionRecords(run)
+    turn1 = [{"role": "user", "content": [
+        {"type": "text", "text": "Compare "},
+        {"type": "image_url", "image_url": {"url": url[0]}},
+        {"type": "text", "text": " with "},
+        {"type": "image_url", "image_url": {"url": url[1]}}]}]
+    hf1 = [{"role": "user", "content": [
+        {"type": "text", "text": "Compare "}, {"type": "image"},
+        {"type": "text", "text": " with "}, {"type": "image"}]}]
+    reply = oai.chat.completions.create(model=name, max_tokens=NEW, extra_body=EXACT,
+                                        messages=turn1)
+    answer, length = reference_chat(reference, tokenizer, hf1, [first, second])
+    assert reply.choices[0].message.content == answer
+    assert reply.usage.prompt_tokens == length
+    encoded = records.poll()
+    assert encoded == 2
+    turn2 = [*turn1, {"role": "assistant", "content": answer},
+             {"role": "user", "content": "And now?"}]
+    hf2 = [*hf1, {"role": "assistant", "content": answer},
+           {"role": "user", "content": "And now?"}]
+    reply = oai.chat.completions.create(model=name, max_tokens=NEW, extra_body=EXACT,
+                                        messages=turn2)
+    answer2, length2 = reference_chat(reference, tokenizer, hf2, [first, second])
+    assert reply.choices[0].message.content == answer2 and reply.usage.prompt_tokens == length2
+    cached = reply.usage.prompt_tokens_details.cached_tokens
+    assert cached >= length - 8                      # the first turn's KV, images included
+    again = [{"role": "user", "content": [
+        {"type": "text", "text": "Once more: "},
+        {"type": "image_url", "image_url": {"url": url[0]}}]}]
+    reply = oai.chat.completions.create(model=name, max_tokens=NEW, extra_body=EXACT,
+                                        messages=again)
+    answer3, _ = reference_chat(reference, tokenizer, [{"role": "user", "content": [
+        {"type": "text", "text": "Once more: "}, {"type": "image"}]}], [first])
+    assert reply.choices[0].message.content == answer3
+    assert records.poll() == encoded                  # neither request ran the encoder
+    records.close()
