@@ -227,3 +227,30 @@ def test_no_special_token_text_leaks(gptoss) -> None:
     for event in run(tokens, (3, 9), options, None, gptoss.tokenizer):
         text = getattr(event, "text", "") + getattr(event, "arguments", "")
         assert "<|" not in text
+
+
+def test_call_arguments_are_always_a_valid_json_prefix() -> None:
+    """A body that breaks JSON sends its valid prefix as arguments and the rest as content;
+    an empty body is {}; text after the closed object is content."""
+    from services.frontend.parsers.harmony import HarmonyParser
+    from services.frontend.parsers.tool_calls import ContentText
+    from services.frontend.parsers.tool_calls import ToolCallDelta as CallItem
+
+    def parse(body: str, pieces: int) -> tuple[str, str, str]:
+        parser = HarmonyParser(frozenset({"f"}))
+        text = f"<|channel|>commentary to=functions.f <|constrain|>json<|message|>{body}"
+        items = []
+        step = max(1, len(text) // pieces)
+        for at in range(0, len(text), step):
+            items += parser.push(text[at:at + step])
+        items += parser.flush()
+        name = "".join(i.name for i in items if isinstance(i, CallItem))
+        arguments = "".join(i.arguments for i in items if isinstance(i, CallItem))
+        content = "".join(i.text for i in items if isinstance(i, ContentText))
+        return name, arguments, content
+
+    for pieces in (1, 3, 7, 40):
+        assert parse('{"a": 1} trailing', pieces) == ("f", '{"a": 1}', " trailing")
+        assert parse('{"a": tru}', pieces) == ("f", '{"a": tru', "}")
+        assert parse("", pieces) == ("f", "{}", "")
+        assert parse("not json", pieces) == ("f", "", "not json")

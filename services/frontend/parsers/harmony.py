@@ -14,7 +14,9 @@ stop), so the stream may also just end inside a body.
 - channel `final`, and `commentary` without a recipient (a preamble to the user): content;
 - a message addressed to `functions.NAME` (the commentary channel): a tool call, when tools are
   parsed and NAME was offered; its name is sent when the header ends, its body streams as the
-  arguments. Addressed to anything else, the body is content, as it was written.
+  arguments, checked as it goes (`JsonScanner`), so every fragment sent is a valid prefix of a
+  JSON object: from the first character that breaks it, the body is content; an empty body is
+  `{}`. Addressed to anything else, the body is content, as it was written.
 
 Special tokens must be visible (the choice's detokenizer keeps them); a marker split across
 pushes is held back. Malformed output is never an error: text outside any header, an unknown
@@ -26,6 +28,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from services.frontend.parsers.json_scan import JsonScanner, JsonSyntaxError
 from services.frontend.parsers.tags import find_first, partial_tag_suffix
 from services.frontend.parsers.tool_calls import ContentText, ToolCallDelta, new_call_id
 
@@ -60,6 +63,9 @@ class HarmonyParser:
         self._header = ""
         self._kind = "content"      # the body's route: reasoning | content | call
         self._call_index = 0
+        self._scanner = JsonScanner()   # the current call's arguments
+        self._sent_arguments = False
+        self._tail = ""                 # body text after the arguments object closed
         self._pending = ""
         self.turn_ended = ""        # the <|call|> / <|return|> that ended the turn, if decoded
 
@@ -90,7 +96,7 @@ class HarmonyParser:
                     return out
                 self._emit(out, buffer[:at])
                 buffer = buffer[at + len(marker):]
-                self._close_body()
+                self._close_body(out)
                 if marker in STOP_TOKENS:   # the turn is over, whatever follows
                     self.turn_ended = marker
                     return out
@@ -114,7 +120,7 @@ class HarmonyParser:
         pending, self._pending = self._pending, ""
         if self._state == self._BODY:
             self._emit(out, pending)
-            self._close_body()
+            self._close_body(out)
         elif self._state == self._HEADER and (self._header + pending).strip():
             self._emit_content(out, self._header + pending)  # a header that never ended
             self._header = ""
@@ -133,6 +139,7 @@ class HarmonyParser:
         self._state = self._BODY
         if name.startswith(FUNCTIONS) and self._offered(name[len(FUNCTIONS):]):
             self._kind = "call"
+            self._scanner, self._sent_arguments, self._tail = JsonScanner(), False, ""
             self._call_index = self.num_calls
             self.num_calls += 1
             out.append(ToolCallDelta(self._call_index, new_call_id(), "function",
@@ -146,9 +153,15 @@ class HarmonyParser:
         return self.parse_tools and bool(name) and (self.tool_names is None
                                                     or name in self.tool_names)
 
-    def _close_body(self) -> None:
+    def _close_body(self, out: list[HarmonyItem] | None = None) -> None:
         if self._kind == "call":
             self.completed_calls += 1
+            if out is not None:
+                if not self._sent_arguments:
+                    out.append(ToolCallDelta(self._call_index, arguments="{}"))
+                if self._tail.strip():    # whitespace after the object is formatting
+                    self._emit_content(out, self._tail)
+            self._tail = ""
         self._state, self._kind = self._BETWEEN, "content"
 
     def _emit(self, out: list[HarmonyItem], text: str) -> None:
@@ -157,9 +170,37 @@ class HarmonyParser:
         if self._kind == "reasoning":
             _append(out, ReasoningText(text))
         elif self._kind == "call":
-            out.append(ToolCallDelta(self._call_index, arguments=text))
+            self._emit_arguments(out, text)
         else:
             self._emit_content(out, text)
+
+    def _emit_arguments(self, out: list[HarmonyItem], text: str) -> None:
+        """The valid JSON-object prefix of `text` as arguments; the rest (a broken or finished
+        object's tail) as content."""
+        scanner = self._scanner
+        if scanner.done:
+            self._tail += text
+            return
+        if not self._sent_arguments:
+            text = text.lstrip()
+            if not text:
+                return
+        start = scanner.pos
+        try:
+            if not self._sent_arguments and text[0] != "{":
+                raise JsonSyntaxError("the arguments are not an object")
+            used = scanner.feed(text)
+        except JsonSyntaxError:
+            used = scanner.pos - start
+            self._kind = "content"         # the rest of this body is text
+        if used:
+            out.append(ToolCallDelta(self._call_index, arguments=text[:used]))
+            self._sent_arguments = True
+        rest = text[used:]
+        if self._kind == "content":
+            self._emit_content(out, rest)
+        else:
+            self._tail += rest
 
     @staticmethod
     def _emit_content(out: list[HarmonyItem], text: str) -> None:
