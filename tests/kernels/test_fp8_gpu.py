@@ -132,3 +132,24 @@ def test_fp8_model_logits_against_bf16(tmp_path):
     assert gpu["top1"] >= 0.75 and gpu["kl_mean"] <= 0.4, gpu
     assert abs(gpu["top1"] - cpu["top1"]) <= 0.1 and gpu["kl_mean"] <= 2 * cpu["kl_mean"] + 0.05
 
+
+
+@pytest.mark.parametrize(("seq_lens", "q_lens"), [
+    ([1024] * 64, [1] * 64),                 # decode, unsplit
+    ([3000], [1]),                           # decode, split
+    ([2048, 700], [512, 700]),               # prefill over a prefix, and from scratch
+    ([900, 1500, 40], [300, 1, 1]),          # mixed
+])
+def test_attention_reads_fp8_pages_at_qwen3_8b(seq_lens, q_lens, gen):
+    """Qwen3-8B heads (32 / 8, D = 128, pages of 16) over e4m3 pages vs float64."""
+    from services.engine.kernels.attention import paged_attention
+    from tests.kernels import reference
+    from tests.kernels.batch import make_batch
+    from tests.kernels.test_fp8_kv import to_fp8
+
+    batch = to_fp8(make_batch(seq_lens, q_lens, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                              page_size=16, device="cuda", generator=gen))
+    out = paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, 128 ** -0.5)
+    ref = reference.paged_attention(batch, 128 ** -0.5)
+    assert reference.rel_error(out, ref) < 1e-2
+    assert float(reference.row_rel_errors(out, ref).max()) < 3e-2
