@@ -144,7 +144,10 @@ async def one_chat(client, url: str, body: dict) -> tuple[float, float, int]:
                 first = time.perf_counter() - started
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-    return (first or 0.0), time.perf_counter() - started, tokens
+    total = time.perf_counter() - started
+    # a token whose text is empty (a byte of a UTF-8 sequence, a special token): the
+    # stream's end stands in (with max_tokens 1, what TTFT measures)
+    return (first if first is not None else total), total, tokens
 
 
 class Breakdown:
