@@ -1,0 +1,248 @@
+"""Batch-1 speculative decoding at the Qwen3-8B shape (dummy bf16 weights), in one process,
+against speculation off in the same run.
+
+    python benchmarks/bench_speculative.py --out benchmarks/out/gpu
+    python benchmarks/bench_speculative.py --smoke        # CPU check of the script (tiny shape)
+
+Random weights accept no real drafts, so the mechanism is measured with an oracle proposer:
+it offers the target's own greedy continuation (recorded by the plain run of the same
+prompt) and corrupts each draft independently with probability 1 - a. For each (a, k) the
+engine runs with `--speculative-method` on and `--num-speculative-tokens k`; the scheduler's
+acceptance statistics still choose each round's width (up to k). Reported per row: output
+tok/s, the speedup over plain decoding of the same prompt, measured tokens per verification
+round and accepted drafts per draft, the policy's mean width, and the ideal tokens per round
+of fixed width k, E = (1 - a^(k+1)) / (1 - a). The measured acceptance can fall below a:
+bf16 verification rows and one-token decodes round differently, so greedy near-ties may
+diverge from the recorded continuation (a divergence costs acceptance, never correctness:
+every emitted token is the target's).
+
+Also: copy proposals (`ngram`, the real proposer) on a prompt that repeats a block of text;
+random weights decide what the model continues with, so its acceptance is whatever it is and
+is reported as measured (it is not evidence of real-model acceptance). And the batch
+switch-off: `--batch` concurrent requests with the oracle at a = 0.7, k = 4 against
+speculation off (with the cost model on, measured verification costs turn it off when
+verifying costs more than it yields).
+Writes speculative.json under --out and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.model_shapes import SHAPES, write_shape
+
+ACCEPTANCES = (0.5, 0.7, 0.9)
+WIDTHS = (2, 4, 6)
+
+
+class Oracle:
+    """The recorded greedy continuation of each prompt, each draft corrupted with
+    probability 1 - acceptance (its own seeded stream)."""
+
+    source = "copy"
+
+    def __init__(self, continuations: dict[tuple[int, ...], list[int]], acceptance: float,
+                 num_tokens: int, vocab: int, seed: int = 0) -> None:
+        self.continuations = continuations
+        self.acceptance = acceptance
+        self.num_tokens = num_tokens
+        self.vocab = vocab
+        self.rng = random.Random(seed)
+
+    def propose(self, tokens, limit):
+        for prompt, output in self.continuations.items():
+            if tuple(tokens[:len(prompt)]) == prompt:
+                done = len(tokens) - len(prompt)
+                drafts = list(output[done:done + min(limit, self.num_tokens)])
+                return tuple(d if self.rng.random() < self.acceptance
+                             else (d + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
+                             for d in drafts)
+        return ()
+
+
+def _build(model_dir: Path, args, **overrides):
+    from services.common.core import open_model
+    from services.engine.config import EngineConfig
+    from services.engine.core.build import build_engine
+
+    values = dict(model=str(model_dir), load_format="dummy", max_model_len=args.max_model_len,
+                  max_num_seqs=args.max_num_seqs, dummy_seed=1)
+    if args.smoke:
+        values.update(kv_cache_bytes=64 << 20, device="cpu", dtype="float32")
+    values.update(overrides)
+    return build_engine(EngineConfig(**values),
+                        open_model(model_dir, allow_missing_weights=True))
+
+
+def _serve(engine, requests) -> tuple[dict[str, list[int]], float, float]:
+    """Drive like the engine loop: tokens per request, seconds from the first token to the
+    last (decode), and seconds in all."""
+    for request in requests:
+        engine.scheduler.admit(request)
+    scheduler, runner = engine.scheduler, engine.runner
+    tokens: dict[str, list[int]] = {}
+    started = time.perf_counter()
+    first = None
+    while scheduler.has_work:
+        submitted = False
+        if runner.outstanding < runner.window:
+            plan = scheduler.plan()
+            if plan is not None:
+                runner.submit(scheduler.commit(plan, scheduler.state.resources.fences.next_fence))
+                submitted = True
+        if runner.outstanding and (runner.outstanding >= runner.window or not submitted):
+            for update in scheduler.complete(runner.wait()):
+                for delta in update.deltas:
+                    if delta.token_ids and first is None:
+                        first = time.perf_counter()
+                    tokens.setdefault(update.request_id, []).extend(delta.token_ids)
+    end = time.perf_counter()
+    return tokens, end - (first or started), end - started
+
+
+def _request(request_id: str, prompt: list[int], max_tokens: int):
+    from services.engine.sampling import SamplingParams
+    from services.engine.scheduler.requests import EngineRequest, StopRules
+
+    params = SamplingParams.create(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                                   seed=0)
+    return EngineRequest(request_id=request_id, prompt_token_ids=tuple(prompt),
+                         sampling=params, stop=StopRules(max_tokens=max_tokens,
+                                                         ignore_eos=True), seed=0)
+
+
+def _agree(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two greedy outputs share (all of them in float32; in bf16 a
+    verification row and a one-token decode may round a near-tie differently)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)))
+
+
+def _with_proposer(engine, proposer) -> None:
+    state = engine.scheduler.state
+    state.config = dataclasses.replace(state.config, proposer=proposer)
+
+
+def _row(name: str, engine, tokens: dict[str, list[int]], decode_s: float, base_tok_s: float,
+         extra: dict) -> dict:
+    counters = engine.scheduler.state.counters
+    generated = sum(len(t) for t in tokens.values())
+    tok_s = (generated - len(tokens)) / max(decode_s, 1e-9)
+    rounds = counters.spec_rounds
+    row = {"name": name, "tok_s": round(tok_s, 1),
+           "speedup": round(tok_s / base_tok_s, 3) if base_tok_s else None,
+           "tokens_per_round": round((generated - len(tokens)) / rounds, 3) if rounds else None,
+           "acceptance": round(counters.spec_accepted_tokens / counters.spec_draft_tokens, 3)
+           if counters.spec_draft_tokens else None,
+           "mean_width": round(counters.spec_depth / rounds, 3) if rounds else None,
+           "verify_steps": counters.spec_verify_steps,
+           "switched_off": counters.speculation_off,
+           "verify_graph_steps": getattr(engine.runner, "verify_graph_steps", 0)}
+    row.update(extra)
+    return row
+
+
+def _cell(row: dict, key: str, width: int) -> str:
+    value = row.get(key)
+    return f"{'—' if value is None else value:>{width}}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=64, help="switch-off check (0: skip)")
+    parser.add_argument("--batch-output-len", type=int, default=128)
+    parser.add_argument("--smoke", action="store_true", help="CPU check: a tiny shape")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    args = parser.parse_args()
+    config = dict(SHAPES[args.shape])
+    if args.smoke:
+        config.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      max_window_layers=2)
+        args.input_len, args.output_len, args.batch, args.batch_output_len = 32, 24, 4, 12
+        args.max_num_seqs, args.max_model_len = 8, 256
+    vocab = config["vocab_size"]
+    rng = random.Random(0)
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = write_shape(args.shape, Path(tmp) / args.shape)
+        (model_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        engine = _build(model_dir, args, speculative_method="ngram",
+                        num_speculative_tokens=max(WIDTHS))
+        proposer_off = engine.scheduler.state.config.proposer
+        _with_proposer(engine, None)
+        prompt = [rng.randrange(vocab) for _ in range(args.input_len)]
+        _serve(engine, [_request("warm", prompt[:32], 8)])
+        plain, decode_s, _ = _serve(engine, [_request("plain", prompt, args.output_len)])
+        reference = plain["plain"]
+        base = _row("off", engine, plain, decode_s, 0.0, {})
+        base_tok_s = base["tok_s"]
+        results.append(base)
+        for acceptance in ACCEPTANCES:
+            for width in WIDTHS:
+                engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+                _with_proposer(engine, Oracle({tuple(prompt): reference}, acceptance, width,
+                                              vocab, seed=width))
+                tokens, decode_s, _ = _serve(engine, [_request("o", prompt, args.output_len)])
+                ideal = (1 - acceptance ** (width + 1)) / (1 - acceptance)
+                results.append(_row(f"oracle a={acceptance} k={width}", engine, tokens,
+                                    decode_s, base_tok_s,
+                                    {"a": acceptance, "k": width, "ideal_tokens": round(ideal, 3),
+                                     "same_as_plain_until": _agree(tokens["o"], reference)}))
+        # copy proposals on a prompt that repeats a block (what the model continues is its own)
+        block = [rng.randrange(vocab) for _ in range(args.input_len // 4)]
+        repeated = block * 4
+        _with_proposer(engine, None)
+        engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+        plain_rep, plain_s, _ = _serve(engine, [_request("rep-off", repeated, args.output_len)])
+        off_row = _row("repeat, off", engine, plain_rep, plain_s, 0.0, {})
+        results.append(off_row)
+        _with_proposer(engine, proposer_off)
+        engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+        rep, rep_s, _ = _serve(engine, [_request("rep", repeated, args.output_len)])
+        results.append(_row("repeat, ngram k=6", engine, rep, rep_s, off_row["tok_s"], {
+            "same_as_plain_until": _agree(rep["rep"], plain_rep["rep-off"])}))
+        if args.batch:
+            prompts = [[rng.randrange(vocab) for _ in range(args.input_len)]
+                       for _ in range(args.batch)]
+            batch = [_request(f"b{i}", p, args.batch_output_len) for i, p in enumerate(prompts)]
+            _with_proposer(engine, None)
+            engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+            off, off_s, _ = _serve(engine, batch)
+            batch_off = _row(f"batch {args.batch}, off", engine, off, off_s, 0.0, {})
+            results.append(batch_off)
+            continuations = {tuple(p): off[f"b{i}"] for i, p in enumerate(prompts)}
+            engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+            _with_proposer(engine, Oracle(continuations, 0.7, 4, vocab))
+            on, on_s, _ = _serve(engine, [_request(f"b{i}", p, args.batch_output_len)
+                                          for i, p in enumerate(prompts)])
+            results.append(_row(f"batch {args.batch}, oracle a=0.7 k=4", engine, on, on_s,
+                                batch_off["tok_s"], {}))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "speculative.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(f"{'run':<28}{'tok/s':>9}{'speedup':>9}{'tok/round':>10}{'accept':>8}"
+          f"{'width':>7}{'ideal':>7}{'off':>5}{'same':>6}")
+    for r in results:
+        print(f"{r['name']:<28}{_cell(r, 'tok_s', 9)}{_cell(r, 'speedup', 9)}"
+              f"{_cell(r, 'tokens_per_round', 10)}{_cell(r, 'acceptance', 8)}"
+              f"{_cell(r, 'mean_width', 7)}{_cell(r, 'ideal_tokens', 7)}"
+              f"{_cell(r, 'switched_off', 5)}{_cell(r, 'same_as_plain_until', 6)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
