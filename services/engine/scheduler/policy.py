@@ -191,7 +191,9 @@ def _with_drafts(state: SchedulerState, seq: Sequence, planned: PlannedSeq,
     stats.proposed = bool(drafts)
     width = choose_width(stats, getattr(proposer, "source", COPY), len(drafts), row_cost)
     if not width:
-        stats.idle_rounds += 1
+        # a due probe that found no proposal starts the count again (else the choice would
+        # never again decode behind its in-flight step: wants_drafts)
+        stats.idle_rounds = 0 if stats.idle_rounds >= PROBE_EVERY else stats.idle_rounds + 1
         return planned
     drafts = drafts[:width]
     return PlannedSeq(planned.handle, planned.epoch, planned.start, 1 + len(drafts),

@@ -173,3 +173,28 @@ def test_a_stop_inside_a_verified_run_keeps_no_terminal_state():
     plain.admit(request("a", prompt, 30, ignore_eos=False))
     run_until_idle(plain, plain_runner)             # without drafts it is kept
     assert any(step.kind == "snapshot" for step in plain_runner.steps)
+
+
+def test_a_choice_without_proposals_keeps_overlapping():
+    """Under two-frame overlap, a choice whose proposer finds nothing decodes behind its
+    in-flight step; a due probe that finds nothing does not stop that for good."""
+    from tests.engine.fakes import run_step_two_frames
+
+    class Nothing:
+        num_tokens = 4
+        source = COPY
+
+        def propose(self, tokens, limit):
+            return ()
+
+    prompt = prompt_of(11, salt=6)
+    scheduler, runner = make_engine(proposer=Nothing(), overlap=True)
+    scheduler.admit(request("a", prompt, 120))
+    outputs: dict = {}
+    while scheduler.has_work:
+        _, updates = run_step_two_frames(scheduler, runner)
+        collect(outputs, updates)
+    assert outputs["a"][0] == reference_tokens(prompt, 120, vocab=VOCAB)
+    followers = [i for i, step in enumerate(runner.steps)
+                 if any(s.feeds_pending for s in step.seqs)]
+    assert len(followers) > 80 and followers[-1] > len(runner.steps) - 5
