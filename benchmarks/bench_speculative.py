@@ -2,7 +2,8 @@
 against speculation off in the same run.
 
     python benchmarks/bench_speculative.py --out benchmarks/out/gpu
-    python benchmarks/bench_speculative.py --smoke        # CPU check of the script (tiny shape)
+    python benchmarks/bench_speculative.py --smoke        # CPU check of the script (tiny shape;
+                                                          # also what runs without CUDA)
 
 Random weights accept no real drafts, so the mechanism is measured with an oracle proposer:
 it offers the target's own greedy continuation (recorded by the plain run of the same
@@ -168,6 +169,12 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="CPU check: a tiny shape")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available() and not args.smoke:
+        print(f"no CUDA device: the {args.shape} shape needs one; running the tiny CPU smoke "
+              "instead", flush=True)
+        args.smoke = True
     config = dict(SHAPES[args.shape])
     if args.smoke:
         config.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
