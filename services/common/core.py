@@ -252,6 +252,12 @@ def _eos_ids(root: Path, config: dict[str, Any], tokenizer: dict[str, Any]) -> t
     return tuple(ids)
 
 
+def _family_quantization(config: dict[str, Any]) -> str:
+    """A quantization_config a family reads itself (gpt-oss's mxfp4), by its method."""
+    quant = config.get("quantization_config") or {}
+    return str(quant.get("quant_method") or "") if isinstance(quant, dict) else ""
+
+
 def _hash_files(root: Path, relatives: list[str]) -> dict[str, str]:
     # hashlib releases the GIL on large buffers: shards hash in parallel.
     workers = min(8, max(1, len(relatives)))
@@ -351,7 +357,7 @@ def inspect_model_dir(
         context_hint=context_hint,
         capacity_hint=capacity_hint,
         capture_batch_sizes=tuple(capture_batch_sizes),
-        quantization=scheme.name if scheme else "",
+        quantization=scheme.name if scheme else _family_quantization(config),
         created_at=int(time.time()),
         files=tuple(fingerprints),
     )

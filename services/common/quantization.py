@@ -33,6 +33,9 @@ from services.common.errors import UnsupportedError
 QUANTIZATIONS = ("", "fp8")          # the engine setting `quantization` ("" = the checkpoint's)
 WEIGHT_KINDS = ("block", "channel", "tensor")
 ACTIVATION_KINDS = ("group", "token", "static")
+# methods an architecture family reads itself (gpt-oss's MXFP4 experts, model/gpt_oss.py):
+# not an FP8 scheme of the decoder projections, which stay dense (or online FP8)
+FAMILY_METHODS = ("mxfp4",)
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -194,6 +197,8 @@ def parse_quantization(config: Mapping[str, Any], setting: str = "") -> Fp8Schem
     if not isinstance(quant, Mapping):
         raise _unsupported(f"{quant!r} is not a mapping")
     method = str(quant.get("quant_method") or "")
+    if method in FAMILY_METHODS:
+        return ONLINE_FP8 if setting == "fp8" else None
     if method == "fp8":
         return _parse_hf_fp8(quant)
     if method == "compressed-tensors":

@@ -136,6 +136,13 @@ def test_unsupported_quantization_is_named(tmp_path: Path, dense_dir: Path, quan
         parse_quantization({}, "int8")
 
 
+def test_family_quantization_passes_through() -> None:
+    """gpt-oss's MXFP4 experts are the family's own (model/gpt_oss.py), not refused here."""
+    mxfp4 = {"quantization_config": {"quant_method": "mxfp4"}}
+    assert parse_quantization(mxfp4) is None
+    assert parse_quantization(mxfp4, "fp8") == ONLINE_FP8
+
+
 def test_block_scheme_refuses_partial_blocks() -> None:
     from services.engine.model.registry import parse_model_config
 
