@@ -42,15 +42,20 @@ KINDS = ("token", "group", "static")
 @triton.jit
 def round_e4m3(v):
     """v (float32) clamped to +-448 and rounded to the nearest e4m3 value (ties to even),
-    so the cast that follows is exact. Normal range: Veltkamp's split keeps the top 4
-    significant bits (c = v (2^20 + 1); c - (c - v)); below 2^-6 (e4m3's subnormals, a fixed
-    2^-9 step) adding and subtracting 1.5 * 2^14 rounds to that step. The same bits as a
+    so the cast that follows is exact. Normal range (|v| >= 2^-6): integer rounding of the
+    float32 bits to 3 mantissa bits (add 0x7FFFF plus the lowest kept bit, clear the 20 low
+    bits; a carry moves into the exponent as it should); below, e4m3's subnormals (a fixed
+    2^-9 step): adding and subtracting 1.5 * 2^14 rounds to that step (an add and a
+    subtract, nothing Triton's default FMA contraction can fuse). The same bits as a
     round-to-nearest-even cast (checked against torch's over every e4m3 midpoint); Triton
     3.6's interpreter rounds its own cast wrongly (124.3 -> 64), this does not depend on it."""
     v = tl.clamp(v, -FP8_MAX, FP8_MAX)
-    c = v * 1048577.0
-    high = c - (c - v)
-    low = (v + 24576.0) - 24576.0
+    bits = v.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576
+    high = bits.to(tl.float32, bitcast=True)
+    low = tl.abs((v + 24576.0) - 24576.0)
+    negative = v.to(tl.int32, bitcast=True) < 0
+    low = tl.where(negative, -low, low)   # keeps the sign of a value that rounds to zero
     return tl.where(tl.abs(v) < 0.015625, low, high)
 
 
