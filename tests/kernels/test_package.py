@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 OPS = ("rms_norm", "fused_add_rms_norm", "apply_rotary", "silu_and_mul", "gelu_tanh_and_mul",
-       "write_kv", "paged_attention", "qkv_prologue", "linear", "norm_linear")
+       "write_kv", "paged_attention", "qkv_prologue", "linear", "norm_linear", "fp8_linear",
+       "fp8_norm_linear")
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -42,7 +43,7 @@ def test_names_follow_availability() -> None:
         "import json, os, sys, torch\n"
         "from services.engine import kernels\n"
         "if os.environ.get('TRITON_INTERPRET'):\n"
-        "    import services.engine.kernels.norm, services.engine.kernels.attention, services.engine.kernels.skinny_linear  # submodules first\n"
+        "    import services.engine.kernels.norm, services.engine.kernels.attention, services.engine.kernels.skinny_linear, services.engine.kernels.fp8_layers  # submodules first\n"
         f"names = {list(OPS)!r}\n"
         "print(json.dumps({'cuda': torch.cuda.is_available(), 'triton_loaded': 'triton' in sys.modules,"
         " 'present': [n for n in names if callable(getattr(kernels, n, None))]}))\n"
@@ -64,6 +65,7 @@ def test_signatures_match_the_model_ops_spec() -> None:
         norm,
         prologue,
         rotary,
+        fp8_layers,
         skinny_linear,
     )
 
@@ -81,6 +83,9 @@ def test_signatures_match_the_model_ops_spec() -> None:
         skinny_linear.linear: ["x", "weight", "bias"],
         skinny_linear.norm_linear: ["x", "residual", "norm_weight", "eps", "weight", "bias",
                                     "activation"],
+        fp8_layers.fp8_linear: ["x", "weight", "bias"],
+        fp8_layers.fp8_norm_linear: ["x", "residual", "norm_weight", "eps", "weight", "bias",
+                                     "activation"],
     }
     for fn, names in expected.items():
         positional = [
