@@ -46,7 +46,7 @@ def test_rowwise_gemm(backend, m, n, k, gen, monkeypatch):
                                   bias.cuda(), torch.bfloat16)
     finally:
         fp8_gemm.gemm_backend.cache_clear()
-    ref = dequant64(a, a_scale) @ w64.t() + bias.double()
+    ref = (dequant64(a, a_scale).cuda() @ w64.cuda().t()).cpu() + bias.double()
     assert out.shape == (m, n) and rel(out, ref) < 1e-2
     assert float((out.double().cpu() - ref).norm(dim=1).div(ref.norm(dim=1)).max()) < 3e-2
 
@@ -59,7 +59,7 @@ def test_block_gemm(m, gen):
     x = torch.randn(m, H, generator=gen)
     a, a_scale = quantize_activation(x, "group", 128)
     out = block_mm(a.cuda(), a_scale.cuda(), weight.qweight, weight.scale, None, torch.bfloat16)
-    assert rel(out, dequant64(a, a_scale) @ w64.t()) < 1e-2
+    assert rel(out, dequant64(a, a_scale).cuda() @ w64.cuda().t()) < 1e-2
 
 
 @pytest.mark.parametrize("scheme_name", list(SCHEMES))
@@ -83,7 +83,7 @@ def test_fp8_layers_at_qwen3_8b(scheme_name, rows, n, k, activation, gen):
         out = fp8_linear(x.cuda(), weight, None, out_dtype=torch.float32)
         inputs = x
     a64 = inputs.double() if rows == 1 else act64(inputs, weight)
-    y = a64 @ w64.t()
+    y = a64.cuda() @ w64.cuda().t()         # float64 on the GPU (the CPU would take seconds)
     if activation:
         gate, up = y.chunk(2, dim=-1)
         y = torch.nn.functional.silu(gate) * up
