@@ -61,11 +61,11 @@ def test_signatures_match_the_model_ops_spec() -> None:
     from services.engine.kernels import (
         activation,
         attention,
+        fp8_layers,
         kv_write,
         norm,
         prologue,
         rotary,
-        fp8_layers,
         skinny_linear,
     )
 
