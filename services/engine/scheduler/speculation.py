@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from services.engine.scheduler.costs import DurationEstimator, shape_label
 
 PRIOR_MEAN = 0.5          # an unobserved depth's acceptance probability
-PRIOR_WEIGHT = 2.0        # pseudo-observations behind the prior
+PRIOR_WEIGHT = 1.0        # pseudo-observations behind the prior
 DECAY = 0.9               # each new observation at a depth ages the older ones by this
 PROBE_EVERY = 16          # zero-width rounds between probes of one draft
 DEFAULT_ROW_COST = 0.05   # an extra verified row's cost relative to a decode, unmeasured
