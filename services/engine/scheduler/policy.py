@@ -75,6 +75,8 @@ def select(state: SchedulerState) -> list[PlannedSeq]:
         return True
 
     row_cost = _row_cost(state, len(decoding))
+    # drafts share what the step budget leaves after one token per decoding sequence
+    draft_room = max(0, config.max_num_batched_tokens - len(decoding))
     for seq in decoding:
         if seq.handle is None or seq.handle.slot not in state.running:
             continue                                # preempted by an older sequence
@@ -85,7 +87,8 @@ def select(state: SchedulerState) -> list[PlannedSeq]:
         elif seq.progress.resume_snapshot is not None:
             planned = _planned(seq, 0)
         else:
-            planned = _with_drafts(state, seq, _planned(seq, 1), row_cost)
+            planned = _with_drafts(state, seq, _planned(seq, 1), row_cost, draft_room)
+            draft_room -= len(planned.draft_token_ids)
         if obtain(seq, res.pages_for(planned.start + planned.num_tokens) - len(seq.page_ids)):
             chosen.append(planned)
             chosen_seqs.add(id(seq))
@@ -179,7 +182,7 @@ def _planned(seq: Sequence, tokens: int) -> PlannedSeq:
 
 
 def _with_drafts(state: SchedulerState, seq: Sequence, planned: PlannedSeq,
-                 row_cost: float) -> PlannedSeq:
+                 row_cost: float, room: int) -> PlannedSeq:
     """A decode that also verifies the proposer's drafts, within the output and context the
     choice has left, cut to the prefix its grammar accepts and to the width its acceptance
     statistics choose (speculation.py); the plain decode when that is zero."""
@@ -187,7 +190,7 @@ def _with_drafts(state: SchedulerState, seq: Sequence, planned: PlannedSeq,
     if proposer is None or not seq.request.request.speculative:
         return planned
     stats = seq.speculation
-    drafts = _proposals(state, seq)
+    drafts = _proposals(state, seq)[:room]
     stats.proposed = bool(drafts)
     width = choose_width(stats, getattr(proposer, "source", COPY), len(drafts), row_cost)
     if not width:

@@ -198,3 +198,19 @@ def test_a_choice_without_proposals_keeps_overlapping():
     followers = [i for i, step in enumerate(runner.steps)
                  if any(s.feeds_pending for s in step.seqs)]
     assert len(followers) > 80 and followers[-1] > len(runner.steps) - 5
+
+
+def test_drafts_stay_within_the_step_token_budget():
+    """Every decoding sequence advances; drafts only fill what max_num_batched_tokens leaves
+    (the runners' input buffers are sized from it)."""
+    prompts = [prompt_of(9, salt=40 + i) for i in range(8)]
+    oracles = [Oracle(p, 150, k=30) for p in prompts]
+    scheduler, runner = make_engine(proposer=Both(*oracles), max_num_batched_tokens=64,
+                                    max_num_seqs=8)
+    for i, prompt in enumerate(prompts):
+        scheduler.admit(request(f"r{i}", prompt, 150))
+    outputs = run_until_idle(scheduler, runner)
+    for i, prompt in enumerate(prompts):
+        assert outputs[f"r{i}"][0] == reference_tokens(prompt, 150, vocab=VOCAB)
+    widest = max(step.num_tokens for step in runner.steps if step.kind == "verify")
+    assert 56 < widest <= 64                  # the budget bound the widths
