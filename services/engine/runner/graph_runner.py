@@ -6,7 +6,12 @@
 Per step the host packs everything the device needs into a pinned input frame (fed tokens,
 positions, KV slots, the new page-table entries only, sampling inits) and uploads it with one
 copy per dtype on the model stream. A pure-decode step that fits a captured capacity replays
-that capacity's graph; prefill, mixed, resume and snapshot steps run the same body eagerly.
+that capacity's graph; a verification step (speculative decoding: sequences feeding their
+pending token plus drafts, beside plain decodes) replays the verification graph of its
+capacity and width (captured on first use), sampling every row with per-row inputs and
+advancing each slot by its emitted prefix on the device; its emitted tokens are recomputed
+on the host from the sampled ids (`verified_tokens`, the same rule). Prefill, mixed, resume
+and snapshot steps, and verifications no graph serves, run the same body eagerly.
 Sampling happens on the device from per-slot state (`SlotState`); the sampled ids travel back
 through a completion frame on the copy stream. A step that samples choices with a grammar
 uploads their allowed-token bitmasks with its frame into the slots' persistent bitmask rows,
