@@ -182,7 +182,6 @@ def main() -> int:
                       max_window_layers=2)
         args.input_len, args.output_len, args.batch, args.batch_output_len = 32, 24, 4, 12
         args.max_num_seqs, args.max_model_len = 8, 256
-    vocab = config["vocab_size"]
     rng = random.Random(0)
     results: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -191,6 +190,7 @@ def main() -> int:
         engine = _build(model_dir, args, speculative_method="ngram",
                         num_speculative_tokens=max(WIDTHS))
         proposer_off = engine.scheduler.state.config.proposer
+        vocab = engine.scheduler.limits.vocab_size     # the tokenizer's ids (no padding rows)
         _with_proposer(engine, None)
         prompt = [rng.randrange(vocab) for _ in range(args.input_len)]
         _serve(engine, [_request("warm", prompt[:32], 8)])
