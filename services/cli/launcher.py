@@ -156,11 +156,12 @@ class Launcher:
         return None
 
     def _wait_ready(self) -> bool:
-        """Wait for every service to serve, showing their start-up phases as they go (live
-        on a terminal without the dashboard, as log lines otherwise)."""
+        """Wait for every service to serve, showing their start-up phases as they go: live
+        lines on the terminal when the services log to files (the dashboard will own the
+        terminal), log lines among the services' own otherwise."""
         progress = StartupProgress(
             {name: self._progress_file(name) for name in SERVICE_ORDER},
-            terminal=sys.stderr.isatty() and not self.options.dashboard)
+            terminal=sys.stderr.isatty() and self.options.dashboard)
         try:
             return self._poll_ready(progress)
         finally:

@@ -1,5 +1,6 @@
 """`helios run`'s start-up progress: every service's phases as it reports them
-(services/common/startup.py), live on a terminal, as log lines otherwise.
+(services/common/startup.py), as live lines on a terminal the services do not write to (they
+log to files when the dashboard will own it), as log lines otherwise.
 
     display = StartupProgress(files, terminal=sys.stderr.isatty())
     display.update(ready)        # poll: new phases, which services serve
