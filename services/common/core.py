@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.assets import sha256_file
+from services.common.digest_cache import sha256_files
 from services.common.errors import ManifestError, ValidationError
 from services.common.quantization import parse_quantization
 
@@ -259,11 +260,15 @@ def _family_quantization(config: dict[str, Any]) -> str:
 
 
 def _hash_files(root: Path, relatives: list[str]) -> dict[str, str]:
-    # hashlib releases the GIL on large buffers: shards hash in parallel.
-    workers = min(8, max(1, len(relatives)))
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        digests = pool.map(lambda rel: sha256_file(root / rel), relatives)
-        return dict(zip(relatives, digests, strict=True))
+    """SHA-256 per file: remembered while a file is unchanged (digest_cache.py), else hashed
+    (hashlib releases the GIL on large buffers: shards hash in parallel)."""
+    def compute(paths: list[Path]) -> list[str]:
+        workers = min(8, max(1, len(paths)))
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(sha256_file, paths))
+
+    digests = sha256_files([root / rel for rel in relatives], compute)
+    return {rel: digests[root / rel] for rel in relatives}
 
 
 def _identity(architecture: str, fingerprints: list[FileFingerprint], template_sha: str) -> str:
