@@ -15,13 +15,14 @@ import hashlib
 import threading
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from services.engine.model.attention import kv_slot
 from services.engine.runner.layout import layout_step, verified_tokens
 from services.engine.scheduler.plan import Completion, SeqResult, Step
-from services.engine.scheduler.requests import PromptLogprob, RequestUpdate
+from services.engine.scheduler.requests import EngineRequest, PromptLogprob, RequestUpdate
 from services.engine.scheduler.scheduler import Scheduler, choice_seed
 
 
@@ -209,6 +210,48 @@ def run_step(scheduler: Scheduler, runner: FakeRunner) -> tuple[bool, list[Reque
         updates.extend(scheduler.complete(completion))
         completed = True
     return plan is not None or completed, updates
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A request admitted at `step`, cancelled `cancel_after` steps later (None: never)."""
+
+    step: int
+    request: EngineRequest
+    cancel_after: int | None = None
+
+
+def run_arrivals(scheduler: Scheduler, runner: FakeRunner, arrivals: Sequence[Arrival], *,
+                 hold_every: int = 0, max_steps: int = 4000
+                 ) -> tuple[dict[str, dict[int, list[int]]], set[str]]:
+    """Random-workload driver: admit each arrival at its step, cancel the ones due, hold every
+    (hold_every + 1)-th step's completions back, and run until idle (asserting progress).
+    Returns request id -> choice -> tokens, and the ids a cancel actually stopped."""
+    pending = sorted(arrivals, key=lambda arrival: arrival.step)
+    cancel_at: dict[str, int] = {}
+    cancelled: set[str] = set()
+    outputs: dict[str, dict[int, list[int]]] = {}
+    for step in range(max_steps):
+        while pending and pending[0].step <= step:
+            arrival = pending.pop(0)
+            scheduler.admit(arrival.request)
+            if arrival.cancel_after is not None:
+                cancel_at[arrival.request.request_id] = step + arrival.cancel_after
+        for rid, when in list(cancel_at.items()):
+            if when <= step:
+                del cancel_at[rid]
+                if scheduler.cancel(rid) is not None:
+                    cancelled.add(rid)
+        runner.hold = bool(hold_every) and step % (hold_every + 1) == 0
+        if not runner.hold:
+            runner.release()
+        ran, updates = run_step(scheduler, runner)
+        collect(outputs, updates)
+        if not pending and not scheduler.has_work:
+            break
+        assert ran or pending or runner.held or scheduler.state.in_flight, "stalled"
+    assert not scheduler.has_work
+    return outputs, cancelled
 
 
 def run_until_idle(scheduler: Scheduler, runner: FakeRunner, max_steps: int = 10_000

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.engine.prefix.history import BLOCK_TOKENS, PrefixHistory
-from tests.engine.fakes import reference_tokens, run_step
+from tests.engine.fakes import Arrival, reference_tokens, run_arrivals, run_step
 from tests.engine.scheduler.conftest import VOCAB, make_engine, prompt_of, request
 
 
@@ -141,41 +141,20 @@ def test_random_workload_with_a_host_tier_is_exact_and_leaks_nothing(
     res = scheduler.state.resources
     assert res.host is not None
     expected: dict[str, tuple[list[int], int]] = {}
-    cancel_at: dict[str, int] = {}
-    cancelled: set[str] = set()
-    outputs: dict[str, list[int]] = {}
-    pending = sorted(enumerate(requests), key=lambda item: item[1][5])
     budget = (num_pages - 2) * page_size - 16
-    for step in range(4000):
-        while pending and pending[0][1][5] <= step:
-            i, (prefix, length, suffix, max_tokens, cancel, _) = pending.pop(0)
-            prompt = (prompt_of(330, salt=prefix)[:length] +
-                      prompt_of(suffix, salt=100 + i))[:budget]
-            max_tokens = min(max_tokens, budget + 16 - len(prompt))
-            rid = f"r{i}"
-            scheduler.admit(request(rid, prompt, max_tokens, seed=i))
-            expected[rid] = (prompt, max_tokens)
-            if cancel < 12:
-                cancel_at[rid] = step + cancel
-        for rid, when in list(cancel_at.items()):
-            if when <= step:
-                del cancel_at[rid]
-                if scheduler.cancel(rid) is not None:
-                    cancelled.add(rid)
-        runner.hold = bool(hold_every) and step % (hold_every + 1) == 0
-        if not runner.hold:
-            runner.release()
-        ran, updates = run_step(scheduler, runner)
-        for update in updates:
-            for delta in update.deltas:
-                outputs.setdefault(update.request_id, []).extend(delta.token_ids)
-        if not pending and not scheduler.has_work:
-            break
-        assert ran or pending or runner.held or scheduler.state.in_flight, "stalled"
-    assert not scheduler.has_work
+    arrivals = []
+    for i, (prefix, length, suffix, max_tokens, cancel, at) in enumerate(requests):
+        prompt = (prompt_of(330, salt=prefix)[:length] +
+                  prompt_of(suffix, salt=100 + i))[:budget]
+        max_tokens = min(max_tokens, budget + 16 - len(prompt))
+        rid = f"r{i}"
+        arrivals.append(Arrival(at, request(rid, prompt, max_tokens, seed=i),
+                                cancel if cancel < 12 else None))
+        expected[rid] = (prompt, max_tokens)
+    outputs, cancelled = run_arrivals(scheduler, runner, arrivals, hold_every=hold_every)
     for rid, (prompt, max_tokens) in expected.items():
         if rid not in cancelled:
-            assert outputs[rid] == reference_tokens(prompt, max_tokens, seed=int(rid[1:]),
+            assert outputs[rid][0] == reference_tokens(prompt, max_tokens, seed=int(rid[1:]),
                                                     vocab=VOCAB), rid
     assert res.pages.num_free + res.cache.num_cached_pages == res.pages.capacity
     host = res.host

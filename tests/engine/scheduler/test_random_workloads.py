@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.engine.fakes import reference_tokens, run_step
+from tests.engine.fakes import Arrival, reference_tokens, run_arrivals
 from tests.engine.scheduler.conftest import VOCAB, make_engine, prompt_of, request
 
 _request = st.tuples(
@@ -35,39 +35,18 @@ def test_random_workload_is_exact_and_leaks_nothing(requests, num_pages, page_si
                                     max_num_seqs=slots, num_snapshots=12,
                                     max_num_batched_tokens=96)
     expected: dict[str, tuple[list[int], int, int]] = {}
-    cancel_at: dict[str, int] = {}
-    pending = sorted(enumerate(requests), key=lambda item: item[1][6])
-    outputs: dict[str, dict[int, list[int]]] = {}
-    cancelled: set[str] = set()
-    for step in range(3000):
-        while pending and pending[0][1][6] <= step:
-            i, (prefix, length, suffix, max_tokens, n, cancel, _) = pending.pop(0)
-            prompt = prompt_of(90, salt=prefix)[:length] + prompt_of(suffix, salt=100 + i)
-            prompt = prompt[:(num_pages - 2) * page_size // 2]   # leave room for output
-            ends = (length,) if 0 < length < len(prompt) else ()
-            rid = f"r{i}"
-            max_tokens = min(max_tokens, (num_pages - 2) * page_size - len(prompt))
-            scheduler.admit(request(rid, prompt, max_tokens, seed=i, n=n, ends=ends))
-            expected[rid] = (prompt, max_tokens, n)
-            if cancel < 15:
-                cancel_at[rid] = step + cancel
-        for rid, when in list(cancel_at.items()):
-            if when <= step:
-                del cancel_at[rid]
-                if scheduler.cancel(rid) is not None:
-                    cancelled.add(rid)
-        runner.hold = bool(hold_every) and step % (hold_every + 1) == 0
-        if not runner.hold:
-            runner.release()
-        ran, updates = run_step(scheduler, runner)
-        for update in updates:
-            for delta in update.deltas:
-                outputs.setdefault(update.request_id, {}).setdefault(delta.index, []).extend(
-                    delta.token_ids)
-        if not pending and not scheduler.has_work:
-            break
-        assert ran or pending or runner.held or scheduler.state.in_flight, "stalled"
-    assert not scheduler.has_work
+    arrivals = []
+    for i, (prefix, length, suffix, max_tokens, n, cancel, at) in enumerate(requests):
+        prompt = prompt_of(90, salt=prefix)[:length] + prompt_of(suffix, salt=100 + i)
+        prompt = prompt[:(num_pages - 2) * page_size // 2]   # leave room for output
+        ends = (length,) if 0 < length < len(prompt) else ()
+        rid = f"r{i}"
+        max_tokens = min(max_tokens, (num_pages - 2) * page_size - len(prompt))
+        arrivals.append(Arrival(at, request(rid, prompt, max_tokens, seed=i, n=n, ends=ends),
+                                cancel if cancel < 15 else None))
+        expected[rid] = (prompt, max_tokens, n)
+    outputs, cancelled = run_arrivals(scheduler, runner, arrivals, hold_every=hold_every,
+                                      max_steps=3000)
     for rid in expected:
         if rid in cancelled:
             continue
