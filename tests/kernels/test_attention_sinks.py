@@ -115,14 +115,18 @@ def test_sinks_change_the_output_and_minus_infinity_is_no_sink(num_splits, devic
     assert reference.rel_error(sunk, plain.double()) > 0.05
 
 
-@pytest.mark.parametrize("bad", [torch.zeros(3), torch.zeros(4, 1), torch.zeros(4, dtype=torch.int32),
-                                 torch.zeros(8)[::2]])
+# made on the device: copying a strided view to the GPU would make it contiguous
+@pytest.mark.parametrize("bad", [lambda d: torch.zeros(3, device=d),
+                                 lambda d: torch.zeros(4, 1, device=d),
+                                 lambda d: torch.zeros(4, dtype=torch.int32, device=d),
+                                 lambda d: torch.zeros(8, device=d)[::2]],
+                         ids=["short", "2-d", "int32", "strided"])
 def test_bad_sinks_are_refused(bad, device, dot_dtype, gen) -> None:
     batch = make_batch([9], [1], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16,
                        device=device, dtype=dot_dtype, generator=gen)
     with pytest.raises((ValidationError, UnsupportedError), match="sinks"):
         paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, 0.1,
-                        sinks=bad.to(device))
+                        sinks=bad(device))
 
 
 def test_model_reference_paths_match_the_float64_reference(gen) -> None:

@@ -81,6 +81,13 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double().cpu() - b.double().cpu()).norm() / b.double().cpu().norm())
 
 
+def fp32_gemm_tol(device: torch.device) -> float:
+    """Relative error a float32-output FP8 GEMM may have. The interpreter sums in float32;
+    Hopper's FP8 tensor cores keep fewer bits in their accumulator (about 14, as DeepSeek-V3
+    reports): 1.1e-4 to 2.5e-4 measured on the H200, still 16x under bf16's rounding step."""
+    return 1e-3 if device.type == "cuda" else 1e-5
+
+
 @pytest.mark.parametrize("kind", ["token", "group", "static"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_quantize_matches_reference_bits(kind, dtype, device, gen):
@@ -145,7 +152,7 @@ def test_triton_gemm(blockwise, m, n, k, out_dtype, device, gen):
                              bias.to(device).to(out_dtype), out_dtype, blockwise=blockwise)
     ref = dequant64(a, a_scale) @ w64.t() + bias.to(out_dtype).double()
     assert out.dtype == out_dtype and out.shape == (m, n)
-    assert rel(out, ref) < (1e-5 if out_dtype == torch.float32 else 1e-2)
+    assert rel(out, ref) < (fp32_gemm_tol(device) if out_dtype == torch.float32 else 1e-2)
 
 
 def test_rowwise_static_scale(device, gen):
@@ -155,7 +162,7 @@ def test_rowwise_static_scale(device, gen):
     a, a_scale = quantize_activation(x, "static", 128, torch.tensor([0.01]))
     out = fp8_gemm.rowwise_mm(a.to(device), a_scale.to(device), weight.qweight, weight.scale,
                               None, torch.float32)
-    assert rel(out, dequant64(a, a_scale) @ w64.t()) < 1e-5
+    assert rel(out, dequant64(a, a_scale) @ w64.t()) < fp32_gemm_tol(device)
 
 
 @pytest.mark.parametrize("scheme_name", list(SCHEMES))
@@ -169,7 +176,9 @@ def test_fp8_linear(scheme_name, rows, device, gen):
     # one row: the skinny kernel dequantizes the weight (the activations stay bf16)
     a64 = x.double() if rows == 1 else act64(x, weight)
     ref = a64 @ w64.t() + bias.double()
-    assert out.dtype == torch.float32 and rel(out, ref) < 1e-5
+    # one row: the skinny kernel's float32 sums; more: the tensor-core GEMM
+    tol = 1e-5 if rows == 1 else fp32_gemm_tol(device)
+    assert out.dtype == torch.float32 and rel(out, ref) < tol
 
 
 @pytest.mark.parametrize(("rows", "scheme_name", "activation"), [

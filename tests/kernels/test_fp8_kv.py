@@ -60,9 +60,11 @@ def test_prologue_writes_fp8_pages(device, gen):
     qkv = torch.randn(5, 4 * 16 + 2 * 2 * 16, generator=gen).to(torch.float16)
     positions = torch.tensor([0, 1, 2, 7, 9])
     slots = torch.tensor([4, 5, 6, -1, 11])
-    pages = [torch.zeros(4, 4, 2, 16, dtype=E4M3) for _ in range(4)]
+    # the kernel's pages made on its device (a copy made by .to() would not see its writes)
+    pages = [torch.zeros(4, 4, 2, 16, dtype=E4M3, device=device) for _ in range(2)]
+    pages += [torch.zeros(4, 4, 2, 16, dtype=E4M3) for _ in range(2)]
     qkv_prologue(qkv.to(device), None, None, 1e-6, positions.to(device), table.to(device), True,
-                 pages[0].to(device), pages[1].to(device), slots.to(device), 4, 2)
+                 pages[0], pages[1], slots.to(device), 4, 2)
     ops.composed_qkv_prologue(qkv, None, None, 1e-6, positions, table, True, pages[2], pages[3],
                               slots, 4, 2)
     for got, want in zip(pages[:2], pages[2:], strict=True):

@@ -54,8 +54,10 @@ def round_e4m3(v):
     bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576
     high = bits.to(tl.float32, bitcast=True)
     low = tl.abs((v + 24576.0) - 24576.0)
-    negative = v.to(tl.int32, bitcast=True) < 0
-    low = tl.where(negative, -low, low)   # keeps the sign of a value that rounds to zero
+    # v's sign bit put back by bits: a value that rounds to zero keeps it (-0.0, as torch's
+    # cast gives; a compiled negation is 0 - x, which makes +0.0)
+    sign = (v.to(tl.int32, bitcast=True) >> 31) << 31
+    low = (low.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(v) < 0.015625, low, high)
 
 

@@ -57,11 +57,15 @@ class MoEPlan:
     max_blocks: int
 
 
-def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int
-             ) -> MoEPlan:
+def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int,
+             tiles: tuple[int, int, int, int, int, int, int] | None = None) -> MoEPlan:
+    """Tiles by rows per expert; `tiles` (block_m, n1, k1, n2, k2, warps, stages) overrides
+    them (a benchmark's sweep)."""
     slots = num_tokens * top_k
     per_expert = slots / num_experts
-    if per_expert <= 16:       # decode: one or a few rows per expert, bandwidth-bound
+    if tiles is not None:
+        block_m, n1, k1, n2, k2, warps, stages = tiles
+    elif per_expert <= 16:     # decode: one or a few rows per expert, bandwidth-bound
         block_m, n1, k1, n2, k2, warps, stages = 16, 32, 128, 32, 128, 4, 4
     elif per_expert <= 64:
         block_m, n1, k1, n2, k2, warps, stages = 32, 64, 64, 64, 64, 4, 3
@@ -289,14 +293,14 @@ def _run(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
          topk_ids: torch.Tensor, top_k: int, renormalize: bool,
          gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None, activation: str,
          limit: float, alpha: float, expert_tokens: torch.Tensor | None,
-         num_real_tokens: torch.Tensor | None) -> torch.Tensor:
+         num_real_tokens: torch.Tensor | None, plan: MoEPlan | None = None) -> torch.Tensor:
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = w_gate_up.shape
     inter = two_inter // 2
     out = torch.empty_like(x)
     if num_tokens == 0:
         return out
-    plan = plan_moe(num_tokens, top_k, num_experts, hidden, inter)
+    plan = plan or plan_moe(num_tokens, top_k, num_experts, hidden, inter)
     slots = num_tokens * top_k
     device = x.device
     sorted_rows = torch.empty(plan.max_rows, dtype=torch.int32, device=device)
@@ -368,10 +372,11 @@ def fused_moe_routed(x: torch.Tensor, router_logits: torch.Tensor, w_gate_up: to
               gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
               activation: str = "silu", limit: float = 7.0, alpha: float = 1.702,
               expert_tokens: torch.Tensor | None = None,
-              num_real_tokens: torch.Tensor | None = None
+              num_real_tokens: torch.Tensor | None = None, plan: MoEPlan | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Routing fused in: softmax top-k of router_logits [T, E] (moe.softmax_topk) in the
-    align kernel, then the experts. -> (out [T, H], topk_weights, topk_ids)."""
+    align kernel, then the experts. -> (out [T, H], topk_weights, topk_ids). `plan`
+    overrides plan_moe's tiles (benchmarks/bench_fused_moe.py's sweep)."""
     _check(x, w_gate_up, w_down, top_k, activation, gate_up_bias, down_bias)
     if tuple(router_logits.shape) != (x.shape[0], w_gate_up.shape[0]):
         raise ValidationError(f"fused_moe: router logits {tuple(router_logits.shape)}")
@@ -379,5 +384,5 @@ def fused_moe_routed(x: torch.Tensor, router_logits: torch.Tensor, w_gate_up: to
     ids = torch.empty(x.shape[0], top_k, dtype=torch.int32, device=x.device)
     out = _run(x, w_gate_up, w_down, router_logits, weights, ids, top_k, renormalize,
                gate_up_bias, down_bias, activation, limit, alpha, expert_tokens,
-               num_real_tokens)
+               num_real_tokens, plan)
     return out, weights, ids

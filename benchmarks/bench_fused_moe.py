@@ -1,0 +1,189 @@
+"""The fused-MoE kernels alone on the H200: time per call, weight bandwidth, per-kernel split
+and a tile sweep (issue 18's tuning).
+
+    python benchmarks/bench_fused_moe.py --out benchmarks/out/gpu      # ~2 minutes on one H200
+
+For each shape (Qwen3-30B-A3B: 128 experts, top 8, H 2048, I 768; gpt-oss-20b: 32 experts,
+top 4, H 2880, I 2880, biases and clamped SwiGLU) and decode batch T, one
+`fused_moe_routed` call (route + align, gate/up, down, top-k sum) captured in a CUDA graph
+and replayed: microseconds per call, the expert weights the call reads (the experts its
+routing selected) and that as a fraction of the 4.27 TB/s copy rate (PERFORMANCE.md). The
+per-kernel split comes from torch.profiler over eager calls. The sweep times gate/up tiles
+with the down tiles fixed and then the reverse (their times add), at T = 1 and 64, and
+prints the best against plan_moe's choice. Writes fused_moe.json under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from services.engine.kernels.fused_moe import fused_moe_routed, plan_moe
+
+COPY_TB_S = 4.27
+SHAPES = {   # experts, top_k, hidden, inter, activation, biases
+    "qwen3-30b-a3b": (128, 8, 2048, 768, "silu", False),
+    "gpt-oss-20b": (32, 4, 2880, 2880, "swiglu_oai", True),
+}
+
+
+class Case:
+    """One shape's weights (bf16, on the GPU) and a batch's activations and routing logits."""
+
+    def __init__(self, shape: tuple, tokens: int, seed: int = 0) -> None:
+        experts, self.top_k, hidden, inter, self.activation, bias = shape
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        kw = dict(device="cuda", dtype=torch.bfloat16, generator=gen)
+        self.w1 = torch.randn(experts, 2 * inter, hidden, **kw) * hidden ** -0.5
+        self.w2 = torch.randn(experts, hidden, inter, **kw) * inter ** -0.5
+        self.b1 = torch.randn(experts, 2 * inter, **kw) * 0.1 if bias else None
+        self.b2 = torch.randn(experts, hidden, **kw) * 0.1 if bias else None
+        self.x = torch.randn(tokens, hidden, **kw)
+        self.logits = torch.randn(tokens, experts, device="cuda", generator=gen)
+        self.load = torch.zeros(experts, dtype=torch.int64, device="cuda")
+        self.real = torch.tensor([tokens], dtype=torch.int32, device="cuda")
+        self.expert_bytes = (self.w1[0].numel() + self.w2[0].numel()) * 2
+        self.shape = shape
+
+    def call(self, tiles: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        experts, top_k, hidden, inter = self.shape[:4]
+        plan = (plan_moe(self.x.shape[0], top_k, experts, hidden, inter, tiles)
+                if tiles is not None else None)
+        out, _, ids = fused_moe_routed(
+            self.x, self.logits, self.w1, self.w2, top_k, True, gate_up_bias=self.b1,
+            down_bias=self.b2, activation=self.activation, expert_tokens=self.load,
+            num_real_tokens=self.real, plan=plan)
+        return out, ids
+
+    def weight_bytes(self) -> int:
+        _, ids = self.call()
+        return int(torch.unique(ids).numel()) * self.expert_bytes
+
+
+def graph_us(case: Case, tiles: tuple | None = None, replays: int = 200) -> float:
+    """Microseconds per call, replayed in a CUDA graph of 10 calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            case.call(tiles)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(10):
+            case.call(tiles)
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays // 10):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / replays
+
+
+def kernel_split(case: Case) -> dict[str, float]:
+    """Microseconds per call of each kernel (torch.profiler over 20 eager calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    case.call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            case.call()
+        torch.cuda.synchronize()
+    split: dict[str, float] = defaultdict(float)
+    for event in prof.key_averages():
+        total = getattr(event, "device_time_total", None)
+        if total is None:
+            total = getattr(event, "cuda_time_total", 0.0)
+        if total and "kernel" in event.key.lower():
+            split[event.key] += total / 20
+    return dict(sorted(split.items(), key=lambda kv: -kv[1]))
+
+
+def sweep(case: Case) -> dict:
+    experts, top_k, hidden, inter = case.shape[:4]
+    base = plan_moe(case.x.shape[0], top_k, experts, hidden, inter)
+    default = (base.block_m, base.block_n1, base.block_k1, base.block_n2, base.block_k2,
+               base.num_warps, base.num_stages)
+    rows: list[dict] = []
+
+    def timed(tiles: tuple) -> float | None:
+        try:
+            return graph_us(case, tiles, replays=100)
+        except Exception as exc:  # a tile the compiler refuses (shared memory): skipped
+            print(f"    tiles {tiles}: {type(exc).__name__}", flush=True)
+            return None
+
+    best = list(default)
+    for part in ("gate_up", "down"):
+        results = []
+        for n in (16, 32, 64):
+            for k in (64, 128, 256):
+                for warps in (2, 4):
+                    for stages in (3, 4):
+                        tiles = list(best)
+                        if part == "gate_up":
+                            tiles[1], tiles[2] = n, k
+                        else:
+                            tiles[3], tiles[4] = n, k
+                        tiles[5], tiles[6] = warps, stages
+                        us = timed(tuple(tiles))
+                        if us is not None:
+                            results.append((us, tuple(tiles)))
+                            rows.append({"part": part, "tiles": tiles, "us": us})
+        results.sort()
+        best = list(results[0][1])
+        print(f"    best after the {part} sweep: {results[0][0]:.1f} us with {results[0][1]}",
+              flush=True)
+    return {"default": default, "default_us": timed(default), "best": best,
+            "best_us": timed(tuple(best)), "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--tokens", default="1,4,16,64,256")
+    parser.add_argument("--sweep-tokens", default="1,64", help="'' for no sweep")
+    parser.add_argument("--sweep-shapes", default="qwen3-30b-a3b")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    args = parser.parse_args()
+    report: dict = {"gpu": torch.cuda.get_device_name(), "copy_tb_s": COPY_TB_S, "shapes": {}}
+    for name in args.shapes.split(","):
+        shape = SHAPES[name]
+        entry: dict = {"levels": [], "sweeps": {}}
+        for tokens in map(int, args.tokens.split(",")):
+            case = Case(shape, tokens)
+            us = graph_us(case)
+            weights = case.weight_bytes()
+            limit_us = weights / (COPY_TB_S * 1e12) * 1e6
+            split = kernel_split(case)
+            entry["levels"].append({"tokens": tokens, "us": us, "weight_bytes": weights,
+                                    "limit_us": limit_us, "of_limit": limit_us / us,
+                                    "kernels_us": split})
+            kernels = ", ".join(f"{k.split('(')[0][:28]} {v:.1f}" for k, v in split.items())
+            print(f"{name} T={tokens:4d}: {us:7.1f} us/call, {weights / 1e6:7.1f} MB of experts"
+                  f" ({limit_us:5.1f} us at {COPY_TB_S} TB/s: {limit_us / us:.2f} of limit);"
+                  f" kernels: {kernels}", flush=True)
+        sweeps = args.sweep_tokens.split(",") if name in args.sweep_shapes.split(",") else []
+        for tokens in (int(t) for t in sweeps if t):
+            print(f"{name} T={tokens}: tile sweep", flush=True)
+            entry["sweeps"][tokens] = result = sweep(Case(shape, tokens))
+            print(f"  plan_moe {result['default']}: {result['default_us']:.1f} us; best "
+                  f"{result['best']}: {result['best_us']:.1f} us", flush=True)
+        report["shapes"][name] = entry
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "fused_moe.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
