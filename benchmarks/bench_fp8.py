@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -159,7 +160,7 @@ def run_engine(row: EngineRow, levels: list[int], decode: bool, model_dir: Path,
         if args.smoke:
             flags += ["--kv-cache-bytes", str(64 << 20), "--runner", "graph"]
         started = time.perf_counter()
-        log = Path(args.out) / f"engine-fp8-{row.label.replace(' ', '_')}.log"
+        log = Path(args.out) / f"engine-fp8-{re.sub(r'[^A-Za-z0-9]+', '_', row.label)}.log"
         with ServiceProcess.start(flags, log) as engine:
             engine.wait_grpc_serving(address, timeout=args.startup_timeout)
             row.startup_s = time.perf_counter() - started

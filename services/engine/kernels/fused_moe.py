@@ -26,6 +26,11 @@ w_down [E, H, I], topk [T, k]). Four launches, none of them reading a value on t
 3. `_down_kernel`, grid (row blocks, H / BLOCK_N): the intermediate rows times the expert's
    down projection, + bias, times the slot's routing weight (fp32 [T*k, H]).
 4. `_topk_sum_kernel`: out[t] = sum over the k slots of token t, one rounding to x's dtype.
+
+Variants: token counts are not specialized (`do_not_specialize`), and every constant that
+depends on T comes from plan_moe's tier, so a model meets at most three variants of each
+kernel; `tier_token_counts` names a T per tier and the engine runs each at start-up, so no
+step compiles while serving (a first compile there stalled serving for seconds).
 """
 
 from __future__ import annotations
@@ -55,6 +60,20 @@ class MoEPlan:
     num_stages: int
     max_rows: int        # sorted-row buffer: T*k + min(T*k, E) * (block_m - 1)
     max_blocks: int
+    decode: bool = True  # the decode tier (one or a few rows per expert)
+
+
+DECODE_ROWS_PER_EXPERT = 16    # plan_moe's tiers, by slots per expert (T * k / E)
+MID_ROWS_PER_EXPERT = 64
+
+
+def tier_token_counts(max_tokens: int, top_k: int, num_experts: int) -> tuple[int, ...]:
+    """The smallest token count of each plan_moe tier, up to max_tokens. The kernels take
+    token counts unspecialized and their other constants from the tier, so one call at each
+    of these compiles every variant a model's steps can meet (model/moe.py's warm-up)."""
+    firsts = [1] + [rows * num_experts // top_k + 1
+                    for rows in (DECODE_ROWS_PER_EXPERT, MID_ROWS_PER_EXPERT)]
+    return tuple(t for t in firsts if t <= max_tokens)
 
 
 def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int,
@@ -65,9 +84,10 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: 
     per_expert = slots / num_experts
     if tiles is not None:
         block_m, n1, k1, n2, k2, warps, stages = tiles
-    elif per_expert <= 16:     # decode: one or a few rows per expert, bandwidth-bound
+    elif per_expert <= DECODE_ROWS_PER_EXPERT:   # decode: a few rows per expert, bandwidth
+        # -bound
         block_m, n1, k1, n2, k2, warps, stages = 16, 32, 128, 32, 128, 4, 4
-    elif per_expert <= 64:
+    elif per_expert <= MID_ROWS_PER_EXPERT:
         block_m, n1, k1, n2, k2, warps, stages = 32, 64, 64, 64, 64, 4, 3
     else:                      # prefill: tensor-core tiles
         block_m, n1, k1, n2, k2, warps, stages = 64, 64, 64, 128, 64, 8, 3
@@ -76,10 +96,11 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: 
     n1 = min(n1, max(16, next_power_of_2(inter)))
     n2 = min(n2, max(16, next_power_of_2(hidden)))
     max_rows = slots + min(slots, num_experts) * (block_m - 1)
-    return MoEPlan(block_m, n1, k1, n2, k2, warps, stages, max_rows, cdiv(max_rows, block_m))
+    return MoEPlan(block_m, n1, k1, n2, k2, warps, stages, max_rows, cdiv(max_rows, block_m),
+                   per_expert <= DECODE_ROWS_PER_EXPERT)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "max_rows", "max_blocks"])   # one variant a tier
 def _route_align_kernel(
     logits_ptr, stride_logits, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
     num_rows_ptr, cursor_ptr, load_ptr, num_real_ptr,
@@ -171,7 +192,7 @@ def _swiglu(gate, up, limit, alpha, ACTIVATION: tl.constexpr):
     return y
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])
 def _gate_up_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, sorted_ptr, block_expert_ptr, num_rows_ptr,
     num_slots, hidden, inter, stride_x, stride_we, stride_wn, stride_out, limit, alpha,
@@ -213,7 +234,7 @@ def _gate_up_kernel(
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=valid[:, None] & cmask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots"])
 def _down_kernel(
     h_ptr, w_ptr, bias_ptr, weights_ptr, out_ptr, sorted_ptr, block_expert_ptr, num_rows_ptr,
     num_slots, hidden, inter, stride_h, stride_we, stride_wn, stride_out,
@@ -320,9 +341,8 @@ def _run(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
         TOP_K=top_k, RENORMALIZE=renormalize, ROUTE=route, COUNT=count,
         BLOCK_M=plan.block_m, E_PAD=next_power_of_2(num_experts),
         K_PAD=next_power_of_2(top_k),
-        CHUNK=min(1024, max(16, next_power_of_2(max(slots, plan.max_rows)))),
-        ROWS=min(64, next_power_of_2(num_tokens)), BLOCKS=32,
-        num_warps=4 if num_tokens <= 64 else 8)
+        CHUNK=256 if plan.decode else 1024, ROWS=16 if plan.decode else 64, BLOCKS=32,
+        num_warps=4 if plan.decode else 8)
     # fp32 operands multiply exactly (the CPU-parity runs); bf16/fp16 on tensor cores
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     hidden_rows = torch.empty(slots, inter, dtype=x.dtype, device=device)

@@ -344,6 +344,14 @@ def reset_expert_load(model: nn.Module) -> None:
             counter.zero_()
 
 
+def warm_up_experts(model: nn.Module, max_tokens: int) -> None:
+    """Every sparse block's `warm_up` (a no-op for dense models and off CUDA)."""
+    with torch.inference_mode():
+        for module in model.modules():
+            if isinstance(module, SparseMoeBlock):
+                module.warm_up(max_tokens)
+
+
 def expert_weight_bytes(model: nn.Module) -> int:
     """Bytes of every `Experts` module's weights and biases (the bulk of an MoE model)."""
     return sum(p.numel() * p.element_size() for m in model.modules()
@@ -381,7 +389,24 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """x [T, H] (normed) -> [T, H]; adds the real rows' (those before
         query_start_loc[-1]: padding rows come after) routing to `expert_tokens`."""
-        num_real = meta.query_start_loc[-1:]
+        return self.mix(x, meta.query_start_loc[-1:])
+
+    def warm_up(self, max_tokens: int) -> None:
+        """Run the expert kernels once at a token count of each of their tiers up to
+        max_tokens (kernels/fused_moe.tier_token_counts), so every variant a step can meet
+        compiles at start-up rather than in a step while serving. What these runs count is
+        cleared by `reset_expert_load` after start-up."""
+        weight = self.experts.w_gate_up
+        if not weight.is_cuda or _kernel() is None:
+            return
+        from services.engine.kernels.fused_moe import tier_token_counts
+
+        for tokens in tier_token_counts(max_tokens, self.top_k, weight.shape[0]):
+            x = torch.zeros(tokens, weight.shape[2], dtype=weight.dtype, device=weight.device)
+            self.mix(x, torch.tensor([tokens], dtype=torch.int32, device=weight.device))
+
+    def mix(self, x: torch.Tensor, num_real: torch.Tensor) -> torch.Tensor:
+        """forward's work, with the real-row count (int32 [1]) given."""
         experts = self.experts
         kw: dict[str, Any] = dict(
             gate_up_bias=experts.gate_up_bias, down_bias=experts.down_bias,

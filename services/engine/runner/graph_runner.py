@@ -36,6 +36,7 @@ import torch
 
 from services.common.errors import PoisonedError, WorkerFailure
 from services.engine.model import CausalLM, KVCache
+from services.engine.model.moe import warm_up_experts
 from services.engine.runner.completions import CompletionFrames
 from services.engine.runner.decode_graphs import (
     DecodeGraphs,
@@ -130,7 +131,9 @@ class GraphRunner:
         self.verify_graph_steps = 0      # verification steps a graph served (of graph_steps)
 
     def capture(self) -> None:
-        """Capture the startup decode graphs (CUDA only)."""
+        """Compile the MoE kernels' variants of every step size, then capture the startup
+        decode graphs (CUDA only)."""
+        warm_up_experts(self.model, self.config.max_num_batched_tokens)
         with torch.inference_mode():
             self.graphs.capture_startup()
 

@@ -11,6 +11,7 @@ import pytest
 from tests.engine.gpu.test_gpu_runner import (
     _check_bf16_against_float32,
     _check_float32_matches_the_cpu,
+    _engine_scores,
 )
 from tests.engine.model.checkpoints import SPECS, build_checkpoint
 
@@ -27,4 +28,7 @@ def test_gpt_oss_in_float32_matches_the_cpu_path(gpt_oss_checkpoint):
 
 
 def test_gpt_oss_in_bf16_against_a_float32_reference(gpt_oss_checkpoint):
-    _check_bf16_against_float32(gpt_oss_checkpoint)
+    # the reference is the CPU path, not transformers: the GPU machine's transformers 5.17
+    # and CI's 5.24 disagree on this tiny model's 5-token sliding window (7.6 nats at
+    # request 4, token 19, in float32 too), and CI's parity tests tie the CPU path to CI's
+    _check_bf16_against_float32(gpt_oss_checkpoint, reference=_engine_scores)

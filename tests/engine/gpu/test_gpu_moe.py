@@ -62,3 +62,35 @@ def test_kv_pool_gets_what_the_expert_weights_leave(tmp_path):
     budget = engine.info.kv_cache_bytes
     assert budget <= 0.5 * (free_before - experts)
     assert budget >= 0.5 * (free_before - weights) - (512 << 20)   # allocator slack
+
+
+def _moe_variants() -> dict[str, int]:
+    """Compiled variants of each fused-MoE kernel in this process (Triton's per-device
+    kernel caches)."""
+    from services.engine.kernels import fused_moe
+
+    kernels = ("_route_align_kernel", "_gate_up_kernel", "_down_kernel")
+    return {name: sum(len(cache[0]) for cache in getattr(fused_moe, name).device_caches.values())
+            for name in kernels}
+
+
+def test_no_moe_kernel_compiles_while_serving(tmp_path):
+    """Start-up runs the expert kernels at one token count of each tier up to the step budget
+    (8 experts, top 3: tiers from 1, 43 and 171 tokens), so serving prefill, mixed and decode
+    steps of every size compiles no new variant (a first compile stalled serving for
+    seconds on the H200)."""
+    from services.common.core import open_model
+    from tests.engine.gpu.test_gpu_runner import _prompt
+    from tests.engine.runner.conftest import greedy_request, make_engine, serve
+
+    checkpoint = build_checkpoint(SPECS["qwen3-moe"], tmp_path)
+    engine = make_engine(open_model(checkpoint), device="cuda", dtype="bfloat16", page_size=4,
+                         max_num_seqs=8, kv_cache_bytes=32 << 20, prefill_chunk_size=64,
+                         max_num_batched_tokens=256)
+    after_start = _moe_variants()
+    assert all(count >= 3 for count in after_start.values()), after_start
+    requests = [greedy_request(f"r{i}", _prompt(n, i), 6)
+                for i, n in enumerate((60, 60, 60, 60, 5, 33, 17, 90))]
+    tokens, _, _ = serve(engine, requests)
+    assert all(len(t) == 6 for t in tokens.values())
+    assert _moe_variants() == after_start
