@@ -106,13 +106,24 @@ def gemm_timings(smoke: bool) -> dict[str, float]:
                         return fp8_gemm.triton_mm(a, sa, w, sw, None, torch.bfloat16,
                                                   blockwise=False)
                     return fp8_gemm.rowwise_mm(a, sa, w, sw, None, torch.bfloat16)
-                for _ in range(3):
-                    call()
+                # timed in a CUDA graph of 10 calls: an eager loop times the host's launch
+                # cost (~30 us a call), not the GEMM
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(3):
+                        call()
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for _ in range(10):
+                        call()
+                graph.replay()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
                     enable_timing=True)
                 start.record()
-                for _ in range(50):
-                    call()
+                for _ in range(5):
+                    graph.replay()
                 end.record()
                 torch.cuda.synchronize()
                 out[f"{name} M={m} {backend}"] = start.elapsed_time(end) / 50 * 1e3
