@@ -165,7 +165,9 @@ def _set_loader(param: nn.Parameter | None, loader: Callable[..., None],
 
 class GptOssMoeBlock(SparseMoeBlock):
     """The sparse block with gpt-oss's routing (the top-k logits, softmax over those k) and
-    its checkpoint layout (the router is `mlp.router` there; the block's `gate` here)."""
+    its checkpoint layout (the router is `mlp.router` there; the block's `gate` here). The
+    softmax is monotone, so that routing is softmax top-k renormalized up to rounding: on
+    CUDA the fused kernel routes it (`fused_routing`, renormalize is set)."""
 
     def __init__(self, config: ModelConfig, moe: MoEConfig, *, device: torch.device | str,
                  dtype: torch.dtype) -> None:

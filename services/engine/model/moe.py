@@ -365,6 +365,10 @@ def expert_weight_bytes(model: nn.Module) -> int:
 class SparseMoeBlock(nn.Module):
     """Router (`gate`: [E, H], bias when configured) -> top-k routing -> the experts."""
 
+    # On CUDA the fused kernel routes (softmax over the experts, the top k, renormalized when
+    # `renormalize`): a family whose `route` is not that, up to rounding, sets this False
+    fused_routing = True
+
     def __init__(self, config: ModelConfig, moe: MoEConfig, *, device: torch.device | str,
                  dtype: torch.dtype) -> None:
         super().__init__()
@@ -412,13 +416,12 @@ class SparseMoeBlock(nn.Module):
             gate_up_bias=experts.gate_up_bias, down_bias=experts.down_bias,
             activation=experts.activation, limit=experts.limit, alpha=experts.alpha,
             expert_tokens=self.expert_tokens, num_real_tokens=num_real)
-        own_routing = type(self).route is SparseMoeBlock.route
-        routed = _kernel("fused_moe_routed") if x.is_cuda and own_routing else None
+        routed = _kernel("fused_moe_routed") if x.is_cuda and self.fused_routing else None
         if routed is not None:   # routing, sorting, counting and both GEMMs in four launches
             out, _, _ = routed(x, self.router_logits(x), experts.w_gate_up, experts.w_down,
                                self.top_k, self.renormalize, **kw)
             return out
-        weights, ids = self.route(x)      # a family's own routing (gpt-oss) runs in torch
+        weights, ids = self.route(x)      # a family's own routing runs in torch
         kernel = _kernel("fused_experts") if x.is_cuda else None
         if kernel is not None:
             return kernel(x, experts.w_gate_up, experts.w_down, weights, ids, **kw)

@@ -244,3 +244,16 @@ def test_a_family_routing_override_is_used() -> None:
     torch.testing.assert_close(block(x, _meta([0, 1, 2])), moe.reference_fused_experts(
         x, block.experts.w_gate_up, block.experts.w_down, weights, ids))
     assert block.expert_tokens.tolist() == [3, 3, 0, 0]
+
+
+def test_gpt_oss_routing_is_softmax_topk_renormalized():
+    """Why gpt-oss routes through the fused kernel on CUDA (GptOssMoeBlock.fused_routing):
+    softmax over the k largest logits equals softmax over all experts, top k, renormalized."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(257, 32, generator=g) * 4
+    weights, ids = moe.topk_softmax(logits, 4)
+    want_weights, want_ids = moe.softmax_topk(logits, 4, renormalize=True)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, want_weights, atol=1e-6, rtol=1e-5)
+    from services.engine.model.gpt_oss import GptOssMoeBlock
+    assert GptOssMoeBlock.fused_routing
