@@ -21,6 +21,7 @@ from gateway.config import GatewayConfig
 from services.common.config import load_config
 from services.common.errors import UnavailableError
 from services.common.logging import setup_logging
+from services.common.startup import startup_phases
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class GatewayServer(uvicorn.Server):
 
 
 async def _serve(config: GatewayConfig) -> int:
+    startup_phases("gateway").record_process_start("start Python and import")
     app = create_app(config)
     server = GatewayServer(uvicorn.Config(
         app,

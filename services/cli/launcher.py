@@ -35,6 +35,9 @@ log = logging.getLogger("helios.run")
 
 # Start order; shutdown goes the other way (gateway first).
 SERVICE_ORDER = ("imageprep", "engine", "frontend", "gateway")
+# Whose SERVING each one's readiness follows (the frontend's health tracks its upstreams, the
+# gateway's /health its frontend): the start-up summary names that wait.
+WAITS_FOR = {"frontend": ("engine", "imageprep"), "gateway": ("frontend",)}
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,7 @@ class Launcher:
         terminal), log lines among the services' own otherwise."""
         progress = StartupProgress(
             {name: self._progress_file(name) for name in SERVICE_ORDER},
-            terminal=sys.stderr.isatty() and self.options.dashboard)
+            terminal=sys.stderr.isatty() and self.options.dashboard, waits_for=WAITS_FOR)
         try:
             return self._poll_ready(progress)
         finally:

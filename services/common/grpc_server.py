@@ -32,6 +32,7 @@ from services.common.config import ServiceConfig
 from services.common.errors import ValidationError
 from services.common.grpc_errors import ErrorInterceptor
 from services.common.metrics import MetricsEndpoint, service_registry
+from services.common.startup import startup_phases
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +182,7 @@ async def serve(
 
     With `config.metrics_listen` set, `registry` (default: a registry with only the uptime
     gauge) is served as Prometheus text from the moment the listener is bound."""
+    startup_phases(service).record_process_start("start Python and import")
     server = grpc.aio.server(interceptors=[ErrorInterceptor(service)], options=server_options())
     for binding in bindings:
         binding.add_to_server(binding.servicer, server)

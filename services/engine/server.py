@@ -1,7 +1,8 @@
 """Engine service entrypoint: `run_engine(config)` and the gRPC servicer (the protobuf edge).
 
-The servicer process verifies the model files, starts the engine-core process (scheduler and
-runner, see services/engine/core/) and relays: Generate submits a request and streams its
+The servicer process starts the engine-core process (scheduler and runner, see
+services/engine/core/), verifies the model files while the core imports and starts its device,
+then lets the core load them, and relays: Generate submits a request and streams its
 coalesced updates; a client cancel of the stream aborts the request. Health turns SERVING once
 the core has loaded the model, NOT_SERVING while draining; a core failure fails every stream
 with its typed error and the service exits 1.
@@ -62,13 +63,16 @@ class EngineLifecycle(BasicLifecycle):
     async def start(self, health: HealthReporter) -> None:
         self.health = health
         phases = startup_phases("engine")
+        # the core imports and starts its device while the files are verified; it reads
+        # nothing of the model before start() tells it they are
+        self.client = CoreClient(self.config, on_failure=health.fail)
+        self.client.spawn()
         with phases.phase("verify model files"):
             self.model = await asyncio.to_thread(
                 open_model, self.config.model,
                 allow_missing_weights=self.config.load_format == "dummy")
         if self.metrics is not None:
             self.metrics.model_name = self.model.manifest.card_id
-        self.client = CoreClient(self.config, on_failure=health.fail)
         await self.client.start()
         if self.config.kv_events_endpoint:
             self.kv_events = KVEventPublisher(

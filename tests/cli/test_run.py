@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 
 import grpc
@@ -31,6 +32,12 @@ def test_run_demo_up_and_down(tmp_path, demo_core, sig):
         summary = next(line for line in output.splitlines() if "start-up: " in line)
         for name in ("imageprep", "engine", "frontend", "gateway"):
             assert f"{name} " in summary.split("start-up: ", 1)[1], summary
+            assert f"{name}: start Python and import" in output, output
+        # the phases cover each service's whole wait, from `helios run` to SERVING (the rest
+        # is the launcher's 0.2 s health polling and the hand-offs between phases)
+        unaccounted = [float(s) for s in re.findall(r"unaccounted (\d+\.\d+) s", summary)]
+        assert all(seconds <= 0.6 for seconds in unaccounted), summary
+        assert "engine: import the engine core" in output
         assert run.terminate(sig) == 0, run.output()
         for name in ("gateway", "frontend", "engine", "imageprep"):
             assert f"{name} stopped" in run.output() or name == "gateway"

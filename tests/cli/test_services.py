@@ -88,3 +88,6 @@ def test_engine_with_tampered_core_fails_to_start(tmp_path, demo_core):
                                "--model", str(core)], tmp_path / "engine.log") as proc:
         assert proc.proc.wait(timeout=60) == 1
         assert "tokenizer.json" in proc.output()
+        # the core started before the verification, and waited for it: it loaded nothing
+        assert "import the engine core" in proc.output()
+        assert "load weights" not in proc.output()

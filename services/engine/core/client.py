@@ -47,7 +47,7 @@ from services.engine.core.messages import (
     Submit,
     check_reply,
 )
-from services.engine.core.process import core_main
+from services.engine.core.process import PROCEED, core_main
 from services.engine.core.streams import RequestStream
 from services.engine.core.telemetry import LoadQuery, LoadSnapshot
 from services.engine.prefix.records import BlockEvent
@@ -75,15 +75,29 @@ class CoreClient:
         self._ready_future: asyncio.Future[Ready] | None = None
         self._send_lock = threading.Lock()
         self._closing = False
+        self._spawned: Connection | None = None   # a spawned core's pipe until start()
 
     # -- lifecycle --------------------------------------------------------------------------
-    async def start(self) -> Ready:
+    def spawn(self) -> None:
+        """Start the core process: it imports and initializes its device, then waits until
+        `start()` says the model files are verified (so both can overlap)."""
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe(duplex=True)
         self._process = context.Process(target=core_main, args=(self.config, child),
                                         name="helios-engine-core", daemon=True)
         self._process.start()
         child.close()
+        self._spawned = parent
+
+    async def start(self) -> Ready:
+        """Let the core (spawned now unless `spawn()` ran) load the verified model; its Ready."""
+        if self._spawned is None:
+            self.spawn()
+        parent, self._spawned = self._spawned, None
+        assert parent is not None
+        # a core that failed already has sent Failed and gone: attach reads why
+        with contextlib.suppress(OSError):
+            parent.send_bytes(PROCEED)
         self.ready = await self.attach(parent)
         return self.ready
 
@@ -102,7 +116,10 @@ class CoreClient:
         self._closing = True
         if self._process is None:
             return
-        if self._process.is_alive() and self.failure is None:
+        if self._spawned is not None:          # never started: the closed pipe stops it
+            self._spawned.close()
+            self._spawned = None
+        elif self._process.is_alive() and self.failure is None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.shutdown(), timeout)
         await asyncio.to_thread(self._process.join, timeout)
