@@ -6,8 +6,9 @@ A service supplies its servicer bindings and a `Lifecycle` (load, stop admission
 1. bind the listen address (host:port or unix:///path), start serving health NOT_SERVING;
 2. `lifecycle.start(health)` loads the model / assets; SERVING once it returns (a lifecycle with
    `dynamic_health = True` sets its own status, e.g. the frontend tracking its upstreams);
-3. on SIGTERM/SIGINT: health NOT_SERVING, `stop_admission()`, `drain(grace_period_s)`, stop the
-   server, `close()`, exit 0 (1 if the drain failed);
+3. on SIGTERM/SIGINT: health NOT_SERVING (for good: a lifecycle's later SERVING is ignored),
+   `stop_admission()`, `drain(grace_period_s)`, stop the server, `close()`, exit 0 (1 if the
+   drain failed);
 4. a failure reported through `health.fail(exc)` or raised by `start()` exits 1.
 """
 
@@ -120,14 +121,23 @@ class HealthReporter:
         self._servicer = servicer
         self._names = ("", *names)
         self.serving = False
+        self.stopping = False
         self.fatal: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
     async def set_serving(self, serving: bool) -> None:
+        """Flip readiness; once the shutdown began (`stop()`) it stays NOT_SERVING."""
+        if serving and self.stopping:
+            return
         if serving != self.serving:
             log.info("health %s", "SERVING" if serving else "NOT_SERVING")
         self.serving = serving
         for name in self._names:
             await self._servicer.set(name, SERVING if serving else NOT_SERVING)
+
+    async def stop(self) -> None:
+        """NOT_SERVING for good: the shutdown began (before anything is torn down)."""
+        self.stopping = True
+        await self.set_serving(False)
 
     def fail(self, exc: BaseException) -> None:
         """Report an unrecoverable failure: the service drains and exits 1."""
@@ -248,7 +258,7 @@ async def serve(
             await start_task
 
     log.info("%s shutting down", service)
-    await reporter.set_serving(False)
+    await reporter.stop()
     drained = True
     try:
         await lifecycle.stop_admission()
