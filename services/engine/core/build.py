@@ -33,13 +33,14 @@ from services.engine.model.pooling import pooling_config
 from services.engine.model.qwen_vl import QwenVLForConditionalGeneration
 from services.engine.prefix.history import BLOCK_TOKENS
 from services.engine.runner.base import Runner
+from services.engine.runner.drafter import DraftModelProposer, open_drafter
 from services.engine.runner.graph_runner import GraphRunner, GraphRunnerConfig
 from services.engine.runner.host_kv import HostKVStore
 from services.engine.runner.memory import plan_layout
 from services.engine.runner.snapshots import SnapshotStore
 from services.engine.runner.torch_runner import TorchRunner
 from services.engine.sampling.vocab import token_vocab_size
-from services.engine.scheduler.proposals import NgramProposer, Proposer
+from services.engine.scheduler.proposals import NgramProposer, Proposer, SequenceProposer
 from services.engine.scheduler.resources import KVResources
 from services.engine.scheduler.scheduler import Scheduler
 from services.engine.scheduler.state import SchedulerConfig
@@ -134,17 +135,21 @@ def build_grammars(config: EngineConfig, source: ModelSource, vocab_size: int,
     return compiler
 
 
-def build_proposer(config: EngineConfig) -> Proposer | None:
-    """The speculative proposer of `speculative_method` (None: speculation off)."""
+def build_proposer(config: EngineConfig, drafter: DraftModelProposer | None = None
+                   ) -> Proposer | SequenceProposer | None:
+    """The speculative proposer of `speculative_method` (None: speculation off; draft: the
+    drafter built with the KV pool)."""
     method = config.speculative_method
     if method == "none":
         return None
     if method == "ngram":
         return NgramProposer(num_tokens=config.num_speculative_tokens)
-    # draft models and EAGLE-3 heads are not built yet: refuse to start rather than serve
-    # without the speculation that was asked for
+    if method == "draft" and drafter is not None:
+        return drafter
+    # EAGLE-3 heads are not built yet: refuse to start rather than serve without the
+    # speculation that was asked for
     raise UnsupportedError(f"speculative_method {method} is not available in this build "
-                           "(ngram is)", param="speculative_method")
+                           "(ngram and draft are)", param="speculative_method")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -202,13 +207,20 @@ def build_engine(config: EngineConfig, source: ModelSource,
     else:
         model = load_model(source, device, dtype, max_positions=context,
                            quantization=config.quantization)
+    drafter = None
+    if config.speculative_method == "draft":    # its pages share the KV budget (drafter.py)
+        phases.start("load the draft model")
+        drafter = open_drafter(config.speculative_model, source, device, dtype, context,
+                               dummy_seed=config.dummy_seed
+                               if config.load_format == "dummy" else None)
     phases.start("allocate the KV cache")
     itemsize = torch.empty((), dtype=dtype).element_size()
     # FP8 pages (kv_cache_dtype fp8): one byte per element, so twice the pages per byte
     kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype == "fp8" else dtype
     layout = plan_layout(
         device=device,
-        page_bytes=kv_cache_bytes_per_page(model_config, config.page_size, kv_dtype),
+        page_bytes=kv_cache_bytes_per_page(model_config, config.page_size, kv_dtype) +
+        (drafter.page_bytes(config.page_size) if drafter is not None else 0),
         page_size=config.page_size, hidden_bytes=model_config.hidden_size * itemsize,
         budget_bytes=config.kv_cache_bytes, memory_fraction=config.kv_cache_memory_fraction,
         num_snapshots=config.num_snapshots, max_num_seqs=config.max_num_seqs,
@@ -254,6 +266,9 @@ def build_engine(config: EngineConfig, source: ModelSource,
                             num_snapshots=layout.num_snapshots,
                             block_reuse=config.prefix_block_reuse,
                             host_pages=host_kv.num_pages if host_kv is not None else 0)
+    draft_proposer = None if drafter is None else drafter.proposer(
+        layout.num_pages, layout.page_size, num_tokens=config.num_speculative_tokens,
+        chunk_tokens=config.batched_tokens)
     scheduler_config = SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_waiting=config.waiting_capacity,
         prefill_chunk_size=config.prefill_chunk_size,
@@ -265,7 +280,7 @@ def build_engine(config: EngineConfig, source: ModelSource,
         supports_images=vision is not None and vision.pixels is not None,
         overlap=choice.overlap, cost_model=choice.cost_model,
         pooling=pooling.mode, normalize_embeddings=pooling.normalize,
-        pooling_hint=pooling.reason, proposer=build_proposer(config))
+        pooling_hint=pooling.reason, proposer=build_proposer(config, draft_proposer))
     phases.start("load the grammar vocabulary")
     grammars = build_grammars(config, source, model_config.vocab_size, device)
     phases.finish()

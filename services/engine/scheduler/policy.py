@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from services.engine.scheduler.costs import chunk_budget
 from services.engine.scheduler.plan import PlannedSeq
+from services.engine.scheduler.proposals import SequenceProposer
 from services.engine.scheduler.residency import drop_waiting_pins, preempt
 from services.engine.scheduler.sequence import Phase, Sequence
 from services.engine.scheduler.speculation import (
@@ -210,7 +211,14 @@ def _proposals(state: SchedulerState, seq: Sequence) -> tuple[int, ...]:
                state.config.max_model_len - seq.total_len) - 1
     if left <= 0:
         return ()
-    drafts = tuple(proposer.propose(seq.tokens(0, seq.total_len), left))[:left]
+    tokens = seq.tokens(0, seq.total_len)
+    if isinstance(proposer, SequenceProposer):       # a draft model: per-choice KV
+        assert seq.handle is not None
+        drafts, forwards = proposer.propose_for(seq.handle, tokens, left)
+        state.counters.spec_drafter_steps += forwards
+    else:
+        drafts = tuple(proposer.propose(tokens, left))
+    drafts = drafts[:left]
     if drafts and seq.matcher is not None:       # never a draft the grammar rejects
         drafts = drafts[:seq.matcher.valid_prefix(drafts)]
     return drafts

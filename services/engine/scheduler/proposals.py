@@ -10,13 +10,18 @@ sees only the sequence's known tokens; the policy bounds `limit` by the output a
 left and cuts the drafts to the width the request's acceptance statistics choose
 (speculation.py). `source` names the proposal source those statistics are kept under.
 Off unless `SchedulerConfig.proposer` is set (`--speculative-method ngram`).
+
+A `SequenceProposer` keeps state per live choice (a draft model's KV: runner/drafter.py): the
+policy names the choice (its slot handle) and counts the model forwards it ran.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+from services.engine.scheduler.plan import SlotHandle
 
 
 class Proposer(Protocol):
@@ -27,6 +32,18 @@ class Proposer(Protocol):
     def source(self) -> str: ...           # proposal source (speculation.COPY, .DRAFT)
 
     def propose(self, tokens: Sequence[int], limit: int) -> tuple[int, ...]: ...
+
+
+@runtime_checkable
+class SequenceProposer(Protocol):
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def source(self) -> str: ...
+
+    def propose_for(self, handle: SlotHandle, tokens: Sequence[int], limit: int
+                    ) -> tuple[tuple[int, ...], int]: ...   # drafts, forwards run
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from services.engine.scheduler.costs import DurationEstimator
 from services.engine.scheduler.inflight import InflightBlocks
 from services.engine.scheduler.plan import SlotHandle, Step
-from services.engine.scheduler.proposals import Proposer
+from services.engine.scheduler.proposals import Proposer, SequenceProposer
 from services.engine.scheduler.resources import KVResources
 from services.engine.scheduler.sequence import RequestState, Sequence
 from services.engine.scheduler.slots import SlotTable
@@ -33,7 +33,8 @@ class SchedulerConfig:
     overlap: bool = False                 # plan a decode behind a sequence's in-flight step
     cost_model: bool = False              # size prefill chunks by measured step durations
     output_token_value: float = 64.0      # an output token's value in prompt tokens (costs)
-    proposer: Proposer | None = None      # drafts for verification steps (None: decode 1)
+    proposer: Proposer | SequenceProposer | None = None   # drafts for verification steps
+                                          # (None: decode 1)
     pooling: str = "last"                 # embeddings: "last" token, "mean" over the prompt,
                                           # "" none (pooling_hint says why)
     pooling_hint: str = ""

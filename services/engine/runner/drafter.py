@@ -1,0 +1,266 @@
+"""The draft-model proposer (`speculative_method draft`): a small model sharing the target's
+tokenizer proposes each decoding choice's next k tokens greedily, on the target's device.
+
+    drafter = open_drafter(config, target_source, device, dtype, context)  # before sizing KV
+    layout = plan_layout(page_bytes=target_page_bytes + drafter.page_bytes(page_size), ...)
+    proposer = drafter.proposer(layout.num_pages, page_size, ...)
+    drafts, forwards = proposer.propose_for(handle, tokens, limit)     # at plan time
+
+KV: the draft model has its own paged KV, as many pages as the target's pool (the memory
+accounting sizes both from one budget: a page costs the target's and the draft's bytes), owned
+per live choice (by slot; a new slot generation starts over). Each choice's entry records the
+tokens its draft KV holds. A round keeps the longest prefix of those that the choice's known
+tokens repeat (accepted drafts stay, the KV of rejected drafts is rolled back by truncating
+the entry: the next forward overwrites those positions), feeds the rest (catching up on the
+accepted tokens and the correction; a new choice prefills its prompt in chunks), then runs
+k - 1 one-token forwards for the drafts after the first. Without free pages the least
+recently used other choices give theirs back (they prefill again when next asked); a choice
+that still does not fit gets no drafts this round.
+
+Exactness: the drafts are a deterministic function of the choice's tokens (a greedy draft:
+its proposal distribution is a point mass), so the existing verification, which samples the
+target at every draft row and accepts on equality, needs no rejection-sampling correction:
+greedy output is the plain greedy output, and a seeded request draws the very tokens it draws
+without speculation (docs/engine.md, "Speculative decoding"). The drafter never changes
+what is emitted, only how many tokens a step verifies.
+
+Start-up refuses a draft model whose tokenizer differs from the target's
+(`check_same_vocabulary`): a draft id must name the target's token.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.common.core import ModelSource, open_model
+from services.common.errors import ValidationError
+from services.engine.model import (
+    CausalLM,
+    ForwardBatch,
+    KVCache,
+    ModelConfig,
+    allocate_kv_cache,
+    build_metadata,
+    kv_cache_bytes_per_page,
+    load_dummy_model,
+    load_model,
+)
+from services.engine.sampling.vocab import mask_beyond_vocab_, token_vocab_size
+from services.engine.scheduler.plan import SlotHandle
+from services.engine.scheduler.speculation import DRAFT
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One choice's draft KV: its slot generation, the tokens the KV holds, their pages."""
+
+    generation: int
+    tokens: list[int] = field(default_factory=list)
+    pages: list[int] = field(default_factory=list)
+
+
+class DraftModelProposer:
+    """Greedy drafts from a draft model with its own paged KV (module docstring)."""
+
+    method = "draft"
+    source = DRAFT
+
+    def __init__(self, model: CausalLM, kv: KVCache, *, num_tokens: int, token_vocab: int,
+                 chunk_tokens: int, max_positions: int) -> None:
+        self.model = model
+        self.kv = kv
+        self.num_tokens = num_tokens          # drafts per round at most
+        self.token_vocab = token_vocab        # ids past the tokenizer's are never proposed
+        self.chunk_tokens = max(1, chunk_tokens)   # prompt tokens per catch-up forward
+        self.max_positions = max_positions   # no draft at or past the draft's range
+        self.page_size = kv.page_size
+        self.device = model.device
+        self._free = list(range(kv.num_pages - 1, -1, -1))
+        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    def tokens_held(self, slot: int) -> tuple[int, ...]:
+        """The tokens whose draft KV the slot's entry holds (tests, diagnostics)."""
+        entry = self._entries.get(slot)
+        return tuple(entry.tokens) if entry is not None else ()
+
+    @torch.inference_mode()
+    def propose_for(self, handle: SlotHandle, tokens: Any, limit: int
+                    ) -> tuple[tuple[int, ...], int]:
+        """At most min(limit, num_tokens) drafts after `tokens` (the choice's known tokens,
+        the pending one last), and the draft-model forwards run for them."""
+        limit = min(limit, self.num_tokens, self.max_positions - len(tokens) + 1)
+        if limit <= 0 or not tokens:
+            return (), 0
+        tokens = list(tokens)
+        entry = self._entry(handle)
+        keep = min(_common_prefix(entry.tokens, tokens), len(tokens) - 1)
+        del entry.tokens[keep:]                # roll back what the choice did not accept
+        if not self._reserve(handle.slot, entry, len(tokens) + limit - 1):
+            self._drop(handle.slot)
+            return (), 0
+        forwards = 0
+        logits = None
+        while len(entry.tokens) < len(tokens):     # catch up (chunked), the last row's logits
+            chunk = tokens[len(entry.tokens):len(entry.tokens) + self.chunk_tokens]
+            logits = self._forward(entry, chunk)
+            forwards += 1
+        drafts: list[int] = []
+        while True:
+            assert logits is not None
+            drafts.append(int(logits.argmax().item()))
+            if len(drafts) == limit:
+                break
+            logits = self._forward(entry, drafts[-1:])
+            forwards += 1
+        return tuple(drafts), forwards
+
+    def _forward(self, entry: _Entry, chunk: list[int]) -> torch.Tensor:
+        """Feed `chunk` after the entry's tokens (writing its KV); the last row's logits."""
+        start = len(entry.tokens)
+        meta = build_metadata([len(chunk)], [start + len(chunk)], [entry.pages],
+                              self.page_size, self.device)
+        batch = ForwardBatch(
+            torch.tensor(chunk, dtype=torch.int64, device=self.device),
+            torch.arange(start, start + len(chunk), dtype=torch.int64, device=self.device),
+            meta)
+        hidden = self.model(batch, self.kv).hidden
+        entry.tokens.extend(chunk)
+        logits = self.model.compute_logits(hidden[-1:])
+        return mask_beyond_vocab_(logits, self.token_vocab)[0]
+
+    def _entry(self, handle: SlotHandle) -> _Entry:
+        entry = self._entries.get(handle.slot)
+        if entry is not None and entry.generation != handle.generation:
+            self._drop(handle.slot)           # the slot's earlier choice ended
+            entry = None
+        if entry is None:
+            entry = self._entries[handle.slot] = _Entry(handle.generation)
+        self._entries.move_to_end(handle.slot)
+        return entry
+
+    def _reserve(self, slot: int, entry: _Entry, num_tokens: int) -> bool:
+        """Pages for `num_tokens` positions, evicting the least recently used other entries
+        if needed; False when even that is not enough."""
+        needed = -(-num_tokens // self.page_size) - len(entry.pages)
+        while needed > len(self._free):
+            victim = next((s for s in self._entries if s != slot), None)
+            if victim is None:
+                return False
+            self._drop(victim)
+        for _ in range(max(0, needed)):
+            entry.pages.append(self._free.pop())
+        return True
+
+    def _drop(self, slot: int) -> None:
+        entry = self._entries.pop(slot, None)
+        if entry is not None:
+            self._free.extend(reversed(entry.pages))
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:                   # the usual case: every held token was accepted
+        return n
+    lo, hi = 0, n                        # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass(frozen=True, slots=True)
+class Drafter:
+    """The loaded draft model, before the KV pool is sized (its page cost enters it)."""
+
+    model: CausalLM
+    config: ModelConfig
+    token_vocab: int
+    dtype: torch.dtype
+    max_positions: int        # positions the draft model's rotary tables cover
+
+    def page_bytes(self, page_size: int) -> int:
+        return kv_cache_bytes_per_page(self.config, page_size, self.dtype)
+
+    def proposer(self, num_pages: int, page_size: int, *, num_tokens: int,
+                 chunk_tokens: int) -> DraftModelProposer:
+        kv = allocate_kv_cache(self.config, num_pages, page_size, self.model.device,
+                               self.dtype)
+        return DraftModelProposer(self.model, kv, num_tokens=num_tokens,
+                                  token_vocab=self.token_vocab, chunk_tokens=chunk_tokens,
+                                  max_positions=self.max_positions)
+
+
+def open_drafter(model_path: str, target: ModelSource, device: torch.device,
+                 dtype: torch.dtype, max_positions: int, *, dummy_seed: int | None = None
+                 ) -> Drafter:
+    """Open and load `speculative_model` after checking that it shares the target's
+    vocabulary (`dummy_seed`: random weights, as `--load-format dummy` loads the target)."""
+    source = open_model(model_path, allow_missing_weights=dummy_seed is not None)
+    token_vocab = check_same_vocabulary(target, source, model_path)
+    config = ModelConfig.from_dict(source.config)
+    max_positions = min(max_positions, config.max_context)
+    if dummy_seed is not None:
+        model = load_dummy_model(config, device, dtype, max_positions=max_positions,
+                                 seed=dummy_seed + 1)
+    else:
+        model = load_model(source, device, dtype, max_positions=max_positions)
+    return Drafter(model, config, token_vocab, dtype, max_positions)
+
+
+def check_same_vocabulary(target: ModelSource, draft: ModelSource, name: str) -> int:
+    """The shared tokenizer's size; ValidationError (param speculative_model) naming the
+    first difference when the draft's tokenizer or logits do not cover the target's."""
+    ours, theirs = _vocabulary(target), _vocabulary(draft)
+    target_size = token_vocab_size(_tokenizer_path(target),
+                                   ModelConfig.from_dict(target.config).vocab_size)
+    draft_logits = ModelConfig.from_dict(draft.config).vocab_size
+    if ours != theirs:
+        differ = sorted(set(ours.items()) ^ set(theirs.items()))
+        token, token_id = differ[0]
+        where = "the target's" if ours.get(token) == token_id else "the draft's"
+        raise ValidationError(
+            f"speculative_model {name} has another vocabulary than the target "
+            f"({len(theirs)} tokens vs {len(ours)}; {token!r} = id {token_id} only in "
+            f"{where} tokenizer): a draft model must share the target's tokenizer",
+            param="speculative_model")
+    if draft_logits < target_size:
+        raise ValidationError(
+            f"speculative_model {name} scores {draft_logits} token ids, the target's "
+            f"tokenizer has {target_size}", param="speculative_model")
+    return target_size
+
+
+def _tokenizer_path(source: ModelSource) -> Path | None:
+    name = source.manifest.tokenizer_file
+    return source.path(name) if name else None
+
+
+def _vocabulary(source: ModelSource) -> dict[str, int]:
+    """token -> id over the tokenizer's model vocabulary and added tokens ({} without a
+    tokenizer file: then both must lack one)."""
+    path = _tokenizer_path(source)
+    if path is None or not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    vocab = (data.get("model") or {}).get("vocab")
+    out: dict[str, int] = {}
+    if isinstance(vocab, dict):
+        out.update({str(k): int(v) for k, v in vocab.items()})
+    elif isinstance(vocab, list):            # Unigram: [piece, score] by id
+        out.update({str(piece[0]): i for i, piece in enumerate(vocab)})
+    for token in data.get("added_tokens") or ():
+        out[str(token["content"])] = int(token["id"])
+    return out
