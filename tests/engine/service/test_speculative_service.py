@@ -68,3 +68,30 @@ def test_speculation_through_the_engine_service(tmp_path, demo_core):
         assert samples[("helios_engine_spec_drafter_steps_total", ())] == 0
         assert samples[("helios_engine_launches_total", (("kind", "verify"),))] > 0
         assert engine.process.terminate() == 0
+
+
+def test_draft_model_through_the_engine_service(tmp_path, demo_core):
+    """`--speculative-method draft` with the demo model as its own draft: the opted-out
+    output, every greedy draft accepted, drafter forwards in GetLoad equal to /metrics."""
+    port = free_port()
+    with start_engine(tmp_path, "--speculative-method", "draft", "--speculative-model",
+                      str(demo_core), "--num-speculative-tokens", "3",
+                      "--metrics-listen", f"127.0.0.1:{port}") as engine:
+        prompt = [11, 29, 305, 47, 1003, 58, 77]
+        off = _tokens(engine, generate_request("off", prompt, 20, disable_speculation=True))
+        assert engine.wait_idle().speculative.drafter_steps == 0
+        on = _tokens(engine, generate_request("on", prompt, 20))
+        assert on == off and len(on) == 20
+        spec = engine.wait_idle().speculative
+        assert spec.method == "draft" and spec.drafter_steps > 0
+        assert spec.num_accepted_tokens == spec.num_draft_tokens > 0
+        deadline = time.monotonic() + 30
+        while True:                   # the scrape reads a fresh snapshot
+            samples = _scrape(port)
+            steps = samples.get(("helios_engine_spec_drafter_steps_total", ()))
+            if steps:
+                break
+            assert time.monotonic() < deadline, "no drafter steps in /metrics"
+            time.sleep(0.2)
+        assert steps == spec.drafter_steps
+        assert engine.process.terminate() == 0
