@@ -120,3 +120,30 @@ def test_the_next_turn_after_a_verified_stop_on_the_gpu(source):
     fresh = _drive(_engine(source, "cpu", runner="torch"), [greedy_request("b", follow, 6)])
     from tests.engine.fakes import run_like_the_loop
     assert run_like_the_loop(engine.scheduler, engine.runner)["b"][0] == fresh["b"][0]
+
+
+def _draft_on_device(source, tmp_path, device: str, overlap: str) -> None:
+    """A draft model (the target itself, then a perturbed copy) on `device` through the
+    GraphRunner (verification graphs, `overlap`): the CPU's plain tokens; the target as its
+    own draft has every greedy draft accepted."""
+    from tests.engine.runner.test_speculative_draft import perturbed_copy
+
+    perturbed = perturbed_copy(source.root, tmp_path / "draft")
+    cpu_plain = _drive(_engine(source, "cpu", runner="torch"), _requests())
+    greedy = [r for r in _requests() if r.sampling.temperature == 0.0]
+    for draft, requests in ((source.root, greedy), (perturbed, _requests())):
+        engine = _engine(source, device, runner="graph", overlap=overlap,
+                         speculative_method="draft", speculative_model=str(draft),
+                         num_speculative_tokens=4)
+        out = _drive(engine, requests)
+        _same(out, {r.request_id: cpu_plain[r.request_id] for r in requests})
+        counters = engine.scheduler.state.counters
+        assert counters.spec_drafter_steps > 0 and counters.spec_accepted_tokens > 0
+        assert engine.runner.verify_graph_steps > 0 or device == "cpu"
+        if draft == source.root:
+            assert counters.spec_accepted_tokens == counters.spec_draft_tokens
+
+
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_draft_model_with_verification_graphs(source, tmp_path, overlap):
+    _draft_on_device(source, tmp_path, "cuda", overlap)
