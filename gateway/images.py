@@ -24,7 +24,8 @@ def image_from_url(url: str, *, detail: str = "", param: str) -> ImagePart:
     if _DATA_URL.match(url):
         return ImagePart(url=url, detail=detail or "")
     if url.startswith(("http://", "https://")):
-        raise UnsupportedError("remote image URLs are not fetched; send the image as a "
+        raise UnsupportedError("remote image URLs are not fetched (Helios takes inline images "
+                               "only: the gateway never downloads); send the image as a "
                                "base64 data URL (data:image/png;base64,...)", param=param)
     raise ValidationError("image URL must be a base64 data URL "
                           "(data:image/png;base64,...)", param=param)

@@ -19,11 +19,16 @@ router = APIRouter()
 
 
 def model_object(card: ModelCard) -> dict[str, Any]:
-    return {"id": card.id, "object": "model", "created": card.created,
-            "owned_by": card.owned_by, "root": card.root, "parent": None,
-            "max_model_len": card.max_model_len, "aliases": list(card.aliases),
-            "capabilities": {"tools": card.tools, "vision": card.vision,
-                             "reasoning": card.reasoning}}
+    model = {"id": card.id, "object": "model", "created": card.created,
+             "owned_by": card.owned_by, "root": card.root, "parent": None,
+             "max_model_len": card.max_model_len, "aliases": list(card.aliases),
+             "capabilities": {"tools": card.tools, "vision": card.vision,
+                              "reasoning": card.reasoning}}
+    if card.vision:       # the core manifest's per-request image limits (0: none of its own)
+        model["image_limits"] = {"max_images": card.max_images,
+                                 "max_image_bytes": card.max_image_bytes,
+                                 "max_image_pixels": card.max_image_pixels}
+    return model
 
 
 async def find_card(request: Request, name: str) -> ModelCard:

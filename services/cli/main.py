@@ -93,14 +93,19 @@ def _cmd_dashboard(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _cmd_prepare(args: argparse.Namespace, rest: list[str]) -> int:
-    from services.common.core import prepare_core
+    from services.common.core import DEFAULT_IMAGE_LIMITS, ImageLimits, prepare_core
 
     if rest:
         raise SystemExit(f"helios prepare: unrecognized arguments: {' '.join(rest)}")
+    limits = ImageLimits(
+        max_images=args.max_images or DEFAULT_IMAGE_LIMITS.max_images,
+        max_image_bytes=args.max_image_bytes or DEFAULT_IMAGE_LIMITS.max_image_bytes,
+        max_image_pixels=args.max_image_pixels or DEFAULT_IMAGE_LIMITS.max_image_pixels)
     manifest = prepare_core(
         Path(args.model_dir), Path(args.out), model_id=args.model_id,
         served_names=tuple(args.served_name or ()), max_model_len=args.max_model_len,
-        context_hint=args.context_hint, capacity_hint=args.capacity_hint)
+        context_hint=args.context_hint, capacity_hint=args.capacity_hint,
+        image_limits=limits)
     print(f"prepared {manifest.model_id} ({manifest.architecture}, {manifest.num_parameters:,} "
           f"parameters, identity {manifest.identity[:16]}...) in {args.out}")
     return 0
@@ -153,6 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--context-hint", default="raise --max-model-len (engine)")
     prepare.add_argument("--capacity-hint",
                          default="raise --max-num-seqs or the KV cache budget (engine)")
+    prepare.add_argument("--max-images", type=int, help="vision cores: images per request")
+    prepare.add_argument("--max-image-bytes", type=int,
+                         help="vision cores: encoded bytes of one image")
+    prepare.add_argument("--max-image-pixels", type=int,
+                         help="vision cores: decoded width x height of one image")
     prepare.set_defaults(func=_cmd_prepare)
 
     demo = sub.add_parser("demo-model", help="write the tiny random-weight Qwen3 checkpoint")

@@ -81,6 +81,30 @@ class FileFingerprint:
 
 
 @dataclass(frozen=True)
+class ImageLimits:
+    """What one request may send a vision core (0: no limit of the core's own; imageprep's
+    configured limits still apply). `helios prepare --max-images/--max-image-bytes/
+    --max-image-pixels` writes them; every refusal names the field (`source`)."""
+
+    max_images: int = 0              # images in one request
+    max_image_bytes: int = 0         # encoded bytes of one image
+    max_image_pixels: int = 0        # decoded width x height of one image
+
+    ORIGIN = f"the model core's manifest ({MANIFEST_NAME})"
+
+    @staticmethod
+    def source(name: str, origin: str = ORIGIN) -> str:
+        """Where limit `name` comes from, as refusals state it."""
+        return f"image_limits.{name} of {origin}"
+
+
+NO_IMAGE_LIMITS = ImageLimits()     # a text core's (and an older vision core's)
+# what a vision core allows unless `helios prepare` is told otherwise
+DEFAULT_IMAGE_LIMITS = ImageLimits(max_images=32, max_image_bytes=20 << 20,
+                                   max_image_pixels=64 << 20)
+
+
+@dataclass(frozen=True)
 class CoreCapabilities:
     tools: bool = False
     vision: bool = False
@@ -107,6 +131,7 @@ class Manifest:
     chat_template_file: str                # file the template comes from ("" if none)
     chat_template_sha256: str              # SHA-256 of the template text ("" if none)
     image_profile: str = ""                # imageprep profile: "", qwen3_vl, qwen2_5_vl
+    image_limits: ImageLimits = NO_IMAGE_LIMITS  # per-request image limits (vision cores)
     context_hint: str = ""                 # appended to context-overflow errors
     capacity_hint: str = ""                # appended to capacity errors
     capture_batch_sizes: tuple[int, ...] = ()  # decode graph capacities (empty: engine chooses)
@@ -143,6 +168,7 @@ class Manifest:
             data["eos_token_ids"] = tuple(data["eos_token_ids"])
             data["capture_batch_sizes"] = tuple(data.get("capture_batch_sizes", ()))
             data["capabilities"] = CoreCapabilities(**data["capabilities"])
+            data["image_limits"] = ImageLimits(**data.get("image_limits", {}))
             data["files"] = tuple(FileFingerprint(**f) for f in data["files"])
             return cls(**data)
         except ManifestError:
@@ -292,6 +318,7 @@ def inspect_model_dir(
     capture_batch_sizes: tuple[int, ...] = (),
     allow_missing_weights: bool = False,
     num_parameters: int | None = None,
+    image_limits: ImageLimits | None = None,
 ) -> Manifest:
     """Check a Hugging Face checkpoint directory and describe it as a manifest.
 
@@ -299,7 +326,8 @@ def inspect_model_dir(
     `allow_missing_weights` accepts a directory with config and tokenizer but no weights (an
     engine run with `--load-format dummy`, speed benchmarks at real shapes); its manifest lists
     no weight files and counts the parameters as 0. `num_parameters` is a count the caller
-    already has (a GGUF's, read when its core was written); else the weights' headers are read."""
+    already has (a GGUF's, read when its core was written); else the weights' headers are read.
+    A vision core records `image_limits` (DEFAULT_IMAGE_LIMITS when not given)."""
     model_dir = Path(model_dir)
     config_path = model_dir / "config.json"
     if not config_path.is_file():
@@ -359,6 +387,8 @@ def inspect_model_dir(
         chat_template_file=template_file,
         chat_template_sha256=template_sha,
         image_profile=_IMAGE_PROFILES.get(architecture, ""),
+        image_limits=(image_limits or DEFAULT_IMAGE_LIMITS) if capabilities.vision
+        else NO_IMAGE_LIMITS,
         context_hint=context_hint,
         capacity_hint=capacity_hint,
         capture_batch_sizes=tuple(capture_batch_sizes),

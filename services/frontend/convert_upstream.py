@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from services.common.api.chat import ImagePart
 from services.common.api.convert import finish_reason_from_pb, sampling_to_pb, usage_from_pb
+from services.common.core import NO_IMAGE_LIMITS, ImageLimits
 from services.common.pb import engine_pb2, imageprep_pb2
 from services.frontend.generate.types import (
     ChoiceStep,
@@ -76,10 +77,17 @@ def engine_step_from_pb(response: engine_pb2.EngineGenerateResponse) -> EngineSt
 def prepare_images_to_pb(*, request_id: str, profile: str, images: tuple[ImagePart, ...],
                          prompt_token_ids: list[int], image_token_id: int,
                          vision_start_token_id: int | None,
-                         message_token_ends: tuple[int, ...]) -> imageprep_pb2.PrepareRequest:
+                         message_token_ends: tuple[int, ...],
+                         limits: ImageLimits = NO_IMAGE_LIMITS) -> imageprep_pb2.PrepareRequest:
     message = imageprep_pb2.PrepareRequest(
         request_id=request_id, profile=profile, prompt_token_ids=prompt_token_ids,
         image_token_id=image_token_id, message_token_ends=list(message_token_ends))
+    if limits.max_image_pixels:      # the core's limits, applied by imageprep beside its own
+        message.max_image_pixels = limits.max_image_pixels
+    if limits.max_image_bytes:
+        message.max_image_bytes = limits.max_image_bytes
+    if limits.max_image_pixels or limits.max_image_bytes:
+        message.limits_source = ImageLimits.ORIGIN
     if vision_start_token_id is not None:
         message.vision_start_token_id = vision_start_token_id
     for image in images:

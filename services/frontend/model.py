@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.core import Manifest, ModelSource
+from services.common.core import NO_IMAGE_LIMITS, ImageLimits, Manifest, ModelSource
 from services.common.errors import NotFoundError
 from services.frontend.assets import FrontendAssets, load_assets
 from services.frontend.chat.renderer import ChatRenderer
@@ -29,6 +29,7 @@ class ImageTokens:
     profile: str                       # imageprep profile (qwen3_vl, qwen2_5_vl)
     image_token_id: int                # placeholder the template writes once per image
     vision_start_token_id: int | None
+    limits: ImageLimits = NO_IMAGE_LIMITS   # the core manifest's per-request image limits
 
 
 class FrontendModel:
@@ -92,4 +93,5 @@ class FrontendModel:
                         IMAGE_TOKEN)
             return None
         return ImageTokens(self.manifest.image_profile, image_id,
-                           self.tokenizer.token_to_id(VISION_START_TOKEN))
+                           self.tokenizer.token_to_id(VISION_START_TOKEN),
+                           self.manifest.image_limits)

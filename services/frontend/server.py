@@ -278,6 +278,9 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
             chat_template=model.chat_template,
             max_num_seqs=model.max_num_seqs,
             max_waiting=model.max_waiting,
+            max_images=manifest.image_limits.max_images,
+            max_image_bytes=manifest.image_limits.max_image_bytes,
+            max_image_pixels=manifest.image_limits.max_image_pixels,
         )
         return frontend_pb2.ListModelsResponse(models=[model_card_to_pb(card)])
 

@@ -45,7 +45,12 @@ def prepare_request_from_pb(message: imageprep_pb2.PrepareRequest) -> PrepareReq
         images=tuple(_image_input(i, s) for i, s in enumerate(message.images)),
         min_pixels=message.min_pixels if message.HasField("min_pixels") else None,
         max_pixels=message.max_pixels if message.HasField("max_pixels") else None,
-        prompt=prompt)
+        prompt=prompt,
+        max_image_bytes=(message.max_image_bytes if message.HasField("max_image_bytes")
+                         else None),
+        max_image_pixels=(message.max_image_pixels if message.HasField("max_image_pixels")
+                          else None),
+        limits_source=message.limits_source)
 
 
 def descriptor_to_pb(descriptor: ImageDescriptor) -> common_pb2.ImageDescriptor:

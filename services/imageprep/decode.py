@@ -17,7 +17,7 @@ protects:
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -41,6 +41,23 @@ class DecodeLimits:
     max_encoded_bytes: int          # checked by sources.py before base64 decoding
     max_decoded_pixels: int         # width x height from the header, before allocation
     max_progressive_scans: int = 100
+    # who set each limit (a refusal names it): imageprep's settings, or the model core's
+    # manifest when a Prepare request carries tighter limits (`narrowed`)
+    bytes_source: str = "imageprep's max_encoded_bytes setting"
+    pixels_source: str = "imageprep's max_decoded_pixels setting"
+
+    def narrowed(self, max_bytes: int | None, max_pixels: int | None, origin: str
+                 ) -> DecodeLimits:
+        """These limits with a caller's tighter ones (None or 0: no limit of its own), which
+        come from `origin` (the model core's manifest: its image_limits)."""
+        limits = self
+        if max_bytes and max_bytes < limits.max_encoded_bytes:
+            limits = replace(limits, max_encoded_bytes=max_bytes,
+                             bytes_source=f"image_limits.max_image_bytes of {origin}")
+        if max_pixels and max_pixels < limits.max_decoded_pixels:
+            limits = replace(limits, max_decoded_pixels=max_pixels,
+                             pixels_source=f"image_limits.max_image_pixels of {origin}")
+        return limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +96,7 @@ def _open(image: EncodedImage, limits: DecodeLimits) -> Image.Image:
     except Image.DecompressionBombError as exc:
         raise ImageDecodeError(
             f"the image is larger than the decoded-pixel limit of {limits.max_decoded_pixels} "
-            f"pixels ({exc})") from exc
+            f"pixels, set by {limits.pixels_source} ({exc})") from exc
     except UnidentifiedImageError as exc:
         raise ImageDecodeError(f"cannot decode the {image.media_type} image: not a valid "
                                "image of that type") from exc
@@ -94,7 +111,7 @@ def _check_header(pil: Image.Image, limits: DecodeLimits) -> None:
     if width * height > limits.max_decoded_pixels:
         raise ImageDecodeError(
             f"the image is {width}x{height} = {width * height} pixels; the decoded-pixel limit "
-            f"is {limits.max_decoded_pixels}")
+            f"is {limits.max_decoded_pixels}, set by {limits.pixels_source}")
     # A multi-picture JPEG (MPO: a phone photo with a depth map or a second view) is a still
     # image: its primary picture is the JPEG stream itself, the only one decoded.
     animated = getattr(pil, "is_animated", False) or getattr(pil, "n_frames", 1) > 1

@@ -39,18 +39,24 @@ class ImagePreparer:
         self._lock = threading.Lock()
         self._inflight: dict[bytes, concurrent.futures.Future[PreparedImage]] = {}
 
-    def encoded(self, image: ImageInput) -> EncodedImage:
+    def encoded(self, image: ImageInput, limits: DecodeLimits | None = None) -> EncodedImage:
+        limits = limits or self.limits
         if image.data_url and image.data:
             raise ValidationError("an image has either a data URL or raw data, not both")
         if image.data_url:
-            return parse_data_url(image.data_url, max_encoded_bytes=self.limits.max_encoded_bytes)
+            return parse_data_url(image.data_url, max_encoded_bytes=limits.max_encoded_bytes,
+                                  source=limits.bytes_source)
         if image.data:
             return from_bytes(image.data, image.media_type,
-                              max_encoded_bytes=self.limits.max_encoded_bytes)
+                              max_encoded_bytes=limits.max_encoded_bytes,
+                              source=limits.bytes_source)
         raise ValidationError("an image needs a data URL or raw data")
 
-    def prepare(self, image: ImageInput, settings: ProcessorSettings) -> Prepared:
-        encoded = self.encoded(image)
+    def prepare(self, image: ImageInput, settings: ProcessorSettings,
+                limits: DecodeLimits | None = None) -> Prepared:
+        """One image under `limits` (default: imageprep's own; a request's may be tighter)."""
+        limits = limits or self.limits
+        encoded = self.encoded(image, limits)
         key = source_key(encoded.media_type, encoded.data, settings)
         retained = self._retained(key)
         if retained is not None:
@@ -68,7 +74,7 @@ class ImagePreparer:
             if retained is not None:
                 mine.set_result(retained)
                 return Prepared(retained, cache_hit=True)
-            prepared = process_image(decode_image(encoded, self.limits), settings)
+            prepared = process_image(decode_image(encoded, limits), settings)
             self.cache.put(key, prepared)
             mine.set_result(prepared)
             return Prepared(prepared, cache_hit=False)

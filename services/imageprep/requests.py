@@ -35,6 +35,10 @@ class PrepareRequest:
     min_pixels: int | None = None         # None = the profile's value
     max_pixels: int | None = None
     prompt: PromptInput | None = None     # None = no expansion
+    # the caller's model limits (its core manifest's image_limits), beside imageprep's own
+    max_image_bytes: int | None = None
+    max_image_pixels: int | None = None
+    limits_source: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,11 +116,13 @@ class ImagePrepService:
         started = time.perf_counter()
         self._validate(request)
         settings = self.resolver.resolve(request.profile, request.min_pixels, request.max_pixels)
+        limits = self.preparer.limits.narrowed(request.max_image_bytes, request.max_image_pixels,
+                                               request.limits_source or "the caller's request")
         self._admit(len(request.images))
         try:
             jobs = []
             for image in request.images:
-                job = self._workers.submit(self.preparer.prepare, image, settings)
+                job = self._workers.submit(self.preparer.prepare, image, settings, limits)
                 job.add_done_callback(self._job_done)
                 jobs.append(job)
             outcomes = await asyncio.gather(*(asyncio.wrap_future(j) for j in jobs),

@@ -16,6 +16,7 @@ PNG = "image/png"
 JPEG = "image/jpeg"
 WEBP = "image/webp"
 MEDIA_TYPES = (PNG, JPEG, WEBP)
+BYTES_SOURCE = "imageprep's max_encoded_bytes setting"
 
 # Magic numbers of each accepted format (WebP: RIFF....WEBP).
 _SIGNATURES = {PNG: (b"\x89PNG\r\n\x1a\n",), JPEG: (b"\xff\xd8\xff",)}
@@ -38,10 +39,11 @@ def _check_media_type(media_type: str, param: str) -> str:
     return normalized
 
 
-def _check_size(num_bytes: int, limit: int, param: str) -> None:
+def _check_size(num_bytes: int, limit: int, param: str, source: str) -> None:
     if num_bytes > limit:
         raise ImageDecodeError(
-            f"encoded image is {num_bytes} bytes; the limit is {limit} bytes", param=param)
+            f"encoded image is {num_bytes} bytes; the limit is {limit} bytes, set by {source}",
+            param=param)
 
 
 def sniff_media_type(data: bytes) -> str | None:
@@ -68,7 +70,8 @@ def _check_content(image: EncodedImage, param: str) -> EncodedImage:
     return image
 
 
-def parse_data_url(url: str, *, max_encoded_bytes: int, param: str = "image") -> EncodedImage:
+def parse_data_url(url: str, *, max_encoded_bytes: int, param: str = "image",
+                   source: str = BYTES_SOURCE) -> EncodedImage:
     """`data:image/png;base64,....` -> EncodedImage (limits checked before decoding)."""
     head, comma, payload = url.partition(",")
     scheme = head[:5].lower()
@@ -87,7 +90,8 @@ def parse_data_url(url: str, *, max_encoded_bytes: int, param: str = "image") ->
     media_type = _check_media_type(media_type, param)
     payload = "".join(payload.split())  # tolerate line breaks from MIME encoders
     # Each 4 base64 characters hold 3 bytes: refuse by the decoded length before decoding.
-    _check_size(len(payload) // 4 * 3 - payload[-2:].count("="), max_encoded_bytes, param)
+    _check_size(len(payload) // 4 * 3 - payload[-2:].count("="), max_encoded_bytes, param,
+                source)
     try:
         data = binascii.a2b_base64(payload, strict_mode=True)
     except (binascii.Error, ValueError) as exc:
@@ -96,10 +100,10 @@ def parse_data_url(url: str, *, max_encoded_bytes: int, param: str = "image") ->
 
 
 def from_bytes(data: bytes, media_type: str, *, max_encoded_bytes: int,
-               param: str = "image") -> EncodedImage:
+               param: str = "image", source: str = BYTES_SOURCE) -> EncodedImage:
     """Raw encoded bytes with their declared media type -> EncodedImage."""
     if not media_type:
         raise ValidationError("media_type is required with raw image bytes", param=param)
     media_type = _check_media_type(media_type, param)
-    _check_size(len(data), max_encoded_bytes, param)
+    _check_size(len(data), max_encoded_bytes, param, source)
     return _check_content(EncodedImage(media_type, bytes(data)), param)

@@ -3,7 +3,9 @@ imageprep, engine) with a tiny random-weight Qwen2.5-VL checkpoint (the real Qwe
 a Qwen-VL chat template) and the official openai, anthropic and ollama SDKs: the greedy
 answer to an image and a question equals transformers' generate on the same pixels and
 prompt; usage counts the image tokens; the second request with the same image hits the
-engine's feature cache; remote URLs get a clear 400; /api/show lists vision."""
+engine's feature cache; remote URLs get a clear 400; /api/show lists vision. The checkpoint
+runs as a prepared core whose manifest sets tight image limits (LIMITS): refusals past them
+are 400s that state the limit and that the manifest set it."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import pytest
 import torch
 
 from services.common import assets
+from services.common.core import ImageLimits, prepare_core
 from tests.engine.model.vision.checkpoints import _perturb
 from tests.support.processes import HeliosRun, free_port
 
@@ -36,6 +39,8 @@ TEMPLATE = (
 QUESTION = "What is in this picture?"
 NEW = 8
 EXACT = {"ignore_eos": True, "temperature": 0}
+# far below imageprep's own settings (20 MiB, 64 Mpx), above every image the tests answer
+LIMITS = ImageLimits(max_images=3, max_image_bytes=200_000, max_image_pixels=200_000)
 
 
 def build_model(root):
@@ -162,9 +167,11 @@ def vision_stack(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen2_5_vl-tiny")
     reference = build_model(root)
     tokenizer = transformers.AutoTokenizer.from_pretrained(root)
+    core = root.parent / "core"
+    prepare_core(root, core, image_limits=LIMITS)
     runtime = root.parent / "run"
     runtime.mkdir(exist_ok=True)
-    run = HeliosRun([str(root)], root.parent / "helios-run.log", runtime, free_port())
+    run = HeliosRun([str(core)], root.parent / "helios-run.log", runtime, free_port())
     try:
         run.wait_output("Helios is serving", timeout=300)
         yield run, reference, tokenizer
@@ -222,6 +229,55 @@ def test_remote_urls_are_refused(vision_stack):
                 {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
                 {"type": "text", "text": QUESTION}]}])
     assert "remote image URLs are not fetched" in str(info.value)
+    assert "inline images only" in str(info.value)
+
+
+def _image_chat(oai, name: str, pngs: list[bytes]):
+    content = [{"type": "image_url", "image_url": {
+        "url": "data:image/png;base64," + base64.b64encode(png).decode()}} for png in pngs]
+    return oai.chat.completions.create(model=name, max_tokens=2, messages=[{
+        "role": "user", "content": [*content, {"type": "text", "text": QUESTION}]}])
+
+
+def flat_png(height: int, width: int) -> bytes:
+    """Many pixels in few bytes (one colour compresses to almost nothing)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (90, 140, 200)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_image_limits_come_from_the_core_manifest(vision_stack):
+    """/v1/models shows the manifest's limits; more images, more bytes or more pixels than
+    it allows are 400s that state the limit and its origin (the manifest, not imageprep's
+    own, looser settings); at the limits the request is served."""
+    run, _, _ = vision_stack
+    oai = openai.OpenAI(base_url=run.url + "/v1", api_key="k", max_retries=0, timeout=120)
+    model = oai.models.list().data[0]
+    assert model.model_extra["image_limits"] == {
+        "max_images": 3, "max_image_bytes": 200_000, "max_image_pixels": 200_000}
+    small = png_bytes(28, 28, 3)
+    assert _image_chat(oai, model.id, [small] * 3).choices[0].finish_reason == "length"
+    origin = "of the model core's manifest (helios-core.json)"
+    with pytest.raises(openai.BadRequestError) as info:
+        _image_chat(oai, model.id, [small] * 4)
+    assert "4 images in one request; the limit is 3 images per request, set by " \
+        f"image_limits.max_images {origin}" in str(info.value)
+    large = png_bytes(300, 300, 4)
+    assert len(large) > 200_000
+    with pytest.raises(openai.BadRequestError) as info:
+        _image_chat(oai, model.id, [small, large])
+    assert f"image 1 is {len(large)} bytes encoded; the limit is 200000 bytes per image, " \
+        f"set by image_limits.max_image_bytes {origin}" in str(info.value)
+    wide = flat_png(400, 600)
+    assert len(wide) < 200_000
+    with pytest.raises(openai.BadRequestError) as info:
+        _image_chat(oai, model.id, [wide])
+    assert "the image is 600x400 = 240000 pixels; the decoded-pixel limit is 200000, set " \
+        f"by image_limits.max_image_pixels {origin}" in str(info.value)
+    assert _image_chat(oai, model.id, [flat_png(400, 500)]).choices[0].finish_reason == \
+        "length"
 
 
 def test_an_image_imageprep_lost_fails_only_its_request(vision_stack):

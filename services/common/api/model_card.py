@@ -25,6 +25,10 @@ class ModelCard:
     chat_template: str = ""
     max_num_seqs: int = 0                     # the engine's request slots (0: unknown)
     max_waiting: int = 0                      # its waiting queue (requests)
+    # vision models: the core manifest's per-request image limits (0: none of its own)
+    max_images: int = 0
+    max_image_bytes: int = 0
+    max_image_pixels: int = 0
 
     def answers_to(self, name: str) -> bool:
         return name == self.id or name == self.root or name in self.aliases

@@ -12,6 +12,7 @@ from services.common.api.generate import GenerateRequest, ResponseFormatType
 from services.common.errors import ContextOverflowError, UnsupportedError, ValidationError
 from services.frontend.bounded_encode import PromptTooLong
 from services.frontend.generate.types import OutputOptions, PreparedRequest
+from services.frontend.image_limits import check_image_limits
 from services.frontend.model import FrontendModel
 from services.frontend.parsers.reasoning import starts_in_reasoning
 from services.frontend.parsers.select import HARMONY
@@ -125,6 +126,7 @@ class RequestPreparer:
         if images and not model.supports_vision:
             raise UnsupportedError(f"the model {model.name} does not accept images",
                                    param="messages")
+        check_image_limits(images, model.manifest.image_limits)
         template = model.renderer.template_for(chat)
         if chat.offers_tools and not template.uses_tools:
             raise UnsupportedError(f"the chat template of {model.name} does not support tools",

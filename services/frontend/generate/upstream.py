@@ -86,7 +86,7 @@ class ImagePrepClient:
             request_id=request_id, profile=tokens.profile, images=images,
             prompt_token_ids=prompt_token_ids, image_token_id=tokens.image_token_id,
             vision_start_token_id=tokens.vision_start_token_id,
-            message_token_ends=message_token_ends)
+            message_token_ends=message_token_ends, limits=tokens.limits)
         try:
             response = await self._stub.Prepare(message)
         except grpc.aio.AioRpcError as exc:

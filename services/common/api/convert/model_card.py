@@ -15,7 +15,10 @@ def model_card_to_pb(card: ModelCard) -> frontend_pb2.ModelCard:
         created=card.created, owned_by=card.owned_by, architecture=card.architecture,
         family=card.family, num_parameters=card.num_parameters, dtype=card.dtype,
         size_bytes=card.size_bytes, digest=card.digest, chat_template=card.chat_template,
-        max_num_seqs=card.max_num_seqs, max_waiting=card.max_waiting)
+        max_num_seqs=card.max_num_seqs, max_waiting=card.max_waiting,
+        image_limits=common_pb2.ImageLimits(max_images=card.max_images,
+                                            max_image_bytes=card.max_image_bytes,
+                                            max_image_pixels=card.max_image_pixels))
 
 
 def model_card_from_pb(pb: frontend_pb2.ModelCard) -> ModelCard:
@@ -26,4 +29,6 @@ def model_card_from_pb(pb: frontend_pb2.ModelCard) -> ModelCard:
         owned_by=pb.owned_by or "helios", architecture=pb.architecture, family=pb.family,
         num_parameters=pb.num_parameters, dtype=pb.dtype, size_bytes=pb.size_bytes,
         digest=pb.digest, chat_template=pb.chat_template, max_num_seqs=pb.max_num_seqs,
-        max_waiting=pb.max_waiting)
+        max_waiting=pb.max_waiting, max_images=pb.image_limits.max_images,
+        max_image_bytes=pb.image_limits.max_image_bytes,
+        max_image_pixels=pb.image_limits.max_image_pixels)
