@@ -13,7 +13,8 @@ tokens its draft KV holds. A round keeps the longest prefix of those that the ch
 tokens repeat (accepted drafts stay, the KV of rejected drafts is rolled back by truncating
 the entry: the next forward overwrites those positions), feeds the rest (catching up on the
 accepted tokens and the correction; a new choice prefills its prompt in chunks), then runs
-k - 1 one-token forwards for the drafts after the first. Without free pages the least
+k - 1 one-token forwards for the drafts after the first (the policy picks k before, from
+the acceptance statistics and, with the cost model, the measured `forward_s`). Without free pages the least
 recently used other choices give theirs back (they prefill again when next asked); a choice
 that still does not fit gets no drafts this round.
 
@@ -32,6 +33,8 @@ from __future__ import annotations
 
 import collections
 import json
+import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +86,7 @@ class DraftModelProposer:
         self.device = model.device
         self._free = list(range(kv.num_pages - 1, -1, -1))
         self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
+        self._forward_times: collections.deque[float] = collections.deque(maxlen=9)
 
     @property
     def free_pages(self) -> int:
@@ -108,6 +112,7 @@ class DraftModelProposer:
         if not self._reserve(handle.slot, entry, len(tokens) + limit - 1):
             self._drop(handle.slot)
             return (), 0
+        started = time.perf_counter()
         forwards = 0
         logits = None
         while len(entry.tokens) < len(tokens):     # catch up (chunked), the last row's logits
@@ -122,7 +127,15 @@ class DraftModelProposer:
                 break
             logits = self._forward(entry, drafts[-1:])
             forwards += 1
+        # each draft read back its token, so the wall time covers the device's work
+        self._forward_times.append((time.perf_counter() - started) / forwards)
         return tuple(drafts), forwards
+
+    @property
+    def forward_s(self) -> float:
+        """A draft forward's measured duration (the median of recent rounds; 0: none yet):
+        the width policy weighs drafts by it when the cost model is on."""
+        return statistics.median(self._forward_times) if self._forward_times else 0.0
 
     def _forward(self, entry: _Entry, chunk: list[int]) -> torch.Tensor:
         """Feed `chunk` after the entry's tokens (writing its KV); the last row's logits."""
@@ -207,14 +220,15 @@ def open_drafter(model_path: str, target: ModelSource, device: torch.device,
                  dtype: torch.dtype, max_positions: int, *, dummy_seed: int | None = None
                  ) -> Drafter:
     """Open and load `speculative_model` after checking that it shares the target's
-    vocabulary (`dummy_seed`: random weights, as `--load-format dummy` loads the target)."""
+    vocabulary (`dummy_seed`: random weights, as `--load-format dummy` loads the target; the
+    target's own directory then drafts with the target's weights)."""
     source = open_model(model_path, allow_missing_weights=dummy_seed is not None)
     token_vocab = check_same_vocabulary(target, source, model_path)
     config = ModelConfig.from_dict(source.config)
     max_positions = min(max_positions, config.max_context)
     if dummy_seed is not None:
         model = load_dummy_model(config, device, dtype, max_positions=max_positions,
-                                 seed=dummy_seed + 1)
+                                 seed=dummy_seed)
     else:
         model = load_model(source, device, dtype, max_positions=max_positions)
     return Drafter(model, config, token_vocab, dtype, max_positions)

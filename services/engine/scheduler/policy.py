@@ -25,7 +25,7 @@ a decode may be planned behind a sequence's in-flight step (`can_follow`).
 
 from __future__ import annotations
 
-from services.engine.scheduler.costs import chunk_budget
+from services.engine.scheduler.costs import chunk_budget, shape_label
 from services.engine.scheduler.plan import PlannedSeq
 from services.engine.scheduler.proposals import SequenceProposer
 from services.engine.scheduler.residency import drop_waiting_pins, preempt
@@ -36,6 +36,7 @@ from services.engine.scheduler.speculation import (
     PROBE_EVERY,
     choose_width,
     extra_row_cost,
+    verify_label,
     worth_verifying,
 )
 from services.engine.scheduler.state import SchedulerState, order_key
@@ -191,9 +192,17 @@ def _with_drafts(state: SchedulerState, seq: Sequence, planned: PlannedSeq,
     if proposer is None or not seq.request.request.speculative:
         return planned
     stats = seq.speculation
-    drafts = _proposals(state, seq)[:room]
-    stats.proposed = bool(drafts)
-    width = choose_width(stats, getattr(proposer, "source", COPY), len(drafts), row_cost)
+    source = getattr(proposer, "source", COPY)
+    if isinstance(proposer, SequenceProposer):
+        # a draft model's forwards cost time: the width first, then only that many drafts
+        stats.proposed = True
+        width = choose_width(stats, source, min(room, proposer.num_tokens), row_cost)
+        drafts = _proposals(state, seq, width) if width else ()
+        width = len(drafts)
+    else:
+        drafts = _proposals(state, seq, room)
+        stats.proposed = bool(drafts)
+        width = choose_width(stats, source, len(drafts), row_cost)
     if not width:
         # a due probe that found no proposal starts the count again (else the choice would
         # never again decode behind its in-flight step: wants_drafts)
@@ -204,11 +213,11 @@ def _with_drafts(state: SchedulerState, seq: Sequence, planned: PlannedSeq,
                       max_emit=1 + len(drafts), draft_token_ids=drafts)
 
 
-def _proposals(state: SchedulerState, seq: Sequence) -> tuple[int, ...]:
+def _proposals(state: SchedulerState, seq: Sequence, room: int) -> tuple[int, ...]:
     proposer = state.config.proposer
     assert proposer is not None
-    left = min((seq.request.stop.max_tokens or 0) - len(seq.output_ids),
-               state.config.max_model_len - seq.total_len) - 1
+    left = min((seq.request.stop.max_tokens or 0) - len(seq.output_ids) - 1,
+               state.config.max_model_len - seq.total_len - 1, room)
     if left <= 0:
         return ()
     tokens = seq.tokens(0, seq.total_len)
@@ -240,14 +249,23 @@ def wants_drafts(state: SchedulerState, seq: Sequence) -> bool:
 
 
 def _row_cost(state: SchedulerState, num_seqs: int) -> float:
-    """An extra verified row's relative cost: measured with the cost model on (CUDA),
-    the default estimate otherwise (CPU timings are host noise, and plans stay
-    deterministic)."""
+    """An extra verified row's relative cost (plus, for a draft model, its forward per
+    draft): measured with the cost model on (CUDA), the default estimate otherwise (CPU
+    timings are host noise, and plans stay deterministic)."""
     if not state.config.cost_model:
         return DEFAULT_ROW_COST
     proposer = state.config.proposer
     width = 1 + getattr(proposer, "num_tokens", 1)
-    return extra_row_cost(state.costs, max(1, num_seqs), width)
+    cost = extra_row_cost(state.costs, max(1, num_seqs), width)
+    # a draft model's forward per draft, relative to this batch's decode (unmeasured while
+    # every round verifies: then to its verification, a decode's upper bound)
+    forward_s = getattr(proposer, "forward_s", 0.0)
+    batch = max(1, num_seqs)
+    decode_s = state.costs.estimated_duration_s("decode", shape_label(batch, batch)) or \
+        state.costs.estimated_duration_s("verify", verify_label(batch, width))
+    if forward_s and decode_s:
+        cost += forward_s / decode_s
+    return cost
 
 
 def _switch_off(state: SchedulerState, chosen: list[PlannedSeq]) -> int:
