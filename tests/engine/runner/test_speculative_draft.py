@@ -198,3 +198,35 @@ def test_another_vocabulary_is_refused(source, tmp_path):
     write_byte_tokenizer(smaller, VOCAB_SIZE - 8)
     with pytest.raises(ValidationError, match="312 tokens vs 320"):
         _draft_engine(source, smaller)
+
+
+def test_grammar_and_stops_with_a_draft_model(source, perturbed_dir):
+    """JSON-schema outputs (greedy and seeded), a stop id and min_tokens inside verified
+    runs, max_tokens cutting the drafts: the plain engine's tokens and finish reasons."""
+    import dataclasses
+
+    from services.engine.scheduler.requests import FinishReason, StopRules
+    from tests.engine.grammar.conftest import constrained, schema_spec
+    from tests.engine.runner.test_speculative import SCHEMA
+
+    prompt = _prompt(21, 8, 256)
+    probe = _drive(make_engine(source, **VALUES), [greedy_request("p", prompt, 20)])["p"][0]
+    stop_id = probe[9]
+    base = greedy_request("stop", prompt, 20)
+    spec = schema_spec(SCHEMA)
+    requests = [
+        dataclasses.replace(base, stop=StopRules(max_tokens=20,
+                                                 stop_token_ids=frozenset({stop_id}))),
+        dataclasses.replace(base, request_id="late", stop=StopRules(
+            max_tokens=20, min_tokens=probe.index(stop_id) + 1,
+            stop_token_ids=frozenset({stop_id}))),
+        greedy_request("short", prompt, 7),
+        constrained("j", prompt[:11], spec, 150, temperature=0.0),
+        constrained("k", prompt[:7], spec, 150, seed=3, temperature=0.8)]
+    plain = make_engine(source, **VALUES, structured_outputs="eager")
+    reference = _drive(plain, requests, plain.grammars)
+    assert reference["stop"][2] is FinishReason.STOP and reference["j"][2] is FinishReason.STOP
+    for draft in (source.root, perturbed_dir):
+        engine = _draft_engine(source, draft, structured_outputs="eager")
+        assert _drive(engine, requests, engine.grammars) == reference
+        assert engine.scheduler.state.counters.spec_accepted_tokens > 0
