@@ -1,0 +1,118 @@
+"""Batch-1 speculative decoding with a draft model (`--speculative-method draft`) at the
+Qwen3-8B shape (dummy bf16 weights), against speculation off in the same process.
+
+    python benchmarks/bench_speculative_draft.py --out benchmarks/out/gpu
+    python benchmarks/bench_speculative_draft.py --smoke    # CPU check (tiny shapes; also
+                                                            # what runs without CUDA)
+
+Random weights make real acceptance unmeasurable, so two drafts bound it:
+- `self`: the target's own shape with the same dummy seed, i.e. the target's weights:
+  every greedy draft is accepted (bf16 near-ties aside), so the row shows what the drafter
+  costs when it is always right (the ceiling of draft-model speculation at this drafter
+  speed);
+- `0.6b`: the Qwen3-0.6B shape (the issue's pairing) with random weights: drafts are
+  rejected, so the row shows the policy narrowing the width to zero (probes only) and the
+  overhead left.
+Per row: output tok/s, speedup over plain decoding of the same prompt, tokens per round,
+acceptance, mean width, drafter forwards per round, the drafter's measured forward (ms) and
+how long the output stays the plain one. Writes speculative_draft.json under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_speculative import _agree, _build, _cell, _request, _row, _serve
+from benchmarks.model_shapes import SHAPES, write_shape
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_window_layers=2)
+
+
+def _shape(name: str, directory: Path, smoke: bool, layers: int = 2) -> Path:
+    path = write_shape(name, directory)
+    if smoke:
+        config = {**SHAPES[name], **TINY, "num_hidden_layers": layers}
+        (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return path
+
+
+def _free() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--kv-cache-gib", type=float, default=4.0)
+    parser.add_argument("--smoke", action="store_true", help="CPU check: tiny shapes")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available() and not args.smoke:
+        print("no CUDA device: running the tiny CPU smoke instead", flush=True)
+        args.smoke = True
+    if args.smoke:
+        args.input_len, args.output_len, args.max_num_seqs, args.max_model_len = 32, 24, 4, 256
+    kv = dict(kv_cache_bytes=int(args.kv_cache_gib * 2**30)) if not args.smoke else {}
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        target = _shape("qwen3-8b", Path(tmp) / "qwen3-8b", args.smoke)
+        drafts = {"self": target,
+                  "0.6b": _shape("qwen3-0.6b", Path(tmp) / "qwen3-0.6b", args.smoke, 1)}
+        engine = _build(target, args, **kv)
+        vocab = engine.scheduler.limits.vocab_size
+        prompt = [random.Random(0).randrange(vocab) for _ in range(args.input_len)]
+        _serve(engine, [_request("warm", prompt[:32], 8)])
+        plain, decode_s, _ = _serve(engine, [_request("plain", prompt, args.output_len)])
+        base = _row("off", engine, plain, decode_s, 0.0, {})
+        results.append(base)
+        del engine
+        _free()
+        for name, draft in drafts.items():
+            engine = _build(target, args, speculative_method="draft",
+                            speculative_model=str(draft), num_speculative_tokens=args.k, **kv)
+            _serve(engine, [_request("warm", prompt[:32], 8)])
+            engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+            tokens, spec_s, _ = _serve(engine, [_request("d", prompt, args.output_len)])
+            counters = engine.scheduler.state.counters
+            proposer = engine.scheduler.state.config.proposer
+            results.append(_row(f"draft {name} k={args.k}", engine, tokens, spec_s,
+                                base["tok_s"], {
+                "drafter_forwards_per_round": round(counters.spec_drafter_steps /
+                                                    max(1, counters.spec_rounds), 3),
+                "drafter_forward_ms": round(1e3 * getattr(proposer, "forward_s", 0.0), 3),
+                "same_as_plain_until": _agree(tokens["d"], plain["plain"])}))
+            del engine, proposer
+            _free()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "speculative_draft.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(f"{'run':<20}{'tok/s':>9}{'speedup':>9}{'tok/round':>10}{'accept':>8}{'width':>7}"
+          f"{'fwd/rnd':>8}{'fwd ms':>8}{'same':>6}")
+    for r in results:
+        print(f"{r['name']:<20}{_cell(r, 'tok_s', 9)}{_cell(r, 'speedup', 9)}"
+              f"{_cell(r, 'tokens_per_round', 10)}{_cell(r, 'acceptance', 8)}"
+              f"{_cell(r, 'mean_width', 7)}{_cell(r, 'drafter_forwards_per_round', 8)}"
+              f"{_cell(r, 'drafter_forward_ms', 8)}{_cell(r, 'same_as_plain_until', 6)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
