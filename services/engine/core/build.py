@@ -238,12 +238,7 @@ def build_engine(config: EngineConfig, source: ModelSource,
     tokenizer = source.path(manifest.tokenizer_file) if manifest.tokenizer_file else None
     token_vocab = token_vocab_size(tokenizer, model_config.vocab_size)
     choice = resolve_runner(config, device)
-    vision = build_vision(config, model)
-    if vision is not None and choice.graph:
-        # mRoPE rows and image features go through the eager runner; the graph runner's
-        # captured steps take 1-D positions
-        log.info("vision model: the eager torch runner serves it (no CUDA graphs)")
-        choice = RunnerChoice(False, 0, False, choice.cost_model)
+    vision = build_vision(config, model)     # both runners feed its image rows eagerly
     runner: Runner
     if choice.graph:
         graph_runner = GraphRunner(model, kv, snapshots, GraphRunnerConfig(
@@ -252,7 +247,7 @@ def build_engine(config: EngineConfig, source: ModelSource,
             graph_max_batch=choice.graph_max_batch, overlap=choice.overlap,
             eos_token_ids=eos, token_vocab=token_vocab,
             max_drafts=config.num_speculative_tokens
-            if config.speculative_method != "none" else 0), host_kv=host_kv)
+            if config.speculative_method != "none" else 0), host_kv=host_kv, vision=vision)
         phases.start("capture CUDA graphs")
         graph_runner.capture()
         runner = graph_runner

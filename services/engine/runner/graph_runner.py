@@ -20,12 +20,18 @@ sampling. Nothing in `submit` waits for the device: the
 engine loop plans and submits step N+1 while step N runs (window 2), and a decode planned
 behind step N takes its input token from N's device-side output.
 
+A vision-language model (mRoPE positions [3, T], image features) replays the same graphs
+for its text rows (decodes past the images: each row's position offset rides in the frame,
+runner/vision_rows.py); a step that feeds image rows runs eagerly with its [3, T] rows and
+the image features the vision stage prepared (released when the step's completion is read).
+
 On the CPU the same code runs eagerly and synchronously (no graphs, no streams): the tests
 compare it with TorchRunner token for token.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -55,8 +61,11 @@ from services.engine.runner.slot_state import FLOAT_FIELDS, INT_FIELDS, SlotInfo
 from services.engine.runner.snapshots import SnapshotStore
 from services.engine.runner.step_body import StepBody
 from services.engine.runner.step_inputs import GraphPads, StepInputs, StepLimits
+from services.engine.runner.vision_rows import eager_rows, graph_offsets, step_embeds
 from services.engine.scheduler.plan import Completion, SamplingInit, SeqResult, Step
 from services.engine.scheduler.requests import SampledLogprobs, TokenLogprob
+from services.engine.vision.prompt import MultimodalPrompt
+from services.engine.vision.stage import VisionStage
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +96,12 @@ class _InFlight:
 
 class GraphRunner:
     def __init__(self, model: CausalLM, kv: KVCache, snapshots: SnapshotStore,
-                 config: GraphRunnerConfig, host_kv: HostKVStore | None = None) -> None:
+                 config: GraphRunnerConfig, host_kv: HostKVStore | None = None,
+                 vision: VisionStage | None = None) -> None:
         self.model = model
+        self.vision = vision              # image features of vision models (vision/stage.py)
+        self.mrope = model.position_rows == 3
+        self._multimodal: dict[int, MultimodalPrompt | None] = {}   # by slot
         self.kv = kv
         self.snapshots = snapshots
         self.host_kv = host_kv            # the host tier's pages (--kv-offload-gib)
@@ -199,6 +212,7 @@ class GraphRunner:
         for seq in step.seqs:
             if seq.init is not None:
                 inits.append((state.register(seq.handle, seq.init), seq.init))
+                self._multimodal[seq.handle.slot] = seq.init.multimodal
         sampling = [i for i, seq in enumerate(step.seqs) if seq.sample]
         for i in sampling:
             seq = step.seqs[i]
@@ -217,13 +231,21 @@ class GraphRunner:
         sampled = tuple(layout.sample_seqs)
         graph = self._graph_shape(step)
         values = StepInputs.empty()
+        offsets = graph_offsets(step, layout, self._multimodal) \
+            if self.mrope and graph is not None else None
+        if self.mrope and offsets is None:
+            graph = None                   # image rows (or unequal mRoPE rows): eager
         if graph is not None:
             pack_decode(values, step, layout, self.mirror)
             if graph.width > 1:
                 pack_verify(values, step, layout, state.padding_row)
+            values.rope_offsets = offsets or []
             shape = None
         else:
             shape = pack_eager(values, step, layout, self.mirror, state.padding_row)
+            if self.mrope:
+                values.mrope_rows = eager_rows(step, layout, self._multimodal)
+                shape = dataclasses.replace(shape, mrope_rows=True)
         state.pack_inits(values, inits)
         state.pack_bitmasks(values, bitmasks, released)
         stream = torch.cuda.stream(self.model_stream) if self.model_stream else nullcontext()
@@ -252,7 +274,9 @@ class GraphRunner:
                 rows = graph.tokens
             else:
                 assert shape is not None
-                hidden = self.body.run(views, shape, mode, logprobs, grammar)
+                images = step_embeds(step, layout, self._multimodal, self.vision) \
+                    if self.mrope and layout.num_tokens else None
+                hidden = self.body.run(views, shape, mode, logprobs, grammar, images)
                 self._captures(step, layout, hidden)
                 scores = score_step(self.model, step, layout, hidden, self.config.token_vocab)
                 self.eager_steps += 1
@@ -375,6 +399,10 @@ class GraphRunner:
                     for row in rows[:len(emitted)])
             tokens[index] = (tuple(emitted), details)
         scores = flight.scores.collect()     # the frame's event covers the scoring work
+        encoded, encoder_s = 0, 0.0
+        if self.vision is not None:          # the device is done with the step's features
+            self.vision.complete(step.fence)
+            encoded, encoder_s = self.vision.take_step_work()
         results = []
         for index, seq in enumerate(step.seqs):
             prompt_logprobs, pooled = scores.get(index, ((), ()))
@@ -385,4 +413,4 @@ class GraphRunner:
             else:
                 results.append(SeqResult(seq.handle, seq.end, (),
                                          prompt_logprobs=prompt_logprobs, pooled=pooled))
-        return Completion(step.fence, tuple(results), duration)
+        return Completion(step.fence, tuple(results), duration, encoded, encoder_s)

@@ -2,12 +2,15 @@
 path runs for prefill, mixed and resume steps.
 
     hidden = body.run(views, shape, mode, logprobs)
+    hidden = body.run(views, shape, mode, logprobs, images=embeds)   # an eager step of a VLM
 
 1. Fed tokens: a row whose `pending_slot` is >= 0 takes that slot's last sampled token from
    device memory (a decode planned before the token reached the host); others the host's id.
 2. Page-table updates are scattered into the persistent table; the step's rows are gathered.
 3. The forward pass writes K/V and returns hidden states; each fed sequence's last row is kept
-   per slot by position parity (terminal checkpoints read it later).
+   per slot by position parity (terminal checkpoints read it later). An mRoPE model reads
+   positions [3, T]: an eager step's packed rows (with the image features of its image
+   rows), or, in a graph, each row's index plus its offset on all three rows (text tokens).
 4. Sampling rows (forward rows, or snapshot states for full-prefix hits at index T + k) give
    logits; the slot sampler (with the slots' grammar bitmasks in a `grammar` step) writes
    ids/logprobs into the persistent outputs and advances the slots' state.
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.model import AttentionMetadata, CausalLM, ForwardBatch, KVCache
+from services.engine.model.vision.inputs import ImageEmbeds
 from services.engine.runner.slot_sampler import SampleOutputs, VerifyRows, sample_rows
 from services.engine.runner.slot_state import SamplingMode, SlotState
 from services.engine.runner.snapshots import SnapshotStore
@@ -42,6 +46,7 @@ class StepShape:
     max_seq_len: int
     is_decode_graph: bool       # T == B, one token per sequence, every row samples
     verify: bool = False        # some sequence verifies drafts (per-row sampling inputs)
+    mrope_rows: bool = False    # an eager step of an mRoPE model: `mrope_rows` holds [3, T]
     all_rows_sample: bool = False   # a verification graph: every packed row samples, in order
 
 
@@ -56,7 +61,8 @@ class StepBody:
         self.outputs = outputs
 
     def run(self, views: StepInputs[torch.Tensor], shape: StepShape, mode: SamplingMode,
-            logprobs: bool, grammar: bool = False) -> torch.Tensor | None:
+            logprobs: bool, grammar: bool = False, images: ImageEmbeds | None = None
+            ) -> torch.Tensor | None:
         state = self.state
         pending = views.pending_slot
         input_ids = torch.where(pending >= 0,
@@ -74,7 +80,9 @@ class StepBody:
                 page_table=self.page_table.index_select(0, seq_slots),            # [B, W]
                 slot_mapping=views.slot_mapping, max_query_len=shape.max_query_len,
                 max_seq_len=shape.max_seq_len)
-            hidden = self.model(ForwardBatch(input_ids, positions, meta), self.kv).hidden  # [T, H]
+            batch = ForwardBatch(input_ids, self._model_positions(views, shape), meta,
+                                 images=images)
+            hidden = self.model(batch, self.kv).hidden                                # [T, H]
         if shape.is_decode_graph:
             assert hidden is not None
             cells = seq_slots * 2 + positions % 2
@@ -114,3 +122,13 @@ class StepBody:
             state.last_hidden.index_copy_(0, torch.where(last, views.sample_cells, padding),
                                           sample_hidden)
         return hidden
+
+    def _model_positions(self, views: StepInputs[torch.Tensor], shape: StepShape
+                         ) -> torch.Tensor:
+        """The positions the model reads: [T], or an mRoPE model's [3, T] (packed rows, or
+        index + offset on every row: text tokens, whose three rows are equal)."""
+        if self.model.position_rows != 3:
+            return views.positions
+        if shape.mrope_rows:
+            return views.mrope_rows.view(3, -1)
+        return (views.positions + views.rope_offsets).unsqueeze(0).expand(3, -1)

@@ -135,6 +135,8 @@ class StepInputs(Generic[V]):
                              lambda pads, count: -1)
     pending_slot: V = _input(I64, lambda lim: lim.tokens, _rows,       # [T] slot feeding the row
                              lambda pads, count: -1)
+    rope_offsets: V = _input(I64, lambda lim: lim.tokens, _rows)       # [T] mRoPE models: the
+                                                                       # rows' position - index
     seq_slots: V = _input(I64, lambda lim: lim.seqs, _seqs,            # [B] slot of each sequence
                           lambda pads, count: pads.padding_row)
     update_index: V = _input(I64, lambda lim: lim.table_cells, _cells,  # [U] page-table cells
@@ -160,6 +162,8 @@ class StepInputs(Generic[V]):
     sample_rows: V = _input(I64, lambda lim: lim.samples)               # [S] row (T + k: resumed)
     resume_ids: V = _input(I64, lambda lim: lim.resumes)                # [Z] snapshot rows
     resume_cells: V = _input(I64, lambda lim: lim.resumes)              # [Z] slot * 2 + parity
+    mrope_rows: V = _input(I64, lambda lim: 3 * lim.tokens)             # [3 * T] mRoPE models:
+                                                                        # T, H, W rows in turn
     # -- installed before the graph or body runs --------------------------------------------
     init_slots: V = _input(I64, lambda lim: lim.inits)                  # [N] slots initialised
     init_ints: V = _input(I64, lambda lim: lim.inits * lim.init_ints)     # [N * ints]

@@ -1,7 +1,8 @@
 """The Qwen2.5-VL / Qwen3-VL paths on a CUDA device against the CPU float32 results, on the
 tiny checkpoints of tests/engine/model/vision: the vision towers (packed SDPA, rotary and
 linear kernels on CUDA), the mRoPE decoder with image features through the paged driver, and
-the whole engine core (TorchRunner with the vision stage and its device feature cache).
+the whole engine core (the vision stage and its device feature cache) on the GraphRunner
+(decodes in CUDA graphs, image prefills eager) and on the TorchRunner.
 
 Tolerances: float32 on the GPU gives the CPU's tokens (TF32 in the attention kernels: features
 within 1e-2 relative); bf16 features within 5e-2 of the float32 ones (relative to their
@@ -19,7 +20,8 @@ from services.engine.model.vision.inputs import VisionInput
 from tests.engine.model.vision.checkpoints import SPECS, build_checkpoint, prepared_image
 from tests.engine.model.vision.driver import VLDriver
 from tests.engine.model.vision.prompts import Prompt, compose, random_text
-from tests.engine.model.vision.test_engine_vision import DictPixels, drive, request
+from tests.engine.model.vision.test_engine_vision import DictPixels, request
+from tests.engine.model.vision.test_graph_runner_vision import compare_runners, drive
 from tests.engine.runner.conftest import make_engine
 
 pytestmark = pytest.mark.gpu
@@ -116,9 +118,10 @@ def forced_logprobs(model, prompt: Prompt, tokens: list[int]) -> list[tuple[floa
     return [(float(row.max()), float(row[t])) for row, t in zip(logprobs, tokens, strict=True)]
 
 
-def test_engine_core_on_cuda(checkpoint):
-    """The whole engine on CUDA (float32): concurrent text and image requests, then the
-    same image again (feature-cache hit on the device), equal to the CPU engine."""
+@pytest.mark.parametrize("runner", ["graph", "torch"])
+def test_engine_core_on_cuda(checkpoint, runner):
+    """The whole engine on CUDA (float32; each runner): concurrent text and image requests,
+    then the same image again (feature-cache hit on the device), equal to the CPU engine."""
     name, directory = checkpoint
     source = open_model(directory)
     profile = SPECS[name].profile
@@ -127,16 +130,28 @@ def test_engine_core_on_cuda(checkpoint):
     results = {}
     for device in ("cpu", "cuda"):
         engine = make_engine(source, device=device, dtype="float32", page_size=16,
-                             imageprep_address="127.0.0.1:9")
+                             imageprep_address="127.0.0.1:9",
+                             runner=runner if device == "cuda" else "torch")
         pixels = DictPixels()
         engine.runner.vision.pixels = pixels
         for rid, prompt in prompts.items():
             pixels.add(prompt)
             engine.scheduler.admit(request(rid, prompt))
-        tokens, _ = drive(engine)
+        tokens = drive(engine)
         engine.scheduler.admit(request("again", again))
-        more, _ = drive(engine)
+        more = drive(engine)
         tokens.update(more)
         assert engine.runner.vision.counters.images_encoded == 3     # "again" hit the cache
         results[device] = tokens
     assert results["cuda"] == results["cpu"]
+
+
+def test_graph_runner_decodes_in_cuda_graphs(checkpoint):
+    """The GraphRunner on CUDA (float32, captured decode graphs, two-frame overlap): two
+    rounds of text, one- and two-image chats (the second round hits the feature cache) give
+    the CPU torch runner's greedy tokens; decodes replayed graphs, image prefills ran
+    eagerly."""
+    name, directory = checkpoint
+    runner = compare_runners(directory, SPECS[name].profile, device="cuda")
+    assert runner.graph_steps > 0 and runner.graphs.graphs
+    assert runner.window == 2

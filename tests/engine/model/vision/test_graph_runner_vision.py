@@ -1,0 +1,96 @@
+"""Vision-language models on the GraphRunner: decode steps (text past the images, positions
+p + rope delta on all three mRoPE rows) replay the decode graphs, steps that feed image rows
+run eagerly with their [3, T] rows and image features; the greedy tokens equal the
+TorchRunner's. On the CPU the graph runner replays its graphs as the same body on the same
+padded views (no CUDA), so this checks the packing; tests/engine/gpu/test_gpu_vision.py runs
+`compare_runners` on CUDA with real graphs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from services.common.core import open_model
+from services.engine.runner.graph_runner import GraphRunner
+from services.engine.runner.torch_runner import TorchRunner
+from services.engine.vision.preflight import prepare_plan_images
+from tests.engine.model.vision.checkpoints import SPECS, prepared_image
+from tests.engine.model.vision.prompts import Prompt, compose, random_text
+from tests.engine.model.vision.test_engine_vision import NEW, DictPixels, request
+from tests.engine.runner.conftest import make_engine
+
+
+def runner_prompts(profile: str) -> list[dict[str, Prompt]]:
+    """Two rounds: concurrent text, one-image and two-image chats; then the first image
+    again in a new prompt (a feature-cache hit) beside a text prompt."""
+    first = {
+        "text": compose([random_text(20, 1)]),
+        "one": compose([random_text(4, 2), prepared_image(profile, 150, 230, 1),
+                        random_text(6, 3)]),
+        "two": compose([random_text(3, 4), prepared_image(profile, 140, 140, 2),
+                        random_text(2, 5), prepared_image(profile, 300, 120, 3),
+                        random_text(4, 6)]),
+    }
+    again = {"again": compose([random_text(9, 40), first["one"].images[0],
+                               random_text(5, 41)]),
+             "text2": compose([random_text(11, 42)])}
+    return [first, again]
+
+
+def drive(engine: Any) -> dict[str, list[int]]:
+    """The core loop's order: plan, prepare the plan's images, submit while the window has
+    room, complete the oldest when it is full or nothing was planned."""
+    scheduler, runner = engine.scheduler, engine.runner
+    tokens: dict[str, list[int]] = {}
+    while scheduler.has_work:
+        submitted = False
+        if runner.outstanding < runner.window:
+            plan = scheduler.plan()
+            if plan is not None:
+                fence = scheduler.state.resources.fences.next_fence
+                assert not prepare_plan_images(scheduler, runner.vision, plan, fence)
+                runner.submit(scheduler.commit(plan, fence))
+                submitted = True
+        if runner.outstanding and (runner.outstanding >= runner.window or not submitted):
+            for update in scheduler.complete(runner.wait()):
+                for delta in update.deltas:
+                    tokens.setdefault(update.request_id, []).extend(delta.token_ids)
+    return tokens
+
+
+def run_rounds(directory, profile: str, **settings) -> tuple[dict, Any]:
+    """Every round's greedy tokens on an engine built with `settings`, and its runner."""
+    engine = make_engine(open_model(directory), page_size=4, prefill_chunk_size=64,
+                         max_num_batched_tokens=64, imageprep_address="127.0.0.1:9",
+                         **settings)
+    pixels = DictPixels()
+    engine.runner.vision.pixels = pixels
+    tokens: dict[str, list[int]] = {}
+    for prompts in runner_prompts(profile):
+        for rid, prompt in prompts.items():
+            pixels.add(prompt)
+            engine.scheduler.admit(request(rid, prompt))
+        tokens.update(drive(engine))
+    return tokens, engine.runner
+
+
+def compare_runners(directory, profile: str, device: str = "cpu") -> GraphRunner:
+    """The graph runner's tokens on `device` (NEW per request) equal the CPU torch runner's
+    (float32); each image was encoded once. Returns the graph runner (its step counts)."""
+    want, torch_runner = run_rounds(directory, profile, device="cpu", dtype="float32",
+                                    runner="torch")
+    got, graph_runner = run_rounds(directory, profile, device=device, dtype="float32",
+                                   runner="graph")
+    assert isinstance(torch_runner, TorchRunner) and isinstance(graph_runner, GraphRunner)
+    assert got == want
+    assert all(len(t) == NEW for t in got.values())
+    assert graph_runner.vision.counters.images_encoded == 3     # "again" hit the cache
+    assert graph_runner.eager_steps > 0                  # the image prefills
+    return graph_runner
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_graph_runner_equals_torch_runner(name, vl_checkpoint_dirs) -> None:
+    runner = compare_runners(vl_checkpoint_dirs[name], SPECS[name].profile)
+    assert runner.graph_steps > 0                        # decodes replayed the graphs
