@@ -159,7 +159,7 @@ def main() -> int:
     summary = next((line.split("start-up: ", 1)[1] for line in output.splitlines()
                     if "start-up: " in line), "")
     phases = [(service, phase, float(seconds)) for service, phase, seconds in
-              PHASE.findall(output) if service in ("engine", "frontend", "imageprep")]
+              PHASE.findall(output) if service in ("engine", "frontend", "imageprep", "gateway")]
     print(f"\n{args.shape} from {args.dir} (page cache: {'warm' if cached else 'dropped'})")
     print(f"helios run -> serving: {serving_s:.1f} s; -> first token: {first_s:.1f} s "
           f"(TTFT of the first request {ttft * 1e3:.0f} ms)")

@@ -61,13 +61,16 @@ def _cmd_run(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _resolve_model(model: str) -> str:
-    """A GGUF file is served from its cached core, prepared here once (not by each service)."""
-    from services.common.gguf.core import gguf_core
+    """A GGUF file is served from its cached core, prepared here once (not by each service).
+    The conversion code (torch) is imported only for a GGUF file: `helios run` itself stays
+    light, so the services start sooner (issue 19)."""
     from services.common.gguf.reader import is_gguf_file
 
     path = Path(model)
     if not (path.is_file() and (path.suffix.lower() == ".gguf" or is_gguf_file(path))):
         return model
+    from services.common.gguf.core import gguf_core
+
     print(f"helios run: preparing (once) or reusing the core of {path}", file=sys.stderr)
     core = gguf_core(path)
     print(f"helios run: serving the core {core}", file=sys.stderr)

@@ -115,3 +115,13 @@ def test_a_process_knows_when_it_started(tmp_path):
     after = time.time()
     age = float(out.stdout)
     assert 0.6 <= age <= after - before + 0.05
+
+
+def test_helios_run_on_a_model_directory_does_not_import_torch(tmp_path):
+    """The launcher's own start (before any service is spawned) stays light: the GGUF
+    conversion code, which imports torch, is loaded only for a GGUF file."""
+    code = ("import sys; import services.cli.main as main; import services.cli.launcher; "
+            f"main._resolve_model({str(tmp_path)!r}); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "False", out.stderr
