@@ -15,8 +15,7 @@ from services.common.core import Manifest
 from services.common.errors import ValidationError
 from services.common.pb import common_pb2, engine_pb2
 from services.engine.config import EngineConfig
-from services.engine.core.build import CoreInfo
-from services.engine.core.messages import AdmissionState, DrainResult
+from services.engine.core.messages import AdmissionState, CoreInfo, DrainResult
 from services.engine.core.telemetry import LoadQuery, LoadSnapshot
 from services.engine.grammar.spec import GrammarKind, GrammarSpec
 from services.engine.prefix.history import IDENTITY_BYTES, MAX_SALT_CHARS, ConditioningEvent

@@ -18,6 +18,7 @@ from services.common.core import ModelSource
 from services.common.errors import UnsupportedError, ValidationError
 from services.common.startup import StartupPhases
 from services.engine.config import EngineConfig
+from services.engine.core.messages import CoreInfo
 from services.engine.grammar import GrammarCompiler, GrammarVocabulary
 from services.engine.model import (
     KVCache,
@@ -51,23 +52,6 @@ from services.engine.vision.stage import VisionStage
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True, slots=True)
-class CoreInfo:
-    """What the servicer reports about the running core (ModelInfo, GetLoad)."""
-
-    device: str
-    dtype: str
-    page_size: int
-    num_pages: int
-    num_snapshots: int
-    max_model_len: int
-    max_num_seqs: int
-    prefill_chunk_size: int
-    kv_cache_bytes: int
-    vocab_size: int
-    vision: bool = False      # images accepted: a vision model with a pixel source
 
 
 @dataclass(slots=True)

@@ -28,6 +28,7 @@ from typing import Any, TypeVar, cast
 from services.common.errors import HeliosError, PoisonedError, WorkerFailure
 from services.engine.config import EngineConfig
 from services.engine.core.messages import (
+    PROCEED,
     Abort,
     AdmissionState,
     Call,
@@ -47,7 +48,6 @@ from services.engine.core.messages import (
     Submit,
     check_reply,
 )
-from services.engine.core.process import PROCEED, core_main
 from services.engine.core.streams import RequestStream
 from services.engine.core.telemetry import LoadQuery, LoadSnapshot
 from services.engine.prefix.records import BlockEvent
@@ -56,6 +56,14 @@ from services.engine.scheduler.requests import Admitted, EngineRequest
 R = TypeVar("R")
 
 log = logging.getLogger(__name__)
+
+
+def run_core(config: EngineConfig, connection: Connection) -> None:
+    """The spawned process's target: only the core imports the model stack (torch), the
+    servicer that spawns it does not."""
+    from services.engine.core.process import core_main
+
+    core_main(config, connection)
 
 
 class CoreClient:
@@ -83,7 +91,7 @@ class CoreClient:
         `start()` says the model files are verified (so both can overlap)."""
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe(duplex=True)
-        self._process = context.Process(target=core_main, args=(self.config, child),
+        self._process = context.Process(target=run_core, args=(self.config, child),
                                         name="helios-engine-core", daemon=True)
         self._process.start()
         child.close()

@@ -30,12 +30,13 @@ from services.common.errors import (
     WorkerFailure,
     make_error,
 )
-from services.engine.core.build import CoreInfo
 from services.engine.core.telemetry import LoadQuery, LoadSnapshot
 from services.engine.prefix.records import BlockEvent
 from services.engine.scheduler.requests import Admitted, EngineRequest, RequestUpdate
 
 R = TypeVar("R")
+
+PROCEED = b"proceed"     # servicer -> core, once: the model files are verified, load them
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +215,25 @@ def check_reply(message: CallMessage[R], value: object) -> R:
 
 
 # -- core -> servicer ------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class CoreInfo:
+    """What the servicer reports about the running core (ModelInfo, GetLoad). Defined here, not
+    in build.py, so that the servicer unpickles Ready without importing torch."""
+
+    device: str
+    dtype: str
+    page_size: int
+    num_pages: int
+    num_snapshots: int
+    max_model_len: int
+    max_num_seqs: int
+    prefill_chunk_size: int
+    kv_cache_bytes: int
+    vocab_size: int
+    vision: bool = False      # images accepted: a vision model with a pixel source
+
+
 
 @dataclass(frozen=True, slots=True)
 class Ready:

@@ -33,12 +33,10 @@ from services.common.startup import startup_phases
 from services.engine.config import EngineConfig
 from services.engine.core.build import build_engine, resolve_device
 from services.engine.core.loop import EngineCore
-from services.engine.core.messages import ErrorInfo, Failed, Ready
+from services.engine.core.messages import PROCEED, ErrorInfo, Failed, Ready
 from services.engine.core.outbox import Outbox
 
 log = logging.getLogger("services.engine.core")
-
-PROCEED = b"proceed"     # the servicer's go-ahead: the model files are verified
 
 
 def _die_with_parent() -> None:

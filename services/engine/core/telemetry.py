@@ -10,12 +10,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from services.engine.model.moe import ExpertLoad
 from services.engine.prefix.host_tier import HostTier
 from services.engine.scheduler.plan import Completion, SlotHandle, Step
 from services.engine.scheduler.scheduler import Scheduler
 from services.engine.scheduler.sequence import Phase, Sequence
+
+if TYPE_CHECKING:     # model.moe imports torch, which the engine servicer does not
+    from services.engine.model.moe import ExpertLoad
 
 MAX_RECORDS = 1024
 TELEMETRY_WINDOW_S = 10.0
