@@ -34,9 +34,12 @@ def test_run_demo_up_and_down(tmp_path, demo_core, sig):
             assert f"{name} " in summary.split("start-up: ", 1)[1], summary
             assert f"{name}: start Python and import" in output, output
         # the phases cover each service's whole wait, from `helios run` to SERVING (the rest
-        # is the launcher's 0.2 s health polling and the hand-offs between phases)
-        unaccounted = [float(s) for s in re.findall(r"unaccounted (\d+\.\d+) s", summary)]
-        assert all(seconds <= 0.6 for seconds in unaccounted), summary
+        # is the launcher's 0.2 s health polling and the hand-offs between phases, longer on
+        # a loaded machine: 0.5 s + 5 % of the wait)
+        for part in summary.split("start-up: ", 1)[1].split("; "):
+            found = re.match(r"(\w+) (\d+\.\d+) s .*unaccounted (\d+\.\d+) s", part)
+            if found:
+                assert float(found[3]) <= 0.5 + 0.05 * float(found[2]), summary
         assert "engine: import the engine core" in output
         assert run.terminate(sig) == 0, run.output()
         for name in ("gateway", "frontend", "engine", "imageprep"):
