@@ -6,7 +6,12 @@ Starts the four services (`helios run CORE --config YAML`: the engine with dummy
 on a weightless Qwen2.5-VL-7B core (config + the Qwen tokenizer + a Qwen-VL chat template)
 and measures, with OpenAI-shaped streaming chats carrying one 1024x768 PNG each:
 
-- TTFT of one image + a ~32-token question (median of a few, each with a new image);
+- the vision encoder alone (in process, before the stack starts: benchmarks/vision_encoder.py)
+  on one 1024x768 image with each encoder attention backend (sdpa, triton), and which is
+  faster (the engine setting `vision_attention`; `--vision-attention` runs the stack with it);
+- TTFT of one image + a ~32-token question (median of a few, each with a new image), split
+  into the engine's encoder / prefill milliseconds per request and the rest (gateway,
+  frontend, imageprep, queueing), and the decode milliseconds per token after it;
 - output tok/s at 16 and 64 concurrent image chats (one distinct image each, 256 tokens,
   ignore_eos);
 - the same at 64 with every request sending one image (the engine's feature-cache hit);
@@ -75,6 +80,7 @@ STACK_YAML = """engine:
   prefill_chunk_size: 2048
   max_num_batched_tokens: 4096
   vision_cache_bytes: 2147483648
+  vision_attention: {attention}
 imageprep:
   memory_cache_bytes: 4294967296
 gateway:
@@ -213,7 +219,7 @@ def measure_stack(args: argparse.Namespace, root: Path) -> dict:
     import httpx
 
     config = root / "stack.yaml"
-    config.write_text(STACK_YAML)
+    config.write_text(STACK_YAML.format(attention=args.vision_attention))
     shape = TINY if args.shape == "tiny" else CONFIG
     core = write_core(write_model(root / "model", shape), root / "core")
     report: dict = {}
@@ -221,11 +227,17 @@ def measure_stack(args: argparse.Namespace, root: Path) -> dict:
         url, engine = run.url, run.addresses["engine"]
         model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
         asyncio.run(level(url, model, [png(999)], 8))               # warm-up
-        ttfts = [asyncio.run(level(url, model, [png(1000 + i)], 1))["ttft_ms_p50"]
-                 for i in range(5)]
+        with Breakdown(engine) as first_tokens:
+            ttfts = [asyncio.run(level(url, model, [png(1000 + i)], 1))["ttft_ms_p50"]
+                     for i in range(5)]
         report["ttft_ms"] = {"p50": statistics.median(ttfts), "all": ttfts}
         print(f"TTFT one 1024x768 image + question: {report['ttft_ms']['p50']:.1f} ms "
               "(p50 of 5)", flush=True)
+        with Breakdown(engine) as decoding:
+            asyncio.run(level(url, model, [png(1100)], DECODE_TOKENS + 1))
+        report["ttft_split"] = ttft_split(statistics.mean(ttfts), first_tokens.totals,
+                                          len(ttfts), decoding.totals)
+        print(f"TTFT split (ms per request): {report['ttft_split']}", flush=True)
         counts = [int(c) for c in args.levels.split(",")]
         levels = [(f"c{c}", [png(2000 + 100 * c + i) for i in range(c)]) for c in counts]
         levels.append((f"c{counts[-1]}_same_image", [png(4000)] * counts[-1]))
@@ -238,6 +250,21 @@ def measure_stack(args: argparse.Namespace, root: Path) -> dict:
                   f"{result['ttft_ms_p50']:.0f} ms, engine ms by kind "
                   f"{ {k: round(v) for k, v in breakdown.totals.items()} }", flush=True)
     return report
+
+
+DECODE_TOKENS = 16
+
+
+def ttft_split(ttft_ms: float, engine_ms: dict[str, float], requests: int,
+               decoding_ms: dict[str, float]) -> dict:
+    """Mean TTFT as the engine's encoder and prefill milliseconds per request and the rest
+    (host services, queueing; the prefill record may include an encoder pass the stage ran
+    inside it), and decode milliseconds per generated token from a longer request."""
+    encoder = engine_ms.get("vision", 0.0) / requests
+    prefill = sum(v for k, v in engine_ms.items() if k in ("prefill", "mixed")) / requests
+    return {"ttft_ms": ttft_ms, "encoder_ms": encoder, "prefill_ms": prefill,
+            "other_ms": ttft_ms - encoder - prefill,
+            "decode_ms_per_token": decoding_ms.get("decode", 0.0) / DECODE_TOKENS}
 
 
 def measure_hf(root: Path, batch: int, output_len: int) -> dict:
@@ -303,6 +330,10 @@ def main() -> int:
     parser.add_argument("--shape", choices=("qwen2.5-vl-7b", "tiny"), default="qwen2.5-vl-7b",
                         help="tiny: a toy shape, for a CPU smoke run of the script")
     parser.add_argument("--levels", default="16,64", help="concurrent image chats")
+    parser.add_argument("--vision-attention", choices=("sdpa", "triton"), default="sdpa",
+                        help="the stack's encoder attention backend (engine vision_attention)")
+    parser.add_argument("--skip-encoder", action="store_true",
+                        help="skip the in-process encoder stage")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     import torch
@@ -311,9 +342,20 @@ def main() -> int:
         print("no CUDA device: the 7B shape needs one; running the tiny CPU smoke instead",
               flush=True)
         args.shape, args.levels, args.output_len, args.skip_hf = "tiny", "2,4", 8, True
+    encoder = None
+    if not args.skip_encoder:
+        from benchmarks.vision_encoder import encoder_stage
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        encoder = encoder_stage(TINY if args.shape == "tiny" else CONFIG, device)
+        print(f"vision encoder, one {encoder['image']} image ({encoder['patches']} patches, "
+              f"{encoder['dtype']}): ms by attention backend {encoder['ms']}, faster: "
+              f"{encoder['faster']}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         report = measure_stack(args, root)
+        if encoder is not None:
+            report["encoder"] = encoder
         if not args.skip_hf:
             report["hf_c16"] = measure_hf(root, 16, args.output_len)
             report["ratio_c16"] = (report["c16"]["output_tok_s"] /

@@ -25,6 +25,8 @@ class EngineConfig(ServiceConfig):
     imageprep_address: str = option("", "imageprep gRPC address (pixels for vision models)")
     vision_cache_bytes: int = option(256 << 20, "device bytes for cached vision features "
                                      "(by image identity; LRU)")
+    vision_attention: str = option("sdpa", "vision encoder attention: sdpa, or triton (the "
+                                   "paged kernel over each image's keys; CUDA)")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     dtype: str = option("auto", "compute dtype: auto (float32 on CPU, bfloat16 on GPU), "
                                 "float32, bfloat16 or float16")
@@ -103,6 +105,9 @@ class EngineConfig(ServiceConfig):
     kv_events_buffer: int = option(10_000, "KV event batches kept for replay")
 
     def __post_init__(self) -> None:
+        if self.vision_attention not in ("sdpa", "triton"):
+            raise ValidationError(f"vision_attention must be sdpa or triton, not "
+                                  f"{self.vision_attention!r}", param="vision_attention")
         super().__post_init__()
         if not self.model:
             raise ValidationError("engine needs --model (a core or model directory)",

@@ -70,6 +70,7 @@ def build_vision(config: EngineConfig, model: object) -> VisionStage | None:
     pixels = ImagePrepPixels(config.imageprep_address) if config.imageprep_address else None
     if pixels is None:
         log.warning("vision model without imageprep_address: images are refused")
+    model.visual.attention_backend = config.vision_attention
     return VisionStage(model, FeatureCache(config.vision_cache_bytes), pixels)
 
 

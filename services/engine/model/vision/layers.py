@@ -4,7 +4,9 @@ the 2-D rotary table, the patch embedding, LayerNorm and the vision block.
 Attention over packed images: every image (Qwen2.5-VL: every window) is one segment of the
 patch rows, `cu_seqlens` its boundaries, and a patch attends to every patch of its segment
 and to nothing else. `varlen_attention` pads the segments into a batch [S, Lmax] and runs
-SDPA with a key-padding mask (one call per distinct shape; exact on the CPU in float32).
+SDPA with a key-padding mask (one call per distinct shape; exact on the CPU in float32), or,
+with the `triton` backend (`Segments.of(..., backend="triton")`, CUDA), the engine's paged
+attention kernel over the segments' keys (encoder_attention.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from services.engine.model import ops
 from services.engine.model.layers import Linear, PackedLinear, RMSNorm
 from services.engine.model.layers.weights import parameter
 from services.engine.model.vision.config import VisionConfig
+from services.engine.model.vision.encoder_attention import (
+    PagedSegments,
+    check_backend,
+    paged_segment_attention,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +41,14 @@ class Segments:
     segment: torch.Tensor | None = None     # int64 [N]
     offset: torch.Tensor | None = None      # int64 [N]
     keys: torch.Tensor | None = None        # bool [S, 1, 1, L]
+    paged: PagedSegments | None = None      # the triton backend's layout (else SDPA)
 
     @classmethod
-    def of(cls, cu_seqlens: Sequence[int], device: torch.device | str) -> Segments:
+    def of(cls, cu_seqlens: Sequence[int], device: torch.device | str,
+           backend: str = "sdpa") -> Segments:
         lengths = [b - a for a, b in itertools.pairwise(cu_seqlens)]
+        if check_backend(backend) == "triton":
+            return cls(len(lengths), max(lengths), paged=PagedSegments.of(cu_seqlens, device))
         if len(set(lengths)) == 1:
             return cls(len(lengths), lengths[0])
         sizes = torch.tensor(lengths)
@@ -53,6 +64,8 @@ class Segments:
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      segments: Segments, scale: float) -> torch.Tensor:
     """Non-causal attention within each segment: q/k/v [N, H, D] -> [N, H, D]."""
+    if segments.paged is not None:
+        return paged_segment_attention(q, k, v, segments.paged, scale)
     num_rows, heads, dim = q.shape
     if segments.segment is None:                 # equal segments: a plain batched call
         count, length = segments.count, segments.longest

@@ -115,6 +115,9 @@ class VisionTower(nn.Module):
         super().__init__()
         self.config = config
         self.dtype = dtype
+        # the blocks' attention: "sdpa" or "triton" (encoder_attention.py; engine setting
+        # vision_attention)
+        self.attention_backend = "sdpa"
         qwen3 = config.family == "qwen3_vl"
         self.patch_embed = PatchEmbed(config, bias=qwen3, device=device, dtype=dtype)
         self.blocks = nn.ModuleList([VisionBlock(config, device=device, dtype=dtype)
@@ -154,8 +157,8 @@ class Qwen2_5_VisionTower(VisionTower):
         patch_order = (order[:, None] * unit + torch.arange(unit, device=device)).reshape(-1)
         x, rotary = x[patch_order], rotary[patch_order]
         rows = torch.arange(x.shape[0], device=device)
-        full = Segments.of(frame_seqlens(images), device)
-        windows = Segments.of(window_bounds, device)
+        full = Segments.of(frame_seqlens(images), device, self.attention_backend)
+        windows = Segments.of(window_bounds, device, self.attention_backend)
         for index, block in enumerate(self.blocks):
             x = block(x, rotary, rows,
                       full if index in self.config.fullatt_block_indexes else windows)
@@ -189,7 +192,7 @@ class Qwen3VisionTower(VisionTower):
         x = x + (table[indices] * weights[:, :, None].to(table.dtype)).sum(1).to(x.dtype)
         rotary = self.rotary(images)
         rows = torch.arange(x.shape[0], device=device)
-        segments = Segments.of(frame_seqlens(images), device)
+        segments = Segments.of(frame_seqlens(images), device, self.attention_backend)
         layers = self.config.deepstack_visual_indexes
         deepstack: list[torch.Tensor] = []
         for index, block in enumerate(self.blocks):

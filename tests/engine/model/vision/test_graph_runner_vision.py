@@ -94,3 +94,16 @@ def compare_runners(directory, profile: str, device: str = "cpu") -> GraphRunner
 def test_graph_runner_equals_torch_runner(name, vl_checkpoint_dirs) -> None:
     runner = compare_runners(vl_checkpoint_dirs[name], SPECS[name].profile)
     assert runner.graph_steps > 0                        # decodes replayed the graphs
+
+
+def test_the_vision_attention_setting_reaches_the_tower(vl_checkpoint_dirs) -> None:
+    from services.common.errors import ValidationError
+    from services.engine.config import EngineConfig
+
+    directory = vl_checkpoint_dirs["qwen2_5_vl"]
+    for backend in ("triton", "sdpa"):
+        engine = make_engine(open_model(directory), imageprep_address="127.0.0.1:9",
+                             vision_attention=backend)
+        assert engine.runner.vision.model.visual.attention_backend == backend
+    with pytest.raises(ValidationError, match="vision_attention"):
+        EngineConfig(model=str(directory), vision_attention="flash")
