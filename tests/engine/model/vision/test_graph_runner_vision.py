@@ -75,13 +75,14 @@ def run_rounds(directory, profile: str, **settings) -> tuple[dict, Any]:
     return tokens, engine.runner
 
 
-def compare_runners(directory, profile: str, device: str = "cpu") -> GraphRunner:
-    """The graph runner's tokens on `device` (NEW per request) equal the CPU torch runner's
-    (float32); each image was encoded once. Returns the graph runner (its step counts)."""
+def compare_runners(directory, profile: str, device: str = "cpu", **settings) -> GraphRunner:
+    """The graph runner's tokens on `device` (NEW per request; engine `settings`) equal the
+    CPU torch runner's (float32); each image was encoded once. Returns the graph runner
+    (its step counts)."""
     want, torch_runner = run_rounds(directory, profile, device="cpu", dtype="float32",
                                     runner="torch")
     got, graph_runner = run_rounds(directory, profile, device=device, dtype="float32",
-                                   runner="graph")
+                                   runner="graph", **settings)
     assert isinstance(torch_runner, TorchRunner) and isinstance(graph_runner, GraphRunner)
     assert got == want
     assert all(len(t) == NEW for t in got.values())
@@ -90,10 +91,14 @@ def compare_runners(directory, profile: str, device: str = "cpu") -> GraphRunner
     return graph_runner
 
 
+@pytest.mark.parametrize("overlap", ["off", "on"])
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_graph_runner_equals_torch_runner(name, vl_checkpoint_dirs) -> None:
-    runner = compare_runners(vl_checkpoint_dirs[name], SPECS[name].profile)
+def test_graph_runner_equals_torch_runner(name, overlap, vl_checkpoint_dirs) -> None:
+    """Also with two-frame overlap (a decode planned behind a step takes its token from
+    the device; its offset comes from the slot's prompt)."""
+    runner = compare_runners(vl_checkpoint_dirs[name], SPECS[name].profile, overlap=overlap)
     assert runner.graph_steps > 0                        # decodes replayed the graphs
+    assert runner.window == (2 if overlap == "on" else 1)
 
 
 def test_the_vision_attention_setting_reaches_the_tower(vl_checkpoint_dirs) -> None:
