@@ -18,12 +18,9 @@ fused_experts`, docs/kernels.md) when x is on CUDA and the kernels are available
 per expert, its selected tokens only (reads the routing on the host), or, while a CUDA graph
 is being captured, every expert over every token masked by the routing (no host reads).
 
-Checkpoints name experts per expert (`<block>.experts.<e>.gate_proj|up_proj|down_proj.weight`,
-Mixtral's `w1|w3|w2`) or fused (`<block>.experts.gate_up_proj` [E, 2I, H], `down_proj`
-[E, H, I], `gate_up_proj_bias`, `down_proj_bias`: transformers 5's in-memory layout);
-`expert_checkpoint_target` maps both onto the `Experts` parameters, whose loaders place each
-expert's rows (per-expert shards "<e>.gate", "<e>.up", "<e>") or the whole tensor ("fused",
-which covers every shard: the strict loader accepts one layout or the other, not both).
+Checkpoint layouts (per-expert or fused expert tensors) and their loaders are
+`expert_weights.py`'s; `expert_checkpoint_target` maps a checkpoint name onto the `Experts`
+parameters.
 """
 
 from __future__ import annotations
@@ -44,20 +41,18 @@ from services.engine.model import ops
 from services.engine.model.attention import AttentionMetadata
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.config import ModelConfig, MoEConfig
+from services.engine.model.expert_weights import (
+    FUSED,
+    expert_checkpoint_target,
+    expert_loader,
+    expert_rows_loader,
+)
 from services.engine.model.layers import Attention, GatedMLP, Linear, RMSNorm
-from services.engine.model.layers.weights import WeightShapeError, parameter
+from services.engine.model.layers.weights import parameter
 
 log = logging.getLogger(__name__)
 
 MOE_ACTIVATIONS = ("silu", "swiglu_oai")
-FUSED = "fused"          # the shard of a fused-experts checkpoint tensor (all experts at once)
-
-# checkpoint projection names -> which part of the expert they fill
-EXPERT_PROJECTIONS = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down",
-                      "w1": "gate", "w3": "up", "w2": "down"}
-FUSED_EXPERT_TENSORS = {"gate_up_proj": "w_gate_up", "gate_up_proj.weight": "w_gate_up",
-                        "down_proj": "w_down", "down_proj.weight": "w_down",
-                        "gate_up_proj_bias": "gate_up_bias", "down_proj_bias": "down_bias"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,48 +199,7 @@ def fused_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------------
-# The experts' parameters and their loaders
-
-
-def _expert_rows_loader(num_experts: int, inter: int) -> Callable[..., None]:
-    """w_gate_up [E, 2I, ...] / gate_up_bias: "<e>.gate" -> rows [0:I] of expert e, "<e>.up"
-    -> [I:2I]; "fused" -> the whole tensor."""
-
-    def load(param: nn.Parameter, tensor: torch.Tensor, shard: str | None) -> None:
-        if shard == FUSED:
-            _copy(param.data, tensor)
-            return
-        expert, part = _split_shard(shard, num_experts)
-        start = 0 if part == "gate" else inter
-        _copy(param.data[expert, start:start + inter], tensor)
-
-    return load
-
-
-def _expert_loader(num_experts: int) -> Callable[..., None]:
-    """w_down [E, H, I] / down_bias [E, H]: "<e>" -> expert e; "fused" -> the whole tensor."""
-
-    def load(param: nn.Parameter, tensor: torch.Tensor, shard: str | None) -> None:
-        if shard == FUSED:
-            _copy(param.data, tensor)
-            return
-        expert, _ = _split_shard(shard, num_experts)
-        _copy(param.data[expert], tensor)
-
-    return load
-
-
-def _split_shard(shard: str | None, num_experts: int) -> tuple[int, str]:
-    head, _, part = (shard or "").partition(".")
-    if not head.isdigit() or int(head) >= num_experts:
-        raise KeyError(f"no expert shard {shard!r} ({num_experts} experts)")
-    return int(head), part
-
-
-def _copy(destination: torch.Tensor, tensor: torch.Tensor) -> None:
-    if tuple(tensor.shape) != tuple(destination.shape):
-        raise WeightShapeError(tuple(tensor.shape), tuple(destination.shape))
-    destination.copy_(tensor)
+# The experts' parameters (their checkpoint loaders: expert_weights.py)
 
 
 class Experts(nn.Module):
@@ -262,8 +216,8 @@ class Experts(nn.Module):
         self.activation, self.limit, self.alpha = activation, limit, alpha
         gate_up = tuple(f"{e}.{part}" for e in range(num_experts) for part in ("gate", "up"))
         down = tuple(str(e) for e in range(num_experts))
-        rows = _expert_rows_loader(num_experts, intermediate_size)
-        whole = _expert_loader(num_experts)
+        rows = expert_rows_loader(num_experts, intermediate_size)
+        whole = expert_loader(num_experts)
         self.w_gate_up = parameter(num_experts, 2 * intermediate_size, hidden_size,
                                    device=device, dtype=dtype, loader=rows, shards=gate_up,
                                    covers={FUSED: gate_up})
@@ -282,29 +236,6 @@ class Experts(nn.Module):
         return fused_experts(x, self.w_gate_up, self.w_down, topk_weights, topk_ids,
                              gate_up_bias=self.gate_up_bias, down_bias=self.down_bias,
                              activation=self.activation, limit=self.limit, alpha=self.alpha)
-
-
-def expert_checkpoint_target(name: str) -> tuple[str, str] | None:
-    """An expert tensor's (parameter name, shard), or None when `name` is not one:
-    `<block>.experts.<e>.<gate_proj|up_proj|down_proj|w1|w3|w2>.<weight|bias>` (per expert)
-    and `<block>.experts.<gate_up_proj|down_proj>[.weight]`, `..._bias` (fused)."""
-    head, marker, rest = name.partition(".experts.")
-    if not marker:
-        return None
-    block = f"{head}.experts"
-    fused = FUSED_EXPERT_TENSORS.get(rest)
-    if fused is not None:
-        return f"{block}.{fused}", FUSED
-    parts = rest.split(".")
-    if len(parts) != 3 or not parts[0].isdigit() or parts[2] not in ("weight", "bias"):
-        return None
-    expert, projection, kind = parts
-    part = EXPERT_PROJECTIONS.get(projection)
-    if part is None:
-        return None
-    if part == "down":
-        return f"{block}.{'w_down' if kind == 'weight' else 'down_bias'}", expert
-    return f"{block}.{'w_gate_up' if kind == 'weight' else 'gate_up_bias'}", f"{expert}.{part}"
 
 
 # ---------------------------------------------------------------------------------------------

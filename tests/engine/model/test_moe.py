@@ -8,6 +8,7 @@ import torch
 
 from services.engine.model import moe
 from services.engine.model.attention import AttentionMetadata
+from services.engine.model.layers.weights import WeightShapeError
 
 ACTIVATION_CASES = [("silu", False), ("silu", True), ("swiglu_oai", True), ("swiglu_oai", False)]
 
@@ -177,7 +178,7 @@ def test_experts_loaders_and_sparse_block_counts() -> None:
     other = moe.Experts(3, 8, 4, bias=True, device="cpu", dtype=torch.float32)
     other.w_gate_up.weight_loader(other.w_gate_up, fused, moe.FUSED)
     assert torch.equal(other.w_gate_up, fused)
-    with pytest.raises(moe.WeightShapeError):
+    with pytest.raises(WeightShapeError):
         other.w_down.weight_loader(other.w_down, torch.zeros(3, 4, 8), moe.FUSED)
     with pytest.raises(KeyError):
         other.w_down.weight_loader(other.w_down, down[0], "3")
