@@ -263,6 +263,11 @@ def main() -> int:
                                           args.input_len + args.output_len // 2, shares)
         result.b1_fraction = result.b1_tok_s / result.b1_limit.tok_s
         result.serving_fraction = result.serving_tok_s / result.serving_limit.tok_s
+        # the engine's figures first: a run cut off during HF generate still leaves them
+        (args.out / f"moe-{args.shape}.json").write_text(json.dumps(asdict(result), indent=2))
+        print(f"engine: batch-1 {result.b1_tok_s:.1f} tok/s ({result.b1_fraction:.2f} of "
+              f"limit), C={args.concurrency} {result.serving_tok_s:.1f} tok/s "
+              f"({result.serving_fraction:.2f})", flush=True)
         if not args.skip_hf:
             try:
                 measure_hf(model_dir, result, args)
