@@ -34,7 +34,8 @@ from services.engine.model.pooling import pooling_config
 from services.engine.model.qwen_vl import QwenVLForConditionalGeneration
 from services.engine.prefix.history import BLOCK_TOKENS
 from services.engine.runner.base import Runner
-from services.engine.runner.drafter import DraftModelProposer, open_drafter
+from services.engine.runner.drafter import Drafter, DraftModelProposer, open_drafter
+from services.engine.runner.eagle3_drafter import Eagle3Drafter, Eagle3Proposer, open_eagle3
 from services.engine.runner.graph_runner import GraphRunner, GraphRunnerConfig
 from services.engine.runner.host_kv import HostKVStore
 from services.engine.runner.memory import plan_layout
@@ -120,21 +121,21 @@ def build_grammars(config: EngineConfig, source: ModelSource, vocab_size: int,
     return compiler
 
 
-def build_proposer(config: EngineConfig, drafter: DraftModelProposer | None = None
+def build_proposer(config: EngineConfig,
+                   drafter: DraftModelProposer | Eagle3Proposer | None = None
                    ) -> Proposer | SequenceProposer | None:
-    """The speculative proposer of `speculative_method` (None: speculation off; draft: the
-    drafter built with the KV pool)."""
+    """The speculative proposer of `speculative_method` (None: speculation off; draft,
+    eagle3: the drafter built with the KV pool)."""
     method = config.speculative_method
     if method == "none":
         return None
     if method == "ngram":
         return NgramProposer(num_tokens=config.num_speculative_tokens)
-    if method == "draft" and drafter is not None:
+    if method in ("draft", "eagle3") and drafter is not None:
         return drafter
-    # EAGLE-3 heads are not built yet: refuse to start rather than serve without the
-    # speculation that was asked for
-    raise UnsupportedError(f"speculative_method {method} is not available in this build "
-                           "(ngram and draft are)", param="speculative_method")
+    # never serve without the speculation that was asked for
+    raise UnsupportedError(f"speculative_method {method} needs its drafter",
+                           param="speculative_method")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -192,12 +193,15 @@ def build_engine(config: EngineConfig, source: ModelSource,
     else:
         model = load_model(source, device, dtype, max_positions=context,
                            quantization=config.quantization)
-    drafter = None
+    drafter: Drafter | Eagle3Drafter | None = None
     if config.speculative_method == "draft":    # its pages share the KV budget (drafter.py)
         phases.start("load the draft model")
         drafter = open_drafter(config.speculative_model, source, device, dtype, context,
                                dummy_seed=config.dummy_seed
                                if config.load_format == "dummy" else None)
+    elif config.speculative_method == "eagle3":     # likewise (eagle3_drafter.py)
+        phases.start("load the EAGLE-3 head")
+        drafter = open_eagle3(config.speculative_model, model, source, device, dtype, context)
     phases.start("allocate the KV cache")
     itemsize = torch.empty((), dtype=dtype).element_size()
     # FP8 pages (kv_cache_dtype fp8): one byte per element, so twice the pages per byte
@@ -216,6 +220,10 @@ def build_engine(config: EngineConfig, source: ModelSource,
                     (layout.num_pages - 1) * layout.page_size, context)
     kv = allocate_kv_cache(model_config, layout.num_pages, layout.page_size, device, kv_dtype)
     snapshots = SnapshotStore(kv, layout.num_snapshots, model_config.hidden_size, dtype, device)
+    # before any graph capture: an EAGLE-3 head hooks the target's forward
+    draft_proposer = None if drafter is None else drafter.proposer(
+        layout.num_pages, layout.page_size, num_tokens=config.num_speculative_tokens,
+        chunk_tokens=config.batched_tokens)
     host_kv = build_host_tier(config, kv)
     eos = tuple(manifest.eos_token_ids)
     # the tokenizer's ids: the sampler never emits the embedding's padding rows past them,
@@ -246,9 +254,6 @@ def build_engine(config: EngineConfig, source: ModelSource,
                             num_snapshots=layout.num_snapshots,
                             block_reuse=config.prefix_block_reuse,
                             host_pages=host_kv.num_pages if host_kv is not None else 0)
-    draft_proposer = None if drafter is None else drafter.proposer(
-        layout.num_pages, layout.page_size, num_tokens=config.num_speculative_tokens,
-        chunk_tokens=config.batched_tokens)
     scheduler_config = SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_waiting=config.waiting_capacity,
         prefill_chunk_size=config.prefill_chunk_size,

@@ -98,10 +98,11 @@ class DraftModelProposer:
         return tuple(entry.tokens) if entry is not None else ()
 
     @torch.inference_mode()
-    def propose_for(self, handle: SlotHandle, tokens: Any, limit: int
-                    ) -> tuple[tuple[int, ...], int]:
+    def propose_for(self, handle: SlotHandle, tokens: Any, limit: int,
+                    target_pages: Any = ()) -> tuple[tuple[int, ...], int]:
         """At most min(limit, num_tokens) drafts after `tokens` (the choice's known tokens,
-        the pending one last), and the draft-model forwards run for them."""
+        the pending one last), and the draft-model forwards run for them (`target_pages`
+        unused: the draft model reads only tokens)."""
         limit = min(limit, self.num_tokens, self.max_positions - len(tokens) + 1)
         if limit <= 0 or not tokens:
             return (), 0

@@ -223,7 +223,7 @@ def _proposals(state: SchedulerState, seq: Sequence, room: int) -> tuple[int, ..
     tokens = seq.tokens(0, seq.total_len)
     if isinstance(proposer, SequenceProposer):       # a draft model: per-choice KV
         assert seq.handle is not None
-        drafts, forwards = proposer.propose_for(seq.handle, tokens, left)
+        drafts, forwards = proposer.propose_for(seq.handle, tokens, left, seq.page_ids)
         state.counters.spec_drafter_steps += forwards
     else:
         drafts = tuple(proposer.propose(tokens, left))

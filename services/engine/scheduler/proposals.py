@@ -11,8 +11,9 @@ left and cuts the drafts to the width the request's acceptance statistics choose
 (speculation.py). `source` names the proposal source those statistics are kept under.
 Off unless `SchedulerConfig.proposer` is set (`--speculative-method ngram`).
 
-A `SequenceProposer` keeps state per live choice (a draft model's KV: runner/drafter.py): the
-policy names the choice (its slot handle) and counts the model forwards it ran.
+A `SequenceProposer` keeps state per live choice (a draft model's KV: runner/drafter.py; an
+EAGLE-3 head's: runner/eagle3_drafter.py): the policy names the choice (its slot handle and
+its target pages) and counts the model forwards it ran.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ class SequenceProposer(Protocol):
     @property
     def source(self) -> str: ...
 
-    def propose_for(self, handle: SlotHandle, tokens: Sequence[int], limit: int
-                    ) -> tuple[tuple[int, ...], int]: ...   # drafts, forwards run
+    # drafts, forwards run; target_pages: the choice's pages in the target's KV pool (an
+    # EAGLE-3 head reads the target's hidden states stored by page: runner/eagle3_drafter.py)
+    def propose_for(self, handle: SlotHandle, tokens: Sequence[int], limit: int,
+                    target_pages: Sequence[int] = ()) -> tuple[tuple[int, ...], int]: ...
 
 
 @dataclass(frozen=True, slots=True)

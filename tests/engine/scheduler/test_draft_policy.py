@@ -25,7 +25,7 @@ class Drafter:
         self.forward_s = forward_s
         self.calls: list[tuple[object, int]] = []
 
-    def propose_for(self, handle, tokens, limit):
+    def propose_for(self, handle, tokens, limit, target_pages=()):
         self.calls.append((handle, limit))
         done = len(tokens) - len(self.prompt)
         drafts = self.reference[done:done + limit]
