@@ -1,6 +1,7 @@
 """EAGLE-3 on CUDA (float32): the target's hook writes the head's fused states inside the
 GraphRunner's captured decode and verification graphs; served tokens equal the CPU's plain
-tokens, and the stored states equal the target's aux layers recomputed eagerly."""
+tokens, and the stored states equal the target's aux layers recomputed eagerly; with a head
+that predicts a repeating target every draft is accepted inside the verification graphs."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tests.engine.grammar.byte_tokenizer import write_byte_tokenizer
 from tests.engine.model.checkpoints import SPECS, VOCAB_SIZE, build_checkpoint
 from tests.engine.runner.conftest import greedy_request, make_engine
 from tests.engine.runner.test_speculative import _drive, _prompt
-from tests.engine.runner.test_speculative_eagle3 import _requests, write_head
+from tests.engine.runner.test_speculative_eagle3 import _requests, repeating_pair, write_head
 
 pytestmark = pytest.mark.gpu
 
@@ -29,6 +30,11 @@ def target_dir(tmp_path_factory):
                                  tmp_path_factory.mktemp("qwen3-eagle3-gpu"))
     write_byte_tokenizer(directory, VOCAB_SIZE)
     return directory
+
+
+@pytest.fixture(scope="module")
+def repeating(target_dir, tmp_path_factory):
+    return repeating_pair(target_dir, tmp_path_factory.mktemp("eagle3-repeat-gpu"))
 
 
 def eagle3_on_device(target_dir, head_dir, device: str, overlap: str) -> None:
@@ -75,3 +81,22 @@ def eagle3_on_device(target_dir, head_dir, device: str, overlap: str) -> None:
 @pytest.mark.parametrize("overlap", ["off", "on"])
 def test_eagle3_with_captured_graphs(target_dir, tmp_path, overlap):
     eagle3_on_device(target_dir, write_head(tmp_path / "head", target_dir), "cuda", overlap)
+
+
+def accepted_on_device(repeating, device: str, overlap: str) -> None:
+    source, head_dir = repeating
+    greedy = [r for r in _requests() if r.sampling.temperature == 0.0]
+    plain = _drive(make_engine(source, **VALUES, device="cpu", runner="torch"), greedy)
+    engine = make_engine(source, **VALUES, device=device, runner="graph", overlap=overlap,
+                         speculative_method="eagle3", speculative_model=str(head_dir),
+                         num_speculative_tokens=4)
+    out = _drive(engine, greedy)
+    assert {rid: v[0] for rid, v in out.items()} == {rid: v[0] for rid, v in plain.items()}
+    counters = engine.scheduler.state.counters
+    assert counters.spec_accepted_tokens == counters.spec_draft_tokens > 20
+    assert engine.runner.verify_graph_steps > 0 or device == "cpu"
+
+
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_eagle3_accepted_drafts_in_verification_graphs(repeating, overlap):
+    accepted_on_device(repeating, "cuda", overlap)

@@ -4,8 +4,8 @@ real engine, CPU float32, with tiny random heads written in the public checkpoin
 greedy and seeded output equal the non-speculative output token for token, concurrent, on
 the TorchRunner and the GraphRunner (eager, with and without overlap); the stored target
 states are the target's own fused aux states; every round's drafts equal those of a fresh
-proposer over the same tokens (rejected and chained rows rolled back); head forwards are
-counted; a head with a missing tensor, another hidden size or a `d2t` entry outside the
+proposer over the same tokens (rejected and chained rows rolled back); a head that predicts
+a repeating target has every draft accepted; head forwards are counted; a head with a missing tensor, another hidden size or a `d2t` entry outside the
 target's vocabulary is refused at start-up naming it."""
 
 from __future__ import annotations
@@ -310,3 +310,66 @@ def test_fc_reads_the_aux_layers_in_the_heads_order(source, qwen_dir, tmp_path):
     with torch.inference_mode():
         torch.testing.assert_close(head.fuse((after0, after1)),
                                    torch.cat([after1, after0, after1], -1) @ head.fc.weight.T)
+
+
+def _edit_tensors(directory, edit):
+    from safetensors.torch import load_file, save_file
+
+    for path in sorted(directory.glob("*.safetensors")):
+        tensors = load_file(path)
+        edit(tensors)
+        save_file(tensors, path, metadata={"format": "pt"})
+
+
+def repeating_pair(qwen_dir, directory):
+    """A target that repeats its last token (attention and MLP outputs zero, unit-norm
+    embedding rows as its lm_head) and a head that predicts the token whose state it reads
+    (fc selects the first aux state, the layer adds nothing, lm_head = those rows)."""
+    target_dir = directory / "target"
+    shutil.copytree(qwen_dir, target_dir)
+    from safetensors.torch import load_file
+
+    embed = torch.cat([load_file(p).get("model.embed_tokens.weight", torch.empty(0, 64))
+                       for p in sorted(target_dir.glob("*.safetensors"))])
+    rows = embed / embed.norm(dim=-1, keepdim=True)
+
+    def target_edit(tensors):
+        for name in tensors:
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                tensors[name] = torch.zeros_like(tensors[name])
+            elif name == "model.norm.weight":
+                tensors[name] = torch.ones_like(tensors[name])
+            elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+                tensors[name] = rows.clone()
+
+    _edit_tensors(target_dir, target_edit)
+    head_dir = write_head(target_dir.parent / "head", target_dir, draft_vocab=VOCAB_SIZE)
+
+    def head_edit(tensors):
+        tensors["fc.weight"] = torch.cat([torch.eye(64), torch.zeros(64, 128)], dim=1)
+        for name in ("midlayer.self_attn.o_proj.weight", "midlayer.mlp.down_proj.weight"):
+            tensors[name] = torch.zeros_like(tensors[name])
+        tensors["norm.weight"] = torch.ones(64)
+        tensors["lm_head.weight"] = rows.clone()
+
+    _edit_tensors(head_dir, head_edit)
+    return open_model(target_dir), head_dir
+
+
+@pytest.fixture(scope="module")
+def repeating(qwen_dir, tmp_path_factory):
+    return repeating_pair(qwen_dir, tmp_path_factory.mktemp("eagle3-repeat"))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_draft_accepted_with_a_predicting_head(repeating, kind):
+    """Verified runs of accepted drafts (k + 1 tokens a step, the head catching up on them):
+    the plain greedy output, every draft accepted."""
+    source, head_dir = repeating
+    greedy = [r for r in _requests() if r.sampling.temperature == 0.0]
+    plain = _drive(make_engine(source, **VALUES), greedy)
+    assert all(len(set(tokens)) == 1 for tokens, _, _ in plain.values())
+    engine = _eagle_engine(source, head_dir, kind)
+    _same(_drive(engine, greedy), plain)
+    counters = engine.scheduler.state.counters
+    assert counters.spec_accepted_tokens == counters.spec_draft_tokens > 20
