@@ -10,7 +10,9 @@ Qwen3 targets alike: the head's layer is Llama-shaped).
 
 The format: `fc` [H, 3 Ht] fuses the target's hidden states at three depths (low, mid, high:
 `eagle_aux_hidden_state_layer_ids` j, each the hidden state entering target layer j, i.e.
-after layer j - 1; default 2, L // 2, L - 3 for an L-layer target). One decoder layer
+after layer j - 1; default 2, L // 2, L - 3 for an L-layer target; pinned ids are read as
+vLLM reads them, while SGLang reads pinned ids as layer outputs, one layer later, so a head
+trained for SGLang with pinned ids drafts worse here, never wrongly). One decoder layer
 (`midlayer.*`) takes the token's embedding and that fused state, each RMS-normed
 (`input_layernorm`, `hidden_norm`), concatenated [embed, hidden] into q/k/v projections of
 2H inputs; the residual is the fused state before its norm (after it with
