@@ -205,11 +205,18 @@ def test_the_store_holds_the_targets_fused_states(source, head_dir, kind):
 
 def test_llama_target_with_its_own_embedding(tmp_path_factory):
     """A Llama target, a head of another width (fc: 3 x 64 -> 48) with its own embedding and
-    the full vocabulary (no d2t): the plain output."""
+    the full vocabulary (no d2t), saved as pytorch_model.bin with `model.` names (as some
+    trainers write it): the plain output."""
+    from safetensors.torch import load_file
+
     target_dir = _target("llama", tmp_path_factory)
     source = open_model(target_dir)
     head = write_head(tmp_path_factory.mktemp("eagle3-llama") / "head", target_dir,
                       hidden_size=48, draft_vocab=VOCAB_SIZE, embedding=True, seed=4)
+    tensors = load_file(head / "model.safetensors")
+    torch.save({f"model.{name}".replace("model.midlayer.", "model.layers.0."): value
+                for name, value in tensors.items()}, head / "pytorch_model.bin")
+    (head / "model.safetensors").unlink()
     requests = _requests()
     reference = _drive(make_engine(source, **VALUES), requests)
     engine = _eagle_engine(source, head)
@@ -237,6 +244,10 @@ def test_bad_heads_are_refused_at_start_up(source, qwen_dir, head_dir, tmp_path)
     wide = write_head(tmp_path / "wide", qwen_dir, target_hidden_size=96)
     with pytest.raises(ValidationError, match="target hidden size 96, the target's is 64"):
         _eagle_engine(source, wide)
+
+    plain_llama = write_head(tmp_path / "llama", qwen_dir, architectures=["LlamaForCausalLM"])
+    with pytest.raises(ValidationError, match="is not an EAGLE-3 head"):
+        _eagle_engine(source, plain_llama)
 
     narrow = write_head(tmp_path / "narrow", qwen_dir, hidden_size=48)
     with pytest.raises(ValidationError, match="embed_tokens"):
