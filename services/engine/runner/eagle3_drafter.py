@@ -219,7 +219,9 @@ class Eagle3Proposer:
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
+    if a[:n] == b[:n]:                   # the usual case: every kept row still matches
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
 
 
 @dataclass(frozen=True, slots=True)
