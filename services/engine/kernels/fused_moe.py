@@ -27,10 +27,11 @@ w_down [E, H, I], topk [T, k]). Four launches, none of them reading a value on t
    down projection, + bias, times the slot's routing weight (fp32 [T*k, H]).
 4. `_topk_sum_kernel`: out[t] = sum over the k slots of token t, one rounding to x's dtype.
 
-Variants: token counts are not specialized (`do_not_specialize`), and every constant that
-depends on T comes from plan_moe's tier, so a model meets at most three variants of each
-kernel; `tier_token_counts` names a T per tier and the engine runs each at start-up, so no
-step compiles while serving (a first compile there stalled serving for seconds).
+Variants: token counts are not specialized (`do_not_specialize`); what depends on T is
+plan_moe's (the tier's tiles; the routing kernel's rows, chunk and warps by powers of two),
+so a model meets a handful of variants. `variant_token_counts` names the first T of each and
+the engine runs them at start-up, so no step compiles while serving (a first compile there
+stalled serving for seconds on the H200).
 """
 
 from __future__ import annotations
@@ -60,20 +61,33 @@ class MoEPlan:
     num_stages: int
     max_rows: int        # sorted-row buffer: T*k + min(T*k, E) * (block_m - 1)
     max_blocks: int
-    decode: bool = True  # the decode tier (one or a few rows per expert)
+    route_rows: int = 1      # the route + align kernel: token rows a routing iteration reads
+    route_chunk: int = 16    # its slots / rows an iteration handles
+    route_warps: int = 4
+
+    @property
+    def variant(self) -> tuple[int, ...]:
+        """What selects a compiled variant of the kernels (token counts do not)."""
+        return (self.block_m, self.block_n1, self.block_k1, self.block_n2, self.block_k2,
+                self.num_warps, self.num_stages, self.route_rows, self.route_chunk,
+                self.route_warps)
 
 
 DECODE_ROWS_PER_EXPERT = 16    # plan_moe's tiers, by slots per expert (T * k / E)
 MID_ROWS_PER_EXPERT = 64
 
 
-def tier_token_counts(max_tokens: int, top_k: int, num_experts: int) -> tuple[int, ...]:
-    """The smallest token count of each plan_moe tier, up to max_tokens. The kernels take
-    token counts unspecialized and their other constants from the tier, so one call at each
-    of these compiles every variant a model's steps can meet (model/moe.py's warm-up)."""
-    firsts = [1] + [rows * num_experts // top_k + 1
-                    for rows in (DECODE_ROWS_PER_EXPERT, MID_ROWS_PER_EXPERT)]
-    return tuple(t for t in firsts if t <= max_tokens)
+def variant_token_counts(max_tokens: int, top_k: int, num_experts: int, hidden: int,
+                         inter: int) -> tuple[int, ...]:
+    """The smallest token count of each kernel variant plan_moe gives up to max_tokens (the
+    tier's tiles, the routing kernel's power-of-two row and chunk sizes). The kernels take
+    token counts unspecialized, so one call at each of these compiles every variant a
+    model's steps can meet (model/moe.py's warm-up)."""
+    firsts: dict[tuple[int, ...], int] = {}
+    for tokens in range(1, max_tokens + 1):
+        key = plan_moe(tokens, top_k, num_experts, hidden, inter).variant
+        firsts.setdefault(key, tokens)
+    return tuple(sorted(firsts.values()))
 
 
 def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int,
@@ -97,7 +111,9 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: 
     n2 = min(n2, max(16, next_power_of_2(hidden)))
     max_rows = slots + min(slots, num_experts) * (block_m - 1)
     return MoEPlan(block_m, n1, k1, n2, k2, warps, stages, max_rows, cdiv(max_rows, block_m),
-                   per_expert <= DECODE_ROWS_PER_EXPERT)
+                   route_rows=min(64, next_power_of_2(num_tokens)),
+                   route_chunk=min(1024, max(16, next_power_of_2(max(slots, max_rows)))),
+                   route_warps=4 if num_tokens <= 64 else 8)
 
 
 @triton.jit(do_not_specialize=["num_tokens", "max_rows", "max_blocks"])   # one variant a tier
@@ -341,8 +357,7 @@ def _run(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
         TOP_K=top_k, RENORMALIZE=renormalize, ROUTE=route, COUNT=count,
         BLOCK_M=plan.block_m, E_PAD=next_power_of_2(num_experts),
         K_PAD=next_power_of_2(top_k),
-        CHUNK=256 if plan.decode else 1024, ROWS=16 if plan.decode else 64, BLOCKS=32,
-        num_warps=4 if plan.decode else 8)
+        CHUNK=plan.route_chunk, ROWS=plan.route_rows, BLOCKS=32, num_warps=plan.route_warps)
     # fp32 operands multiply exactly (the CPU-parity runs); bf16/fp16 on tensor cores
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     hidden_rows = torch.empty(slots, inter, dtype=x.dtype, device=device)

@@ -276,11 +276,18 @@ def reset_expert_load(model: nn.Module) -> None:
 
 
 def warm_up_experts(model: nn.Module, max_tokens: int) -> None:
-    """Every sparse block's `warm_up` (a no-op for dense models and off CUDA)."""
+    """`warm_up` of one sparse block of each kind and shape (the others compile nothing
+    new); a no-op for dense models and off CUDA."""
+    seen: set[tuple[Any, ...]] = set()
     with torch.inference_mode():
         for module in model.modules():
             if isinstance(module, SparseMoeBlock):
-                module.warm_up(max_tokens)
+                experts = module.experts
+                key = (type(module), tuple(experts.w_gate_up.shape), experts.w_gate_up.dtype,
+                       experts.gate_up_bias is not None, experts.activation)
+                if key not in seen:
+                    seen.add(key)
+                    module.warm_up(max_tokens)
 
 
 def expert_weight_bytes(model: nn.Module) -> int:
@@ -327,16 +334,18 @@ class SparseMoeBlock(nn.Module):
         return self.mix(x, meta.query_start_loc[-1:])
 
     def warm_up(self, max_tokens: int) -> None:
-        """Run the expert kernels once at a token count of each of their tiers up to
-        max_tokens (kernels/fused_moe.tier_token_counts), so every variant a step can meet
-        compiles at start-up rather than in a step while serving. What these runs count is
-        cleared by `reset_expert_load` after start-up."""
+        """Run the expert kernels once at the first token count of each of their variants
+        up to max_tokens (kernels/fused_moe.variant_token_counts), so every variant a step
+        can meet compiles at start-up rather than in a step while serving. What these runs
+        count is cleared by `reset_expert_load` after start-up."""
         weight = self.experts.w_gate_up
         if not weight.is_cuda or _kernel() is None:
             return
-        from services.engine.kernels.fused_moe import tier_token_counts
+        from services.engine.kernels.fused_moe import variant_token_counts
 
-        for tokens in tier_token_counts(max_tokens, self.top_k, weight.shape[0]):
+        num_experts, two_inter, hidden = weight.shape
+        for tokens in variant_token_counts(max_tokens, self.top_k, num_experts, hidden,
+                                           two_inter // 2):
             x = torch.zeros(tokens, weight.shape[2], dtype=weight.dtype, device=weight.device)
             self.mix(x, torch.tensor([tokens], dtype=torch.int32, device=weight.device))
 
