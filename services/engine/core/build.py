@@ -9,6 +9,7 @@ request can always finish.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -73,6 +74,19 @@ def build_vision(config: EngineConfig, model: object) -> VisionStage | None:
         log.warning("vision model without imageprep_address: images are refused")
     model.visual.attention_backend = config.vision_attention
     return VisionStage(model, FeatureCache(config.vision_cache_bytes), pixels)
+
+
+def check_vision_attention(config: EngineConfig, device: torch.device) -> None:
+    """Refuse `vision_attention: triton` off CUDA: there the paged kernel runs only under
+    Triton's CPU interpreter (TRITON_INTERPRET=1, tests), so the start fails naming the
+    setting rather than the first image failing (or crawling) inside the encoder."""
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if config.vision_attention == "triton" and device.type != "cuda" and not interpreted:
+        raise ValidationError(
+            f"vision_attention triton needs a CUDA device, and the engine's device is "
+            f"{device.type} (device: {config.device}); use vision_attention sdpa, or set "
+            "TRITON_INTERPRET=1 to run the kernel in Triton's CPU interpreter",
+            param="vision_attention")
 
 
 def build_host_tier(config: EngineConfig, kv: KVCache) -> HostKVStore | None:
@@ -181,6 +195,7 @@ def build_engine(config: EngineConfig, source: ModelSource,
     (`phases`, services/common/startup.py)."""
     phases = phases or StartupPhases("engine")
     device = resolve_device(config.device)
+    check_vision_attention(config, device)
     dtype = default_dtype(device) if config.dtype == "auto" else _DTYPES[config.dtype]
     model_config = ModelConfig.from_dict(source.config, config.quantization)
     manifest = source.manifest

@@ -112,3 +112,28 @@ def test_the_vision_attention_setting_reaches_the_tower(vl_checkpoint_dirs) -> N
         assert engine.runner.vision.model.visual.attention_backend == backend
     with pytest.raises(ValidationError, match="vision_attention"):
         EngineConfig(model=str(directory), vision_attention="flash")
+
+
+def test_triton_vision_attention_off_cuda_is_refused_at_start(vl_checkpoint_dirs,
+                                                              monkeypatch) -> None:
+    """On a CPU engine the Triton backend runs only in the interpreter: without
+    TRITON_INTERPRET the start fails naming the setting (before the weights load)."""
+    from services.common.errors import ValidationError
+
+    source = open_model(vl_checkpoint_dirs["qwen2_5_vl"])
+    for unset in ("", "0"):
+        monkeypatch.setenv("TRITON_INTERPRET", unset)
+        with pytest.raises(ValidationError) as info:
+            make_engine(source, imageprep_address="127.0.0.1:9", vision_attention="triton",
+                        device="cpu")
+        assert str(info.value) == (
+            "vision_attention triton needs a CUDA device, and the engine's device is cpu "
+            "(device: cpu); use vision_attention sdpa, or set TRITON_INTERPRET=1 to run the "
+            "kernel in Triton's CPU interpreter")
+        assert info.value.param == "vision_attention"
+        engine = make_engine(source, imageprep_address="127.0.0.1:9", device="cpu")
+        assert engine.runner.vision.model.visual.attention_backend == "sdpa"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    engine = make_engine(source, imageprep_address="127.0.0.1:9", vision_attention="triton",
+                         device="cpu")
+    assert engine.runner.vision.model.visual.attention_backend == "triton"
