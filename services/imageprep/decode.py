@@ -123,6 +123,13 @@ def _check_header(pil: Image.Image, limits: DecodeLimits) -> None:
         raise ImageDecodeError(f"unsupported pixel mode {mode!r}")
 
 
+def check_decoded_pixels(image: EncodedImage, limits: DecodeLimits) -> None:
+    """The header checks alone (no pixel decode), with the refusals decode_image gives: for
+    an image held already prepared, perhaps under looser limits than this request's."""
+    with _open(image, limits) as pil:
+        _check_header(pil, limits)
+
+
 def decode_image(image: EncodedImage, limits: DecodeLimits) -> DecodedImage:
     """Decode one encoded image under `limits`; every refusal is an ImageDecodeError."""
     if image.media_type == JPEG:

@@ -1,7 +1,8 @@
 """ImagePreparer: one image from caller input to retained PreparedImage (runs in worker threads).
 
     ImageInput --sources--> EncodedImage --source_key--> retention lookup
-        hit:  the retained PreparedImage (no decode)
+        hit:  the retained PreparedImage (no decode; the header still meets this request's
+              pixel limit, as it may have been prepared for a core with looser limits)
         miss: decode_image -> process_image -> retain -> PreparedImage
 
 Concurrent requests for the same encoded source (the same image twice in one request, or two
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from services.common.errors import ValidationError
 from services.imageprep.cache.retention import RetentionCache
-from services.imageprep.decode import DecodeLimits, decode_image
+from services.imageprep.decode import DecodeLimits, check_decoded_pixels, decode_image
 from services.imageprep.identity import source_key
 from services.imageprep.prepared import PreparedImage
 from services.imageprep.processor import process_image
@@ -60,20 +61,20 @@ class ImagePreparer:
         key = source_key(encoded.media_type, encoded.data, settings)
         retained = self._retained(key)
         if retained is not None:
-            return Prepared(retained, cache_hit=True)
+            return self._held(retained, encoded, limits)
         with self._lock:
             running = self._inflight.get(key)
             if running is None:
                 mine: concurrent.futures.Future[PreparedImage] = concurrent.futures.Future()
                 self._inflight[key] = mine
         if running is not None:
-            return Prepared(running.result(), cache_hit=True)
+            return self._held(running.result(), encoded, limits)
         try:
             # Another worker may have finished this source between the lookup and now.
             retained = self._retained(key)
             if retained is not None:
                 mine.set_result(retained)
-                return Prepared(retained, cache_hit=True)
+                return self._held(retained, encoded, limits)
             prepared = process_image(decode_image(encoded, limits), settings)
             self.cache.put(key, prepared)
             mine.set_result(prepared)
@@ -84,6 +85,14 @@ class ImagePreparer:
         finally:
             with self._lock:
                 del self._inflight[key]
+
+    @staticmethod
+    def _held(image: PreparedImage, encoded: EncodedImage, limits: DecodeLimits) -> Prepared:
+        """An image prepared before, by this request's source key: the source key leaves out
+        the limits, so it may have been prepared under looser ones (another core's sharing
+        this imageprep, or imageprep's own); this request's pixel limit still applies."""
+        check_decoded_pixels(encoded, limits)
+        return Prepared(image, cache_hit=True)
 
     def _retained(self, key: bytes) -> PreparedImage | None:
         identity = self.cache.lookup_source(key)

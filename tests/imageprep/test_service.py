@@ -235,3 +235,30 @@ async def test_concurrent_requests_share_one_preparation(monkeypatch, count_deco
     assert a.images[0].identity == b.images[0].identity
     assert count_decodes == ["image/png"]
     service.close()
+
+
+async def test_a_held_image_meets_the_requests_pixel_limit(count_decodes):
+    """The source key leaves out the limits: an image held from a request under looser limits
+    (another core's) is refused under tighter ones with a fresh image's message, from its
+    header (no decode); one within them is still served from the cache."""
+    wide = png(600, 400)
+    tight = {"max_image_bytes": 1 << 20, "max_image_pixels": 200_000}
+    fresh = make_service()
+    with pytest.raises(ImageDecodeError) as first:
+        await fresh.prepare(request(url_image(wide), **tight))
+    fresh.close()
+    assert "the image is 600x400 = 240000 pixels; the decoded-pixel limit is 200000, set by " \
+        "image_limits.max_image_pixels" in first.value.message
+    shared = make_service()
+    try:
+        loose = await shared.prepare(request(url_image(wide)))     # imageprep's own limits
+        decodes = len(count_decodes)
+        with pytest.raises(ImageDecodeError) as held:
+            await shared.prepare(request(url_image(wide), **tight))
+        assert (held.value.message, held.value.param) == (first.value.message,
+                                                          first.value.param)
+        again = await shared.prepare(request(url_image(wide), max_image_pixels=240_000))
+        assert again.images[0].identity == loose.images[0].identity
+        assert len(count_decodes) == decodes                       # neither decoded it
+    finally:
+        shared.close()
