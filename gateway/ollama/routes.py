@@ -2,6 +2,9 @@
 
 IDE clients that speak only Ollama use these to list models, read the context length from
 `model_info` and decide from `capabilities` whether tools, vision and thinking are allowed.
+A vision model's per-request image limits (from its core manifest) sit in `model_info` under
+`<arch>.vision.request_max_*` keys: Ollama's own `<arch>.vision.*` keys describe the tower
+(Qwen-VL's `vision.max_pixels` is a resize bound, not a refusal), so these names stay apart.
 """
 
 from __future__ import annotations
@@ -46,6 +49,17 @@ def _details(card: ModelCard) -> dict[str, Any]:
 def _tag(card: ModelCard) -> dict[str, Any]:
     return {"name": card.id, "model": card.id, "modified_at": _modified_at(card),
             "size": card.size_bytes, "digest": card.digest, "details": _details(card)}
+
+
+def vision_model_info(card: ModelCard, arch: str) -> dict[str, int]:
+    """The manifest's image limits of a vision model; a limit of 0 (none of the core's own,
+    imageprep's settings apply) is left out rather than shown as 'zero allowed'."""
+    if not card.vision:
+        return {}
+    limits = (("request_max_images", card.max_images),
+              ("request_max_image_bytes", card.max_image_bytes),
+              ("request_max_image_pixels", card.max_image_pixels))
+    return {f"{arch}.vision.{name}": value for name, value in limits if value}
 
 
 @router.get("/", tags=["ollama"])
@@ -93,6 +107,7 @@ async def show(request: Request, body: ShowRequest) -> dict[str, Any]:
         "parameters": "", "template": card.chat_template, "details": _details(card),
         "model_info": {"general.architecture": arch, "general.basename": card.id,
                        "general.parameter_count": card.num_parameters,
-                       f"{arch}.context_length": card.max_model_len},
+                       f"{arch}.context_length": card.max_model_len,
+                       **vision_model_info(card, arch)},
         "capabilities": capabilities, "modified_at": _modified_at(card),
     }

@@ -3,7 +3,7 @@ imageprep, engine) with a tiny random-weight Qwen2.5-VL checkpoint (the real Qwe
 a Qwen-VL chat template) and the official openai, anthropic and ollama SDKs: the greedy
 answer to an image and a question equals transformers' generate on the same pixels and
 prompt; usage counts the image tokens; the second request with the same image hits the
-engine's feature cache; remote URLs get a clear 400; /api/show lists vision. The checkpoint
+engine's feature cache; remote URLs get a clear 400; /api/show lists vision and the image limits. The checkpoint
 runs as a prepared core whose manifest sets tight image limits (LIMITS): refusals past them
 are 400s that state the limit and that the manifest set it."""
 
@@ -15,7 +15,6 @@ import json
 import shutil
 
 import anthropic
-import httpx
 import numpy as np
 import ollama
 import openai
@@ -215,8 +214,13 @@ def test_images_through_every_api(vision_stack):
                                               "images": [data]}],
                        options={"temperature": 0, "num_predict": NEW})
     assert chat.prompt_eval_count == prompt_len
-    show = httpx.post(run.url + "/api/show", json={"model": name}, timeout=30).json()
-    assert "vision" in show["capabilities"]
+    shown = client.show(name)
+    assert "vision" in shown.capabilities
+    arch = shown.modelinfo["general.architecture"]
+    assert {key: value for key, value in shown.modelinfo.items() if ".vision." in key} == {
+        f"{arch}.vision.request_max_images": 3,
+        f"{arch}.vision.request_max_image_bytes": 200_000,
+        f"{arch}.vision.request_max_image_pixels": 200_000}
 
 
 def test_remote_urls_are_refused(vision_stack):

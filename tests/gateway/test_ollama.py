@@ -112,7 +112,8 @@ def test_discovery(client, gateway):
     assert models[0].details.family == "qwen3" and models[0].size == 2_469_134
     shown = client.show(MODEL_ID)
     assert shown.modelinfo["qwen3.context_length"] == 4096
-    assert shown.capabilities == ["completion", "tools", "thinking"]
+    assert shown.capabilities == ["completion", "tools", "thinking"]   # a text model
+    assert not [key for key in shown.modelinfo if ".vision." in key]
     assert shown.template == "{{ messages }}"
     assert httpx.get(gateway.url + "/api/version").json() == {"version": "0.12.0"}
     root = httpx.get(gateway.url + "/")
@@ -130,3 +131,14 @@ def test_errors_use_ollamas_shape(client, gateway):
     with pytest.raises(ollama.ResponseError) as info:
         client.generate(model=MODEL_ID, prompt="x", suffix="y")
     assert info.value.status_code == 400
+
+
+def test_image_limits_in_model_info_only_for_vision_models():
+    from gateway.ollama.routes import vision_model_info
+    from services.common.api.model_card import ModelCard
+
+    limits = {"max_images": 3, "max_image_bytes": 1000, "max_image_pixels": 0}
+    assert vision_model_info(ModelCard(id="m", vision=True, **limits), "qwen2_5_vl") == {
+        "qwen2_5_vl.vision.request_max_images": 3,
+        "qwen2_5_vl.vision.request_max_image_bytes": 1000}     # 0: no limit of the core's
+    assert vision_model_info(ModelCard(id="m", **limits), "qwen3") == {}
