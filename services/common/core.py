@@ -34,6 +34,7 @@ from services.common.assets import sha256_file
 from services.common.digest_cache import sha256_files
 from services.common.errors import ManifestError, ValidationError
 from services.common.quantization import parse_quantization
+from services.common.tokenizer_json import read_added_tokens
 
 MANIFEST_NAME = "helios-core.json"
 MANIFEST_FORMAT = 1
@@ -255,7 +256,7 @@ def _weight_parameters(path: Path) -> int:
     return _safetensors_parameters(path)
 
 
-def _eos_ids(root: Path, config: dict[str, Any], tokenizer: dict[str, Any]) -> tuple[int, ...]:
+def _eos_ids(root: Path, config: dict[str, Any], added_tokens: list[Any]) -> tuple[int, ...]:
     ids: list[int] = []
 
     def add(value: Any) -> None:
@@ -273,7 +274,7 @@ def _eos_ids(root: Path, config: dict[str, Any], tokenizer: dict[str, Any]) -> t
         if tok_cfg_path.is_file():
             eos = json.loads(tok_cfg_path.read_text()).get("eos_token")
             eos = eos.get("content") if isinstance(eos, dict) else eos
-            for added in tokenizer.get("added_tokens", []):
+            for added in added_tokens:
                 if added.get("content") == eos:
                     add(added["id"])
     return tuple(ids)
@@ -358,8 +359,8 @@ def inspect_model_dir(
     template_file = _chat_template_file(model_dir)
     template = _read_chat_template(model_dir, template_file) or ""
     template_sha = hashlib.sha256(template.encode()).hexdigest() if template else ""
-    tokenizer = json.loads((model_dir / "tokenizer.json").read_text())
-    vocab_tokens = {t.get("content") for t in tokenizer.get("added_tokens", [])}
+    added_tokens = read_added_tokens((model_dir / "tokenizer.json").read_text())
+    vocab_tokens = {t.get("content") for t in added_tokens}
     text_config = config.get("text_config", config)
     context = max_model_len or text_config.get("max_position_embeddings") or 4096
     scheme = parse_quantization(config)   # an unsupported quantization_config fails here
@@ -381,7 +382,7 @@ def inspect_model_dir(
         num_parameters=(num_parameters if num_parameters is not None
                         else sum(_weight_parameters(model_dir / w) for w in weights)),
         weight_bytes=sum(fp.size for fp in fingerprints if fp.role == ROLE_WEIGHTS),
-        eos_token_ids=_eos_ids(model_dir, config, tokenizer),
+        eos_token_ids=_eos_ids(model_dir, config, added_tokens),
         capabilities=capabilities,
         tokenizer_file="tokenizer.json",
         chat_template_file=template_file,
