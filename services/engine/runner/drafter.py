@@ -31,11 +31,9 @@ Start-up refuses a draft model whose tokenizer differs from the target's
 
 from __future__ import annotations
 
-import collections
 import json
-import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +52,10 @@ from services.engine.model import (
     load_dummy_model,
     load_model,
 )
+from services.engine.runner.draft_pages import DraftEntry, DraftPages, common_prefix
 from services.engine.sampling.vocab import mask_beyond_vocab_, token_vocab_size
 from services.engine.scheduler.plan import SlotHandle
 from services.engine.scheduler.speculation import DRAFT
-
-
-@dataclass(slots=True)
-class _Entry:
-    """One choice's draft KV: its slot generation, the tokens the KV holds, their pages."""
-
-    generation: int
-    tokens: list[int] = field(default_factory=list)
-    pages: list[int] = field(default_factory=list)
 
 
 class DraftModelProposer:
@@ -84,18 +74,14 @@ class DraftModelProposer:
         self.max_positions = max_positions   # no draft at or past the draft's range
         self.page_size = kv.page_size
         self.device = model.device
-        self._free = list(range(kv.num_pages - 1, -1, -1))
-        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
-        self._forward_times: collections.deque[float] = collections.deque(maxlen=9)
+        self.pages = DraftPages(kv.num_pages, kv.page_size)
 
     @property
     def free_pages(self) -> int:
-        return len(self._free)
+        return self.pages.free_pages
 
     def tokens_held(self, slot: int) -> tuple[int, ...]:
-        """The tokens whose draft KV the slot's entry holds (tests, diagnostics)."""
-        entry = self._entries.get(slot)
-        return tuple(entry.tokens) if entry is not None else ()
+        return self.pages.tokens_held(slot)
 
     @torch.inference_mode()
     def propose_for(self, handle: SlotHandle, tokens: Any, limit: int,
@@ -107,11 +93,11 @@ class DraftModelProposer:
         if limit <= 0 or not tokens:
             return (), 0
         tokens = list(tokens)
-        entry = self._entry(handle)
-        keep = min(_common_prefix(entry.tokens, tokens), len(tokens) - 1)
+        entry = self.pages.entry(handle)
+        keep = min(common_prefix(entry.tokens, tokens), len(tokens) - 1)
         del entry.tokens[keep:]                # roll back what the choice did not accept
-        if not self._reserve(handle.slot, entry, len(tokens) + limit - 1):
-            self._drop(handle.slot)
+        if not self.pages.reserve(handle.slot, entry, len(tokens) + limit - 1):
+            self.pages.drop(handle.slot)
             return (), 0
         started = time.perf_counter()
         forwards = 0
@@ -129,16 +115,16 @@ class DraftModelProposer:
             logits = self._forward(entry, drafts[-1:])
             forwards += 1
         # each draft read back its token, so the wall time covers the device's work
-        self._forward_times.append((time.perf_counter() - started) / forwards)
+        self.pages.forward_times.append((time.perf_counter() - started) / forwards)
         return tuple(drafts), forwards
 
     @property
     def forward_s(self) -> float:
         """A draft forward's measured duration (the median of recent rounds; 0: none yet):
         the width policy weighs drafts by it when the cost model is on."""
-        return statistics.median(self._forward_times) if self._forward_times else 0.0
+        return self.pages.forward_s
 
-    def _forward(self, entry: _Entry, chunk: list[int]) -> torch.Tensor:
+    def _forward(self, entry: DraftEntry, chunk: list[int]) -> torch.Tensor:
         """Feed `chunk` after the entry's tokens (writing its KV); the last row's logits."""
         start = len(entry.tokens)
         meta = build_metadata([len(chunk)], [start + len(chunk)], [entry.pages],
@@ -152,47 +138,6 @@ class DraftModelProposer:
         logits = self.model.compute_logits(hidden[-1:])
         return mask_beyond_vocab_(logits, self.token_vocab)[0]
 
-    def _entry(self, handle: SlotHandle) -> _Entry:
-        entry = self._entries.get(handle.slot)
-        if entry is not None and entry.generation != handle.generation:
-            self._drop(handle.slot)           # the slot's earlier choice ended
-            entry = None
-        if entry is None:
-            entry = self._entries[handle.slot] = _Entry(handle.generation)
-        self._entries.move_to_end(handle.slot)
-        return entry
-
-    def _reserve(self, slot: int, entry: _Entry, num_tokens: int) -> bool:
-        """Pages for `num_tokens` positions, evicting the least recently used other entries
-        if needed; False when even that is not enough."""
-        needed = -(-num_tokens // self.page_size) - len(entry.pages)
-        while needed > len(self._free):
-            victim = next((s for s in self._entries if s != slot), None)
-            if victim is None:
-                return False
-            self._drop(victim)
-        for _ in range(max(0, needed)):
-            entry.pages.append(self._free.pop())
-        return True
-
-    def _drop(self, slot: int) -> None:
-        entry = self._entries.pop(slot, None)
-        if entry is not None:
-            self._free.extend(reversed(entry.pages))
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:                   # the usual case: every held token was accepted
-        return n
-    lo, hi = 0, n                        # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,12 +32,10 @@ verifies.
 
 from __future__ import annotations
 
-import collections
 import json
-import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +55,7 @@ from services.engine.model.attention import kv_slot
 from services.engine.model.config import ModelConfig
 from services.engine.model.eagle3 import Eagle3Head, load_eagle3_head, parse_eagle3_config
 from services.engine.model.layers import Embedding
+from services.engine.runner.draft_pages import DraftEntry, DraftPages, common_prefix
 from services.engine.sampling.vocab import token_vocab_size
 from services.engine.scheduler.plan import SlotHandle
 from services.engine.scheduler.speculation import DRAFT
@@ -84,16 +83,6 @@ class TargetHiddenStore:
             self.rows.index_copy_(0, index, fused.to(self.rows.dtype))
 
 
-@dataclass(slots=True)
-class _Entry:
-    """One choice's head KV: its slot generation, the input token of each row built from
-    the target's states, the pages."""
-
-    generation: int
-    tokens: list[int] = field(default_factory=list)
-    pages: list[int] = field(default_factory=list)
-
-
 class Eagle3Proposer:
     """Greedy drafts from an EAGLE-3 head over the target's hidden states (module doc)."""
 
@@ -113,23 +102,19 @@ class Eagle3Proposer:
         self.device = head.fc.weight.device
         # draft ids whose target id is past the tokenizer's are never proposed
         self._beyond = head.draft_to_target >= token_vocab
-        self._free = list(range(kv.num_pages - 1, -1, -1))
-        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
-        self._forward_times: collections.deque[float] = collections.deque(maxlen=9)
+        self.pages = DraftPages(kv.num_pages, kv.page_size)
 
     @property
     def free_pages(self) -> int:
-        return len(self._free)
+        return self.pages.free_pages
 
     def tokens_held(self, slot: int) -> tuple[int, ...]:
-        """The input tokens of the slot's kept head rows (tests, diagnostics)."""
-        entry = self._entries.get(slot)
-        return tuple(entry.tokens) if entry is not None else ()
+        return self.pages.tokens_held(slot)
 
     @property
     def forward_s(self) -> float:
         """A head forward's measured duration (median of recent rounds; 0: none yet)."""
-        return statistics.median(self._forward_times) if self._forward_times else 0.0
+        return self.pages.forward_s
 
     @torch.inference_mode()
     def propose_for(self, handle: SlotHandle, tokens: Sequence[int], limit: int,
@@ -141,11 +126,11 @@ class Eagle3Proposer:
         if limit <= 0 or n < 2 or len(target_pages) * self.page_size < n - 1:
             return (), 0
         inputs = list(tokens[1:])                   # row i's token; rows 0..n-2
-        entry = self._entry(handle)
-        keep = min(_common_prefix(entry.tokens, inputs), n - 2)
+        entry = self.pages.entry(handle)
+        keep = min(common_prefix(entry.tokens, inputs), n - 2)
         del entry.tokens[keep:]                     # roll back what the choice did not keep
-        if not self._reserve(handle.slot, entry, n - 1 + limit - 1):
-            self._drop(handle.slot)
+        if not self.pages.reserve(handle.slot, entry, n - 1 + limit - 1):
+            self.pages.drop(handle.slot)
             return (), 0
         started = time.perf_counter()
         forwards = 0
@@ -169,14 +154,14 @@ class Eagle3Proposer:
             position += 1                           # a chained row: not kept
             normed, prenorm = self._forward(entry, position, drafts[-1:], prenorm)
             forwards += 1
-        self._forward_times.append((time.perf_counter() - started) / forwards)
+        self.pages.forward_times.append((time.perf_counter() - started) / forwards)
         return tuple(drafts), forwards
 
     def _greedy(self, normed: torch.Tensor) -> int:
         logits = self.head.logits(normed)[0].masked_fill_(self._beyond, float("-inf"))
         return int(self.head.draft_to_target[logits.argmax()].item())
 
-    def _forward(self, entry: _Entry, start: int, chunk: list[int], hidden: torch.Tensor
+    def _forward(self, entry: DraftEntry, start: int, chunk: list[int], hidden: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows start.. for `chunk` with `hidden` [len(chunk), H]: the last row's
         (normed, pre-norm) states [1, H]."""
@@ -188,40 +173,6 @@ class Eagle3Proposer:
         normed, prenorm = self.head(self.embedding(ids), hidden, positions, self.kv, meta)
         return normed[-1:], prenorm[-1:]
 
-    def _entry(self, handle: SlotHandle) -> _Entry:
-        entry = self._entries.get(handle.slot)
-        if entry is not None and entry.generation != handle.generation:
-            self._drop(handle.slot)           # the slot's earlier choice ended
-            entry = None
-        if entry is None:
-            entry = self._entries[handle.slot] = _Entry(handle.generation)
-        self._entries.move_to_end(handle.slot)
-        return entry
-
-    def _reserve(self, slot: int, entry: _Entry, num_rows: int) -> bool:
-        """Pages for `num_rows` positions, evicting the least recently used other entries
-        if needed; False when even that is not enough."""
-        needed = -(-num_rows // self.page_size) - len(entry.pages)
-        while needed > len(self._free):
-            victim = next((s for s in self._entries if s != slot), None)
-            if victim is None:
-                return False
-            self._drop(victim)
-        for _ in range(max(0, needed)):
-            entry.pages.append(self._free.pop())
-        return True
-
-    def _drop(self, slot: int) -> None:
-        entry = self._entries.pop(slot, None)
-        if entry is not None:
-            self._free.extend(reversed(entry.pages))
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:                   # the usual case: every kept row still matches
-        return n
-    return next(i for i in range(n) if a[i] != b[i])
 
 
 @dataclass(frozen=True, slots=True)
