@@ -29,6 +29,7 @@ from tests.engine.grammar.byte_tokenizer import write_byte_tokenizer
 from tests.engine.model.checkpoints import SPECS, VOCAB_SIZE, build_checkpoint
 from tests.engine.runner.conftest import greedy_request, make_engine
 from tests.engine.runner.test_speculative import KINDS, _drive, _prompt
+from tests.engine.runner.test_speculative_draft import _requests, _same
 
 VALUES = dict(page_size=4, max_num_seqs=6, kv_cache_bytes=8 << 20, prefill_chunk_size=64,
               max_num_batched_tokens=80)
@@ -107,26 +108,9 @@ def _eagle_engine(source, head, kind="torch", k=4, **overrides):
                                   "num_speculative_tokens": k, **overrides})
 
 
-def _requests():
-    prompts = [_prompt(37, 1), _prompt(12, 2), _prompt(70, 3), _prompt(9, 4)]
-    return [greedy_request("g0", prompts[0], 14, logprobs=True, top_logprobs=3),
-            greedy_request("g1", prompts[1], 19, logprobs=True),
-            greedy_request("g2", prompts[2], 16),
-            greedy_request("s3", prompts[3], 13, temperature=1.1, seed=5, top_p=0.9,
-                           repetition_penalty=1.5, logprobs=True)]
-
-
 @pytest.fixture(scope="module")
 def plain(source):
     return _drive(make_engine(source, **VALUES), _requests())
-
-
-def _same(spec, plain):
-    for rid, (tokens, logprobs, reason) in plain.items():
-        assert spec[rid][0] == tokens, rid
-        assert spec[rid][2] is reason, rid
-        assert max((abs(a - b) for a, b in zip(spec[rid][1], logprobs, strict=True)),
-                   default=0.0) < 1e-4, rid
 
 
 class _Checked:
