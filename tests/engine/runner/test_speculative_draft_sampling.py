@@ -12,11 +12,10 @@ from tests.engine.model.checkpoints import SPECS, build_checkpoint, load_referen
 from tests.engine.runner.conftest import make_engine
 from tests.engine.runner.test_speculative import _drive
 from tests.engine.runner.test_speculative_sampling import (
-    CHI2_CRITICAL_3DF,
-    PROMPT,
     SAMPLES,
     Greedy,
     _requests,
+    check_target_distribution,
 )
 
 
@@ -37,26 +36,7 @@ def test_draft_model_sampling_preserves_the_distribution(checkpoint):
     assert counters.spec_drafts >= SAMPLES and counters.spec_accepted_tokens > 0
     assert counters.spec_drafter_steps > 0
     target = Greedy(load_reference(checkpoint))    # the target's tempered probabilities
-    # cells: both drafts accepted, the first only, the best other token, anything else
-    observed = [0.0] * 4
-    expected = [0.0] * 4
-    for seed in range(SAMPLES):
-        t1, t2, t3 = spec[f"s{seed}"][0][:3]
-        head = [*PROMPT, t1]
-        a, b = target.continuation(head)
-        p2 = target.probs(head)
-        p3 = target.probs([*head, a])
-        ranked = [int(t) for t in p2.argsort(descending=True)[:2]]
-        other = ranked[1] if ranked[0] == a else ranked[0]
-        cells = [float(p2[a] * p3[b]), float(p2[a] * (1 - p3[b])), float(p2[other])]
-        cells.append(1.0 - sum(cells))
-        for k, p in enumerate(cells):
-            expected[k] += p
-        cell = (0 if t3 == b else 1) if t2 == a else 2 if t2 == other else 3
-        observed[cell] += 1
-    assert min(expected) >= 5, expected
-    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True))
-    assert chi2 < CHI2_CRITICAL_3DF, (observed, expected, chi2)
+    check_target_distribution(spec, target)
     plain = _drive(make_engine(source, **values), _requests())
     assert {rid: out[0] for rid, out in plain.items()} == \
         {rid: out[0] for rid, out in spec.items()}

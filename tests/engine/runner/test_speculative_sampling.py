@@ -74,15 +74,25 @@ def test_verified_sampling_preserves_the_distribution(checkpoint):
     spec = _drive(engine, _requests())
     counters = state.counters
     assert counters.spec_drafts == SAMPLES and counters.spec_accepted_tokens > 0
-    # cells: both drafts accepted, the first only, the best other token, anything else
+    check_target_distribution(spec, proposer)
+    # the same seeds without speculation: the same tokens, seed for seed
+    plain = _drive(make_engine(source, **values), _requests())
+    assert {rid: out[0] for rid, out in plain.items()} == \
+        {rid: out[0] for rid, out in spec.items()}
+
+
+def check_target_distribution(spec, target) -> None:
+    """Chi-square test that each seed's 2nd and 3rd tokens (drafts `target.continuation`
+    proposes after the 1st) follow the target's tempered probabilities (`target.probs`):
+    cells both drafts accepted, the first only, the best other token, anything else."""
     observed = [0.0] * 4
     expected = [0.0] * 4
     for seed in range(SAMPLES):
         t1, t2, t3 = spec[f"s{seed}"][0][:3]
         head = [*PROMPT, t1]
-        a, b = proposer.continuation(head)
-        p2 = proposer.probs(head)
-        p3 = proposer.probs([*head, a])
+        a, b = target.continuation(head)
+        p2 = target.probs(head)
+        p3 = target.probs([*head, a])
         ranked = [int(t) for t in p2.argsort(descending=True)[:2]]
         other = ranked[1] if ranked[0] == a else ranked[0]
         cells = [float(p2[a] * p3[b]), float(p2[a] * (1 - p3[b])), float(p2[other])]
@@ -94,7 +104,3 @@ def test_verified_sampling_preserves_the_distribution(checkpoint):
     assert min(expected) >= 5, expected
     chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True))
     assert chi2 < CHI2_CRITICAL_3DF, (observed, expected, chi2)
-    # the same seeds without speculation: the same tokens, seed for seed
-    plain = _drive(make_engine(source, **values), _requests())
-    assert {rid: out[0] for rid, out in plain.items()} == \
-        {rid: out[0] for rid, out in spec.items()}
