@@ -41,8 +41,8 @@ test_rc=skipped
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   start=$(date +%s)
   # shellcheck disable=SC2086
-  timeout "${TEST_TIMEOUT_S:-300}" "$PY" -m pytest ${TEST_PATHS:-tests/engine/gpu tests/kernels} -q \
-    -p no:cacheprovider -n "${TEST_WORKERS:-8}" -o addopts="" -rfE > "$OUT/tests.log" 2>&1
+  timeout "${TEST_TIMEOUT_S:-450}" "$PY" -m pytest ${TEST_PATHS:-tests/engine/gpu tests/kernels} -q \
+    -p no:cacheprovider -n "${TEST_WORKERS:-12}" -o addopts="" -rfE > "$OUT/tests.log" 2>&1
   test_rc=$?
   echo "== GPU tests: rc=$test_rc in $(( $(date +%s) - start )) s"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -n 20
