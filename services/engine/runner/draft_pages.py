@@ -88,3 +88,22 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     if a[:n] == b[:n]:                   # the usual case: every held row was kept
         return n
     return next(i for i in range(n) if a[i] != b[i])
+
+
+class PagedDrafter:
+    """What both drafters expose over their `pages` (a DraftPages): the free page count and
+    the rows a slot holds (tests, diagnostics), and `forward_s`, a draft forward's measured
+    duration, which the width policy weighs drafts by when the cost model is on."""
+
+    pages: DraftPages
+
+    @property
+    def free_pages(self) -> int:
+        return self.pages.free_pages
+
+    def tokens_held(self, slot: int) -> tuple[int, ...]:
+        return self.pages.tokens_held(slot)
+
+    @property
+    def forward_s(self) -> float:
+        return self.pages.forward_s

@@ -52,13 +52,13 @@ from services.engine.model import (
     load_dummy_model,
     load_model,
 )
-from services.engine.runner.draft_pages import DraftEntry, DraftPages, common_prefix
+from services.engine.runner.draft_pages import DraftEntry, DraftPages, PagedDrafter, common_prefix
 from services.engine.sampling.vocab import mask_beyond_vocab_, token_vocab_size
 from services.engine.scheduler.plan import SlotHandle
 from services.engine.scheduler.speculation import DRAFT
 
 
-class DraftModelProposer:
+class DraftModelProposer(PagedDrafter):
     """Greedy drafts from a draft model with its own paged KV (module docstring)."""
 
     method = "draft"
@@ -75,13 +75,6 @@ class DraftModelProposer:
         self.page_size = kv.page_size
         self.device = model.device
         self.pages = DraftPages(kv.num_pages, kv.page_size)
-
-    @property
-    def free_pages(self) -> int:
-        return self.pages.free_pages
-
-    def tokens_held(self, slot: int) -> tuple[int, ...]:
-        return self.pages.tokens_held(slot)
 
     @torch.inference_mode()
     def propose_for(self, handle: SlotHandle, tokens: Any, limit: int,
@@ -117,12 +110,6 @@ class DraftModelProposer:
         # each draft read back its token, so the wall time covers the device's work
         self.pages.forward_times.append((time.perf_counter() - started) / forwards)
         return tuple(drafts), forwards
-
-    @property
-    def forward_s(self) -> float:
-        """A draft forward's measured duration (the median of recent rounds; 0: none yet):
-        the width policy weighs drafts by it when the cost model is on."""
-        return self.pages.forward_s
 
     def _forward(self, entry: DraftEntry, chunk: list[int]) -> torch.Tensor:
         """Feed `chunk` after the entry's tokens (writing its KV); the last row's logits."""

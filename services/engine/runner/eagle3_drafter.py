@@ -55,7 +55,7 @@ from services.engine.model.attention import kv_slot
 from services.engine.model.config import ModelConfig
 from services.engine.model.eagle3 import Eagle3Head, load_eagle3_head, parse_eagle3_config
 from services.engine.model.layers import Embedding
-from services.engine.runner.draft_pages import DraftEntry, DraftPages, common_prefix
+from services.engine.runner.draft_pages import DraftEntry, DraftPages, PagedDrafter, common_prefix
 from services.engine.sampling.vocab import token_vocab_size
 from services.engine.scheduler.plan import SlotHandle
 from services.engine.scheduler.speculation import DRAFT
@@ -83,7 +83,7 @@ class TargetHiddenStore:
             self.rows.index_copy_(0, index, fused.to(self.rows.dtype))
 
 
-class Eagle3Proposer:
+class Eagle3Proposer(PagedDrafter):
     """Greedy drafts from an EAGLE-3 head over the target's hidden states (module doc)."""
 
     method = "eagle3"
@@ -103,18 +103,6 @@ class Eagle3Proposer:
         # draft ids whose target id is past the tokenizer's are never proposed
         self._beyond = head.draft_to_target >= token_vocab
         self.pages = DraftPages(kv.num_pages, kv.page_size)
-
-    @property
-    def free_pages(self) -> int:
-        return self.pages.free_pages
-
-    def tokens_held(self, slot: int) -> tuple[int, ...]:
-        return self.pages.tokens_held(slot)
-
-    @property
-    def forward_s(self) -> float:
-        """A head forward's measured duration (median of recent rounds; 0: none yet)."""
-        return self.pages.forward_s
 
     @torch.inference_mode()
     def propose_for(self, handle: SlotHandle, tokens: Sequence[int], limit: int,
