@@ -247,6 +247,8 @@ def build_engine(config: EngineConfig, source: ModelSource,
     token_vocab = token_vocab_size(tokenizer, model_config.vocab_size)
     choice = resolve_runner(config, device)
     vision = build_vision(config, model)     # both runners feed its image rows eagerly
+    # a step may feed one whole image span past its token budget: at most the context
+    max_image_tokens = context if vision is not None else 0
     runner: Runner
     if choice.graph:
         graph_runner = GraphRunner(model, kv, snapshots, GraphRunnerConfig(
@@ -255,7 +257,8 @@ def build_engine(config: EngineConfig, source: ModelSource,
             graph_max_batch=choice.graph_max_batch, overlap=choice.overlap,
             eos_token_ids=eos, token_vocab=token_vocab,
             max_drafts=config.num_speculative_tokens
-            if config.speculative_method != "none" else 0), host_kv=host_kv, vision=vision)
+            if config.speculative_method != "none" else 0,
+            max_image_tokens=max_image_tokens), host_kv=host_kv, vision=vision)
         phases.start("capture CUDA graphs")
         graph_runner.capture()
         runner = graph_runner
@@ -278,7 +281,7 @@ def build_engine(config: EngineConfig, source: ModelSource,
         context_hint=manifest.context_hint or config.context_hint,
         capacity_hint=manifest.capacity_hint or config.capacity_hint,
         supports_images=vision is not None and vision.pixels is not None,
-        overlap=choice.overlap, cost_model=choice.cost_model,
+        max_image_tokens=max_image_tokens, overlap=choice.overlap, cost_model=choice.cost_model,
         pooling=pooling.mode, normalize_embeddings=pooling.normalize,
         pooling_hint=pooling.reason, proposer=build_proposer(config, draft_proposer))
     phases.start("load the grammar vocabulary")

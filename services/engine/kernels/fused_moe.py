@@ -116,7 +116,8 @@ def plan_moe(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: 
                    route_warps=4 if num_tokens <= 64 else 8)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "max_rows", "max_blocks"])   # one variant a tier
+@triton.jit(do_not_specialize=["num_tokens", "max_rows", "max_blocks"],   # one variant a tier
+            do_not_specialize_on_alignment=["num_real_ptr"])   # a view: query_start_loc[-1:]
 def _route_align_kernel(
     logits_ptr, stride_logits, weights_ptr, ids_ptr, sorted_ptr, block_expert_ptr,
     num_rows_ptr, cursor_ptr, load_ptr, num_real_ptr,

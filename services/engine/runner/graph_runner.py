@@ -80,6 +80,7 @@ class GraphRunnerConfig:
     eos_token_ids: tuple[int, ...] = ()
     token_vocab: int | None = None   # the tokenizer's ids (logits past it masked; None: all)
     max_drafts: int = 0              # drafts a verification step feeds per sequence at most
+    max_image_tokens: int = 0        # an image span a step may feed whole past the budget
 
 
 @dataclass(slots=True)
@@ -125,7 +126,8 @@ class GraphRunner:
             num_slots=config.num_slots, max_num_batched_tokens=config.max_num_batched_tokens,
             max_graph_batch=max_rows, table_width=width,
             vocab_size=model.config.vocab_size, init_ints=len(INT_FIELDS),
-            init_floats=len(FLOAT_FIELDS), width=self.width), device)
+            init_floats=len(FLOAT_FIELDS), width=self.width,
+            max_image_tokens=config.max_image_tokens), device)
         self.bulk = BulkStaging(device)
         self.model_stream = torch.cuda.Stream(device) if self.is_cuda else None
         self.copy_stream = torch.cuda.Stream(device) if self.is_cuda else None

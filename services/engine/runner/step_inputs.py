@@ -47,12 +47,14 @@ class StepLimits:
     @classmethod
     def for_runner(cls, *, num_slots: int, max_num_batched_tokens: int, max_graph_batch: int,
                    table_width: int, vocab_size: int, init_ints: int, init_floats: int,
-                   width: int = 1) -> StepLimits:
+                   width: int = 1, max_image_tokens: int = 0) -> StepLimits:
         """A step feeds at most the token budget, or one decode per slot plus the oldest
-        prefill's minimum chunk (64); a slot's whole page table uploads when it starts.
-        `width`: rows per sequence of a verification step (1 + drafts; 1: no speculation)."""
+        prefill's minimum chunk (64), plus one whole image span past the budget (at most
+        `max_image_tokens`: scheduler/policy.py); a slot's whole page table uploads when it
+        starts. `width`: rows per sequence of a verification step (1 + drafts; 1: no
+        speculation)."""
         rows = max(num_slots, max_graph_batch)
-        tokens = max(max_num_batched_tokens, rows) + 64
+        tokens = max(max_num_batched_tokens, rows) + 64 + max_image_tokens
         return cls(tokens=tokens, seqs=rows, samples=tokens, resumes=num_slots,
                    table_cells=(num_slots + 1) * table_width, inits=num_slots,
                    init_ints=init_ints, init_floats=init_floats,

@@ -6,7 +6,10 @@
 2. Sequences with prompt (or, after preemption, replayed) tokens left get chunks, oldest first:
    up to `prefill_chunk_size`, never past their next checkpoint endpoint or their known
    tokens, within the step's `max_num_batched_tokens`. The oldest such sequence always gets at
-   least one 64-token chunk, so decodes can never starve a prompt.
+   least one 64-token chunk, so decodes can never starve a prompt. A chunk never splits an
+   image span: it stops before one, or takes one whole; only the oldest may take a span past
+   the budget (up to `max_image_tokens`), so a step never feeds more than the budget plus
+   one image.
 3. Pages come from the free pool, then from evicting unpinned cache leaves, then from
    preempting younger resident sequences (youngest first). A sequence never preempts an older
    one, so the oldest request always progresses: nobody starves.
@@ -108,7 +111,9 @@ def select(state: SchedulerState) -> list[PlannedSeq]:
         if seq.handle is None or seq.handle.slot not in state.running:
             continue
         allowance = max(budget, MIN_CHUNK) if first_prefill else budget
-        tokens = _chunk(seq, config.prefill_chunk_size, allowance)
+        # the room a whole image span may take (it may outgrow the chunk size)
+        room = max(allowance, config.max_image_tokens) if first_prefill else allowance
+        tokens = _chunk(seq, config.prefill_chunk_size, allowance, room)
         if tokens <= 0:
             break
         pages = res.pages_for(seq.num_computed + tokens) - len(seq.page_ids)
@@ -117,7 +122,7 @@ def select(state: SchedulerState) -> list[PlannedSeq]:
             spare = res.pages.num_free + res.cache.num_evictable_pages - reserved
             tokens = _whole_images(seq, min(
                 tokens, (len(seq.page_ids) + max(0, spare)) * res.page_size -
-                seq.num_computed))
+                seq.num_computed), room)
             if tokens <= 0 or not obtain(seq, res.pages_for(seq.num_computed + tokens) -
                                          len(seq.page_ids)):
                 continue
@@ -153,25 +158,29 @@ def can_follow(state: SchedulerState, seq: Sequence) -> bool:
     return progress.scheduled_end + 1 not in seq.cache.target_snapshots
 
 
-def _chunk(seq: Sequence, chunk_size: int, allowance: int) -> int:
-    """Tokens to feed: up to the chunk size and allowance, stopping at the next checkpoint."""
+def _chunk(seq: Sequence, chunk_size: int, allowance: int, room: int) -> int:
+    """Tokens to feed: up to the chunk size and allowance, stopping at the next checkpoint,
+    and never inside an image span (one that starts the chunk is taken whole when it fits
+    `room`)."""
     limit = seq.total_len
     for target in seq.cache.targets:
         if target > seq.num_computed:
             limit = min(limit, target)
             break
     tokens = max(0, min(limit - seq.num_computed, chunk_size, allowance))
-    return _whole_images(seq, tokens)
+    return _whole_images(seq, tokens, room)
 
 
-def _whole_images(seq: Sequence, tokens: int) -> int:
+def _whole_images(seq: Sequence, tokens: int, room: int) -> int:
     """A prefill chunk never ends inside an image span (vision/prompt.py chunk_end): it
-    stops before the span, or, starting at or inside it, takes the whole span."""
+    stops before the span, or, starting at or inside it, takes the whole span when that fits
+    `room` (else nothing: the sequence waits for a step with room)."""
     multimodal = seq.request.request.multimodal
     if multimodal is None or tokens <= 0:
         return tokens
     start = seq.num_computed
-    return multimodal.chunk_end(start, start + tokens) - start
+    tokens = multimodal.chunk_end(start, start + tokens) - start
+    return tokens if tokens <= room else 0
 
 
 def _planned(seq: Sequence, tokens: int) -> PlannedSeq:

@@ -30,6 +30,8 @@ class SchedulerConfig:
     context_hint: str = ""
     capacity_hint: str = ""
     supports_images: bool = False
+    max_image_tokens: int = 0             # the longest image span the oldest prefill may take
+                                          # whole past the budget (vision models: the context)
     overlap: bool = False                 # plan a decode behind a sequence's in-flight step
     cost_model: bool = False              # size prefill chunks by measured step durations
     output_token_value: float = 64.0      # an output token's value in prompt tokens (costs)

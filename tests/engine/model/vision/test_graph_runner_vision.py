@@ -137,3 +137,41 @@ def test_triton_vision_attention_off_cuda_is_refused_at_start(vl_checkpoint_dirs
     engine = make_engine(source, imageprep_address="127.0.0.1:9", vision_attention="triton",
                          device="cpu")
     assert engine.runner.vision.model.visual.attention_backend == "triton"
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_an_image_longer_than_the_step_budget(name, vl_checkpoint_dirs) -> None:
+    """An image span of 300-380 tokens against a 64-token budget, beside decoding text and a
+    later small image: the oldest prefill takes the span whole past the budget (a step holds
+    the budget plus one image), a younger one waits for room; the graph runner's frames hold
+    every step (they refused one before) and its tokens equal the torch runner's."""
+    profile = SPECS[name].profile
+    big = prepared_image(profile, 600, 500, 11)
+    prompts = {"text": compose([random_text(20, 1)]),
+               "big": compose([random_text(3, 2), big, random_text(4, 3)]),
+               "small": compose([random_text(70, 4), prepared_image(profile, 150, 230, 12),
+                                 random_text(2, 5)])}
+    results, fed = {}, {}
+    for runner in ("torch", "graph"):
+        engine = make_engine(open_model(vl_checkpoint_dirs[name]), page_size=4,
+                             prefill_chunk_size=64, max_num_batched_tokens=64,
+                             imageprep_address="127.0.0.1:9", dtype="float32", runner=runner)
+        pixels = DictPixels()
+        engine.runner.vision.pixels = pixels
+        for rid, prompt in prompts.items():
+            pixels.add(prompt)
+            engine.scheduler.admit(request(rid, prompt))
+        commit = engine.scheduler.commit
+        steps: list[int] = []
+
+        def recording(plan, fence, commit=commit, steps=steps):
+            steps.append(sum(p.num_tokens for p in plan.seqs))
+            return commit(plan, fence)
+
+        engine.scheduler.commit = recording
+        results[runner] = drive(engine)
+        fed[runner] = max(steps)
+    assert results["graph"] == results["torch"]
+    assert all(len(t) == NEW for t in results["graph"].values())
+    # one step fed the whole big image (and the text's decode): past the budget, by one span
+    assert big.geometry.num_tokens < fed["graph"] <= 64 + 64 + big.geometry.num_tokens
