@@ -208,16 +208,26 @@ class EngineCore:
         raise InternalError(f"unknown engine-core message {type(call.message).__qualname__} "
                             f"(call {call.call_id})")
 
+    def _admit(self, request: EngineRequest, grammar: CompiledGrammar | None = None
+               ) -> Admitted:
+        """Queue the request; start fetching its images' pixels (those past its cached
+        prefix) so they are on the host when its prefill is planned."""
+        admitted = self.scheduler.admit(request, grammar=grammar)
+        vision = getattr(self.runner, "vision", None)
+        if vision is not None and request.multimodal is not None:
+            vision.prefetch(request.multimodal, admitted.usage.cached_tokens)
+        return admitted
+
     def _submit(self, call_id: int, request: EngineRequest) -> Admitted | _Deferred:
         self._check_admission()
         if request.grammar is None:
-            return self.scheduler.admit(request)
+            return self._admit(request)
         if self.grammars is None:
             raise UnsupportedError("structured outputs are off in this engine "
                                    "(--structured-outputs)", param="grammar")
         compiled = self.grammars.lookup(request.grammar)
         if compiled is not None:
-            return self.scheduler.admit(request, grammar=compiled)
+            return self._admit(request, grammar=compiled)
         self._compiling.append(_Compiling(call_id, request,
                                           self.grammars.start(request.grammar)))
         return _DEFERRED
@@ -245,7 +255,7 @@ class EngineCore:
             try:
                 compiled = job.future.result()
                 self._check_admission()
-                value = self.scheduler.admit(job.request, grammar=compiled)
+                value = self._admit(job.request, grammar=compiled)
             except HeliosError as exc:
                 self.outbox.reply(Reply(job.call_id, error=ErrorInfo.of(exc)))
                 continue
@@ -319,6 +329,9 @@ class EngineCore:
         self._cancel_all(FinishReason.CANCELLED)
         if self.grammars is not None:
             self.grammars.close()
+        vision = getattr(self.runner, "vision", None)
+        if vision is not None:
+            vision.ahead.close()            # fetches ahead are abandoned, not awaited
         self._stopping = True
         try:
             while self.scheduler.state.in_flight:

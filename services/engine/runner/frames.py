@@ -3,7 +3,8 @@ buffers, uploaded in one copy per dtype into persistent device buffers that the 
 kernels (and CUDA graphs) read.
 
     frames = InputFrames(limits, device)        # buffers sized from StepLimits
-    packed = frames.upload(values)              # eager: each field as long as its values
+    packed = frames.upload(values)              # eager: each field as long as its values,
+                                                # from a 16-byte boundary
     packed = frames.upload(values, GraphPacking(capacity, pads))   # a decode graph's offsets
     packed.views.input_ids                      # device views at the packed offsets
     frames.copy(packed)                         # the same host bytes uploaded again
@@ -32,6 +33,7 @@ from services.engine.runner.step_inputs import (
     GraphPacking,
     StepInputs,
     StepLimits,
+    aligned,
     buffer_sizes,
 )
 
@@ -103,7 +105,7 @@ class InputFrames:
             if length > capacity or capacity > bound:
                 raise OverflowError(f"step input {name}: {length} values (capacity "
                                     f"{capacity}) exceed its bound of {bound}")
-            start = used[spec.kind]
+            start = aligned(used[spec.kind], spec.kind)
             if length:
                 frame.arrays[spec.kind][start:start + length] = data
             if capacity > length:
@@ -126,7 +128,7 @@ class InputFrames:
             offsets = dict.fromkeys(KINDS, 0)
             fields: dict[str, torch.Tensor] = {}
             for (name, spec), capacity in zip(FIELDS, capacities, strict=True):
-                start = offsets[spec.kind]
+                start = aligned(offsets[spec.kind], spec.kind)
                 fields[name] = self.buffers[spec.kind][start:start + capacity]
                 offsets[spec.kind] = start + capacity
             views = self._view_cache[capacities] = StepInputs(**fields)

@@ -62,6 +62,7 @@ from services.engine.runner.snapshots import SnapshotStore
 from services.engine.runner.step_body import StepBody
 from services.engine.runner.step_inputs import GraphPads, StepInputs, StepLimits
 from services.engine.runner.vision_rows import eager_rows, graph_offsets, step_embeds
+from services.engine.runner.warm_up import warm_up_eager
 from services.engine.scheduler.plan import Completion, SamplingInit, SeqResult, Step
 from services.engine.scheduler.requests import SampledLogprobs, TokenLogprob
 from services.engine.vision.prompt import MultimodalPrompt
@@ -131,6 +132,8 @@ class GraphRunner:
         self.bulk = BulkStaging(device)
         self.model_stream = torch.cuda.Stream(device) if self.is_cuda else None
         self.copy_stream = torch.cuda.Stream(device) if self.is_cuda else None
+        if vision is not None:           # encodes go before the steps that read them
+            vision.stream = self.model_stream
         self.body = StepBody(model, kv, snapshots, self.state, self.page_table, self.outputs)
         self.pads = GraphPads(padding_row=self.state.padding_row,
                               trash_cell=self.mirror.trash_cell)
@@ -146,9 +149,12 @@ class GraphRunner:
         self.verify_graph_steps = 0      # verification steps a graph served (of graph_steps)
 
     def capture(self) -> None:
-        """Compile the MoE kernels' variants of every step size, then capture the startup
-        decode graphs (CUDA only)."""
+        """Compile the MoE kernels' variants of every step size and the eager prefill and
+        mixed step shapes' kernels (runner/warm_up.py), then capture the startup decode
+        graphs (CUDA only)."""
         warm_up_experts(self.model, self.config.max_num_batched_tokens)
+        warm_up_eager(self.model, self.kv, max_tokens=self.config.max_num_batched_tokens,
+                      max_seqs=self.config.num_slots, max_model_len=self.config.max_model_len)
         with torch.inference_mode():
             self.graphs.capture_startup()
 

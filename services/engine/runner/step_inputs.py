@@ -184,9 +184,23 @@ FIELDS: tuple[tuple[str, InputField], ...] = tuple(
     (f.name, f.metadata["input"]) for f in dataclasses.fields(StepInputs))
 
 
+# Each field starts 16 bytes into its dtype's buffer times a whole number: Triton specialises
+# a kernel on whether a pointer is 16-byte aligned, so a field packed after an odd-length one
+# would otherwise compile a second variant of every kernel reading it, in the middle of
+# serving (a step of another length).
+ALIGN_VALUES = {I64: 2, I32: 4, F32: 4}      # values per 16 bytes
+
+
+def aligned(offset: int, kind: str) -> int:
+    """`offset` (values into the `kind` buffer) rounded up to a 16-byte boundary."""
+    step = ALIGN_VALUES[kind]
+    return -(-offset // step) * step
+
+
 def buffer_sizes(limits: StepLimits) -> dict[str, int]:
-    """Values per dtype the persistent buffers hold: the sum of the fields' bounds."""
+    """Values per dtype the persistent buffers hold: the fields' bounds, each starting on a
+    16-byte boundary."""
     sizes = dict.fromkeys(KINDS, 0)
     for _, spec in FIELDS:
-        sizes[spec.kind] += spec.bound(limits)
+        sizes[spec.kind] = aligned(sizes[spec.kind], spec.kind) + spec.bound(limits)
     return sizes

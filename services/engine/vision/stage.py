@@ -13,6 +13,12 @@ packed tower pass, then retained for later requests. The scheduler never cuts an
 between two prefill chunks, so an image is normally encoded in the step that consumes it;
 a prefix hit that ends inside a span (64-token block reuse) consumes the rest of it, and the
 features are sliced from the image's first feature row.
+
+At admission `prefetch(prompt, cached)` starts fetching the pixels of the images past the
+cached prefix that the cache lacks (vision/pixels.py PixelPrefetcher), so a step's encode
+rarely waits on imageprep. On CUDA the encode runs on the runner's model stream (`stream`),
+ordered before the step that reads its features, without a host synchronisation; its device
+time is read from CUDA events once they complete (`take_step_work`).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import torch
 from services.engine.model.qwen_vl import QwenVLForConditionalGeneration
 from services.engine.model.vision.inputs import ImageEmbeds, ImageFeatures, VisionInput
 from services.engine.vision.features import FeatureCache
-from services.engine.vision.pixels import ImageUnavailable, PixelSource
+from services.engine.vision.pixels import ImageUnavailable, PixelPrefetcher, PixelSource
 from services.engine.vision.prompt import MultimodalPrompt
 
 log = logging.getLogger(__name__)
@@ -38,7 +44,8 @@ class VisionCounters:
     encoder_calls: int = 0       # packed tower passes
     images_encoded: int = 0
     patches_encoded: int = 0
-    encoder_s: float = 0.0       # host wall time of the passes (incl. the pixel fetch)
+    encoder_s: float = 0.0       # the passes' time: device time on CUDA (events), else host
+    fetch_s: float = 0.0         # host time an encode waited for pixels (fetch or prefetch)
 
 
 class VisionStage:
@@ -50,6 +57,10 @@ class VisionStage:
         assert model.vl_config.vision is not None
         self.merge = model.vl_config.vision.spatial_merge_size
         self.counters = VisionCounters()
+        self.stream: torch.cuda.Stream | None = None    # the runner's model stream (CUDA)
+        self.ahead = PixelPrefetcher(lambda: self.pixels)
+        self._timings: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
+        self._timed_images = 0           # images of the passes whose time is known
         self._reported: tuple[int, float] = (0, 0.0)
         # features prepared for a committed-but-not-completed step, by its fence
         self._prepared: dict[int, dict[bytes, ImageFeatures]] = {}
@@ -73,11 +84,26 @@ class VisionStage:
         if missing:
             prepared.update(self._encode(missing, fence))
 
+    def prefetch(self, prompt: MultimodalPrompt, cached: int) -> None:
+        """At admission: start fetching the pixels of the images whose span lies past the
+        `cached` prompt tokens and whose features are not cached."""
+        self.ahead.start([image.identity for image in prompt.images
+                          if image.end > cached and image.identity not in self.cache])
+
     def take_step_work(self) -> tuple[int, float]:
-        """(images encoded, encoder seconds) since the last call: one step's share."""
-        done = (self.counters.images_encoded - self._reported[0],
+        """(images encoded, encoder seconds) since the last call: one step's share (on
+        CUDA, of the passes whose events have completed: those before the step)."""
+        pending = []
+        for count, start, end in self._timings:
+            if end.query():
+                self._timed_images += count
+                self.counters.encoder_s += start.elapsed_time(end) / 1e3
+            else:
+                pending.append((count, start, end))
+        self._timings = pending
+        done = (self._timed_images - self._reported[0],
                 self.counters.encoder_s - self._reported[1])
-        self._reported = (self.counters.images_encoded, self.counters.encoder_s)
+        self._reported = (self._timed_images, self.counters.encoder_s)
         return done
 
     def embeds(self, rows: Sequence[tuple[int, MultimodalPrompt, int, int]], fence: int
@@ -111,16 +137,28 @@ class VisionStage:
             raise ImageUnavailable("this engine has no imageprep address to fetch image "
                                    "pixels from (engine setting imageprep_address)")
         started = time.perf_counter()
-        tensors = self.pixels.fetch(identities)
+        tensors = self.ahead.fetch(identities)
+        fetched = time.perf_counter()
+        self.counters.fetch_s += fetched - started
         inputs = [VisionInput.from_tensors(identity, named, self.merge)
                   for identity, named in zip(identities, tensors, strict=True)]
-        features = self.model.encode_images(inputs)
-        if self.model.device.type == "cuda":      # the encoder's time, not its launch
-            torch.cuda.synchronize(self.model.device)
-        self.counters.encoder_calls += 1
+        if self.model.device.type == "cuda":
+            # on the model stream, before the step that reads the features: no host wait
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                enable_timing=True)
+            with torch.cuda.stream(self.stream or torch.cuda.current_stream(
+                    self.model.device)):
+                begin.record()
+                features = self.model.encode_images(inputs)
+                end.record()
+            self._timings.append((len(inputs), begin, end))
+        else:
+            features = self.model.encode_images(inputs)
+            self._timed_images += len(inputs)
+            self.counters.encoder_s += time.perf_counter() - fetched
         self.counters.images_encoded += len(inputs)
+        self.counters.encoder_calls += 1
         self.counters.patches_encoded += sum(i.num_patches for i in inputs)
-        self.counters.encoder_s += time.perf_counter() - started
         result = {}
         for identity, feature in zip(identities, features, strict=True):
             self.cache.put(identity, feature, fence)

@@ -80,13 +80,11 @@ def test_kv_pool_gets_what_the_expert_weights_leave(tmp_path, monkeypatch):
 
 
 def _moe_variants() -> dict[str, int]:
-    """Compiled variants of each fused-MoE kernel in this process (Triton's per-device
-    kernel caches)."""
-    from services.engine.kernels import fused_moe
+    """Compiled variants of each fused-MoE kernel in this process (kernels/variants.py)."""
+    from services.engine.kernels.variants import compiled_variants
 
     kernels = ("_route_align_kernel", "_gate_up_kernel", "_down_kernel")
-    return {name: sum(len(cache[0]) for cache in getattr(fused_moe, name).device_caches.values())
-            for name in kernels}
+    return {name: compiled_variants()[f"fused_moe.{name}"] for name in kernels}
 
 
 def test_no_moe_kernel_compiles_while_serving(tmp_path):

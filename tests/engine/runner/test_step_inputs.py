@@ -8,6 +8,7 @@ import torch
 
 from services.engine.runner.frames import GraphPacking, InputFrames
 from services.engine.runner.step_inputs import (
+    ALIGN_VALUES,
     FIELDS,
     GraphPads,
     StepInputs,
@@ -40,7 +41,9 @@ def test_buffers_hold_every_field_at_its_bound():
     sizes = buffer_sizes(LIMITS)
     for kind, size in sizes.items():
         assert frames.buffers[kind].numel() == size
-        assert size == sum(spec.bound(LIMITS) for _, spec in FIELDS if spec.kind == kind)
+        bounds = [spec.bound(LIMITS) for _, spec in FIELDS if spec.kind == kind]
+        # each field starts on a 16-byte boundary: at most (16 bytes - 1 value) of padding
+        assert sum(bounds) <= size <= sum(bounds) + len(bounds) * (ALIGN_VALUES[kind] - 1)
     assert LIMITS.tokens == 64 + 64 and LIMITS.table_cells == 5 * 9
     assert LIMITS.bitmask_words == 4 * 4
 
@@ -58,6 +61,20 @@ def test_graph_packing_lands_at_the_capture_offsets():
     assert second.query_start_loc.tolist() == [0, 1, 2, 3, 3]
     assert second.update_index.tolist() == [PADS.trash_cell] * 4
     assert second.init_ints.tolist() == list(range(6))           # after the graph's fields
+
+
+def test_every_field_starts_on_a_16_byte_boundary():
+    """Whatever the lengths before it (Triton specialises kernels on 16-byte pointer
+    alignment: an unaligned field would compile new variants while serving)."""
+    frames = InputFrames(LIMITS, torch.device("cpu"))
+    for n in (1, 2, 3, 4):
+        values = _decode(n)
+        values.sample_rows = list(range(n))
+        views = frames.upload(values).views
+        for name, _ in FIELDS:
+            view = getattr(views, name)
+            assert (view.data_ptr() - frames.buffers[str(view.dtype).removeprefix(
+                "torch.")].data_ptr()) % 16 == 0, (n, name)
 
 
 def test_eager_fields_are_as_long_as_their_values():

@@ -82,7 +82,8 @@ class VisionInput:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device, non_blocking=True)
 
-        return VisionInput(self.identity, self.grid, self.pixel_values.to(device),
+        return VisionInput(self.identity, self.grid, self.pixel_values.to(device,
+                                                                          non_blocking=True),
                            self.positions.to(device), move(self.interp_indices),
                            move(self.interp_weights))
 

@@ -144,12 +144,18 @@ class VisionTower(nn.Module):
         return vision_rotary_table(positions, self.config.head_dim, self.config.rope_theta)
 
 
+def _on_device(parts: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The images' host tensors concatenated on the device: each copied on its own, so
+    pinned ones (vision/pixels.py) copy asynchronously."""
+    return torch.cat([part.to(device, non_blocking=True) for part in parts])
+
+
 class Qwen2_5_VisionTower(VisionTower):
     @torch.inference_mode()
     def forward(self, images: Sequence[VisionInput]) -> list[ImageFeatures]:
         self.check(images)
         device, unit = self.device, self.config.merge_unit
-        pixels = torch.cat([image.pixel_values for image in images]).to(device)
+        pixels = _on_device([image.pixel_values for image in images], device)
         x = self.patch_embed(pixels)                                      # [N, E]
         rotary = self.rotary(images)                                      # [N, D]
         order, window_bounds = window_layout(images, self.config)
@@ -184,9 +190,9 @@ class Qwen3VisionTower(VisionTower):
             raise ValueError("Qwen3-VL images need their position-table taps "
                              "(interp_indices, interp_weights)")
         device = self.device
-        pixels = torch.cat([image.pixel_values for image in images]).to(device)
-        indices = torch.cat([image.interp_indices for image in images]).to(device)  # type: ignore[misc]
-        weights = torch.cat([image.interp_weights for image in images]).to(device)  # type: ignore[misc]
+        pixels = _on_device([image.pixel_values for image in images], device)
+        indices = _on_device([image.interp_indices for image in images], device)  # type: ignore[misc]
+        weights = _on_device([image.interp_weights for image in images], device)  # type: ignore[misc]
         x = self.patch_embed(pixels)
         table = self.pos_embed.weight
         x = x + (table[indices] * weights[:, :, None].to(table.dtype)).sum(1).to(x.dtype)

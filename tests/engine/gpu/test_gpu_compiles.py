@@ -1,0 +1,60 @@
+"""Nothing compiles while serving (issue 19): after start-up (decode graphs captured, the eager
+step shapes warmed up: runner/warm_up.py), serving prompts of many lengths, chunked long
+prompts, queues deeper than the slots and mixed prefill + decode steps compiles no new
+variant of any Triton kernel (kernels/variants.py). The model has the Qwen3-8B attention shape
+(32 query heads, 8 KV heads, head_dim 128) on two small layers with dummy weights, so the
+kernels meet the tiles and splits the real model's steps choose."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 320,
+          "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,
+          "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+          "max_position_embeddings": 16384, "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16",
+          "tie_word_embeddings": False}
+
+
+def _prompt(length: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(320) for _ in range(length)]
+
+
+def test_serving_compiles_no_kernel_variant(tmp_path):
+    from services.common.core import open_model
+    from services.engine.kernels.variants import compiled_variants, new_variants
+    from tests.engine.model.checkpoints import write_tokenizer
+    from tests.engine.runner.conftest import greedy_request, make_engine, serve
+
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    write_tokenizer(tmp_path)
+    engine = make_engine(open_model(tmp_path, allow_missing_weights=True), device="cuda",
+                         dtype="bfloat16", load_format="dummy", page_size=16, max_num_seqs=32,
+                         prefill_chunk_size=512, max_num_batched_tokens=1024,
+                         kv_cache_bytes=1 << 30)
+    after_start = compiled_variants()
+    assert after_start["attention_kernel._paged_attention_kernel"] > 0     # graphs captured
+    assert after_start["attention_kernel._paged_attention_any_size_kernel"] > 0   # warmed up
+    lengths = (1, 2, 3, 5, 16, 17, 63, 64, 65, 100, 127, 128, 200, 257, 511, 512, 513, 700,
+               1023, 1500, 2047, 3000)
+    rng = random.Random(0)
+    rounds = [
+        # more requests than slots, short and long, each a few tokens: prefill, mixed, decode
+        [greedy_request(f"a{i}", _prompt(n, i), rng.randrange(2, 12))
+         for i, n in enumerate(lengths * 2)],
+        # long prompts: chunked prefill late in a prompt, decodes over long contexts
+        [greedy_request(f"b{i}", _prompt(n, 100 + i), 24)
+         for i, n in enumerate((6000, 9000, 12000, 15000))],
+        # a single request at a time (batch-1 steps of each length)
+        *([greedy_request(f"c{n}", _prompt(n, 200 + n), 3)] for n in (7, 90, 600, 4000)),
+    ]
+    for requests in rounds:
+        tokens, _, _ = serve(engine, requests)
+        assert all(len(tokens[r.request_id]) == r.stop.max_tokens for r in requests)
+    assert new_variants(after_start) == {}, "kernels compiled while serving (before, after)"
