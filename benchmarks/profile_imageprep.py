@@ -11,7 +11,8 @@ positions, position-table interpolation; then process_image and decode + process
 
 Service path: a real `helios serve imageprep` process on a unix socket (as
 benchmarks/bench_imageprep.py starts it), with a memory tier: Prepare cold (a fresh image each
-call, so every call decodes), then FetchPixels of its tensors (all chunks received).
+call, so every call decodes), then FetchPixels of its tensors (all chunks received), as
+float32 and, where the server has FetchPixelsRequest.pixel_dtype, as bfloat16.
 """
 
 from __future__ import annotations
@@ -124,6 +125,13 @@ def grpc_rows(images: dict[str, tuple[list[bytes], str]], profile: str, repeats:
                         repeats)
                     results[fmt] = {"grpc Prepare cold": cold, "grpc FetchPixels": fetched,
                                     "grpc Prepare + FetchPixels": cold + fetched}
+                    if "pixel_dtype" in imageprep_pb2.FetchPixelsRequest.DESCRIPTOR.fields_by_name:
+                        halved = imageprep_pb2.FetchPixelsRequest(identities=identities[-1:],
+                                                                  pixel_dtype="bfloat16")
+                        results[fmt]["grpc FetchPixels bfloat16"] = median_ms(
+                            lambda halved=halved: sum(len(c.data)
+                                                      for c in stub.FetchPixels(halved)),
+                            repeats)
     return results
 
 

@@ -1,4 +1,10 @@
-"""Protobuf at the edge: helios.v1 imageprep messages <-> the service's typed objects."""
+"""Protobuf at the edge: helios.v1 imageprep messages <-> the service's typed objects.
+
+`chunk_to_wire` serialises a PixelChunk by hand: the small fields through protobuf, the tensor
+bytes appended after their field header. A PixelChunk message would copy its payload twice
+(into the message, then into the serialised string); this copies it once, straight from the
+retained array, and gives the same bytes as `chunk_to_pb(chunk).SerializeToString()`.
+"""
 
 from __future__ import annotations
 
@@ -81,4 +87,34 @@ def prepare_result_to_pb(result: PrepareResult) -> imageprep_pb2.PrepareResponse
 def chunk_to_pb(chunk: TensorChunk) -> imageprep_pb2.PixelChunk:
     return imageprep_pb2.PixelChunk(identity=chunk.identity, tensor=chunk.tensor,
                                     dtype=chunk.dtype, shape=list(chunk.shape),
-                                    offset=chunk.offset, data=chunk.data, last=chunk.last)
+                                    offset=chunk.offset, data=bytes(chunk.data),
+                                    last=chunk.last)
+
+
+# PixelChunk's field numbers, as proto/helios/v1/imageprep.proto numbers them.
+_DATA_TAG = bytes([6 << 3 | 2])             # field 6 (data), length-delimited
+_LAST_TRUE = bytes([7 << 3 | 0, 1])         # field 7 (last), varint 1
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def chunk_to_wire(chunk: TensorChunk) -> bytes:
+    """The serialised PixelChunk: fields in number order, defaults omitted, as protobuf
+    writes them, so any protobuf parser reads it (and it equals SerializeToString's bytes)."""
+    head = imageprep_pb2.PixelChunk(identity=chunk.identity, tensor=chunk.tensor,
+                                    dtype=chunk.dtype, shape=list(chunk.shape),
+                                    offset=chunk.offset).SerializeToString()
+    size = len(chunk.data)
+    parts: list[bytes | memoryview] = [head]
+    if size:                                # proto3 leaves an empty bytes field out
+        parts += [_DATA_TAG, _varint(size), chunk.data]
+    if chunk.last:
+        parts.append(_LAST_TRUE)
+    return b"".join(parts)

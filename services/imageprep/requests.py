@@ -65,8 +65,8 @@ class TensorChunk:
 
     identity: bytes
     tensor: str                           # pixel_values, grid_thw, ...
-    dtype: str                            # float32, int64, int32
+    dtype: str                            # float32, bfloat16, int64, int32
     shape: tuple[int, ...]
     offset: int                           # byte offset of `data` within the tensor
-    data: bytes
+    data: bytes | memoryview              # a view of the retained array (no copy)
     last: bool                            # last chunk of this tensor

@@ -1,4 +1,9 @@
-"""Imageprep service entrypoint: `run_imageprep(config)` and the gRPC servicer."""
+"""Imageprep service entrypoint: `run_imageprep(config)` and the gRPC servicer.
+
+FetchPixels is registered by `add_servicer` rather than the generated add function: its stream
+yields PixelChunks already serialised (convert.chunk_to_wire, one copy of the tensor bytes
+instead of three), so its response serializer passes bytes through.
+"""
 
 from __future__ import annotations
 
@@ -24,10 +29,14 @@ from services.imageprep.cache.memory import MemoryTier
 from services.imageprep.cache.redis_tier import RedisTier
 from services.imageprep.cache.retention import LowerTier, RetentionCache
 from services.imageprep.config import ImagePrepConfig
-from services.imageprep.convert import chunk_to_pb, prepare_request_from_pb, prepare_result_to_pb
+from services.imageprep.convert import (
+    chunk_to_wire,
+    prepare_request_from_pb,
+    prepare_result_to_pb,
+)
 from services.imageprep.metrics import ImagePrepMetrics
 from services.imageprep.model_profile import ProfileResolver
-from services.imageprep.service import ImagePrepService
+from services.imageprep.service import ImagePrepService, pixel_dtype_of
 
 SERVICE_NAME = "helios.v1.ImagePrep"
 
@@ -59,13 +68,34 @@ class ImagePrepServicer(imageprep_pb2_grpc.ImagePrepServicer):
         result = await service.prepare(prepare_request_from_pb(request))
         return prepare_result_to_pb(result)
 
-    async def FetchPixels(self, request: imageprep_pb2.FetchPixelsRequest,
-                          context: grpc.aio.ServicerContext
-                          ) -> AsyncIterator[imageprep_pb2.PixelChunk]:
+    async def FetchPixels(self, request: imageprep_pb2.FetchPixelsRequest,  # type: ignore[override]
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """Serialised PixelChunks (see add_servicer)."""
         service = self._lifecycle.service()
+        pixel_dtype = pixel_dtype_of(request.pixel_dtype)
         images = await service.fetch(list(request.identities))
-        for chunk in service.chunks(images):
-            yield chunk_to_pb(chunk)
+        async for chunk in service.stream(images, pixel_dtype):
+            yield chunk_to_wire(chunk)
+
+
+def _serialized(message: bytes) -> bytes:
+    return message
+
+
+def add_servicer(servicer: ImagePrepServicer, server: grpc.aio.Server) -> None:
+    """The generated add_ImagePrepServicer_to_server, but FetchPixels sends serialised bytes."""
+    handlers = {
+        "Prepare": grpc.unary_unary_rpc_method_handler(
+            servicer.Prepare, request_deserializer=imageprep_pb2.PrepareRequest.FromString,
+            response_serializer=imageprep_pb2.PrepareResponse.SerializeToString),
+        "FetchPixels": grpc.unary_stream_rpc_method_handler(
+            servicer.FetchPixels,
+            request_deserializer=imageprep_pb2.FetchPixelsRequest.FromString,
+            response_serializer=_serialized),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME,
+                                                                          handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 class ImagePrepLifecycle:
@@ -114,8 +144,7 @@ class ImagePrepLifecycle:
 async def _serve(config: ImagePrepConfig) -> int:
     registry = service_registry("imageprep")
     lifecycle = ImagePrepLifecycle(config, registry)
-    binding = ServiceBinding(SERVICE_NAME, ImagePrepServicer(lifecycle),
-                             imageprep_pb2_grpc.add_ImagePrepServicer_to_server)
+    binding = ServiceBinding(SERVICE_NAME, ImagePrepServicer(lifecycle), add_servicer)
     return await serve(service="imageprep", config=config, bindings=[binding],
                        lifecycle=lifecycle, registry=registry)
 

@@ -7,7 +7,9 @@ loop. A failing image fails the request with its index in `param` (images[i]).
 
 FetchPixels: identities -> retained PreparedImages (memory on the loop, disk/Redis on a fetch
 thread) -> TensorChunks of at most `fetch_chunk_bytes`, every unknown identity refused before the
-first chunk is sent.
+first chunk is sent. Chunks view the retained arrays (no copy until the wire encoding); a caller
+asking for bfloat16 pixel_values gets each chunk converted as it is sent, on a fetch thread, so
+the conversion overlaps the sending of the chunk before it and never runs on the event loop.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+
+import numpy as np
 
 from services.common.errors import (
     CapacityError,
@@ -26,6 +30,7 @@ from services.common.errors import (
     UnavailableError,
     ValidationError,
 )
+from services.imageprep.bfloat16 import to_bfloat16_bits
 from services.imageprep.cache.retention import RetentionCache
 from services.imageprep.config import ImagePrepConfig
 from services.imageprep.decode import DecodeLimits
@@ -45,6 +50,17 @@ from services.imageprep.requests import (
 log = logging.getLogger(__name__)
 
 MAX_FETCH_IDENTITIES = 4096
+FLOAT32, BFLOAT16 = "float32", "bfloat16"
+PIXEL_DTYPES = (FLOAT32, BFLOAT16)
+
+
+def pixel_dtype_of(requested: str) -> str:
+    """FetchPixelsRequest.pixel_dtype checked: "" means float32 (pixel_values as prepared)."""
+    dtype = requested or FLOAT32
+    if dtype not in PIXEL_DTYPES:
+        raise ValidationError(f"pixel_dtype {requested!r} is not one of {', '.join(PIXEL_DTYPES)}",
+                              param="pixel_dtype")
+    return dtype
 
 
 def _at_image(error: HeliosError, index: int) -> HeliosError:
@@ -57,6 +73,10 @@ def _at_image(error: HeliosError, index: int) -> HeliosError:
     located.args = (located.message,)
     located.__cause__ = error.__cause__ or error
     return located
+
+
+def _next_or_none(chunks: Iterator[TensorChunk]) -> TensorChunk | None:
+    return next(chunks, None)
 
 
 class ImagePrepService:
@@ -186,19 +206,53 @@ class ImagePrepService:
             self.metrics.fetched.inc(len(images))
         return images
 
-    def chunks(self, images: Sequence[PreparedImage]) -> Iterator[TensorChunk]:
+    def chunks(self, images: Sequence[PreparedImage], pixel_dtype: str = FLOAT32
+               ) -> Iterator[TensorChunk]:
+        """The tensors of `images` in chunks of at most fetch_chunk_bytes; pixel_values in
+        `pixel_dtype` (bfloat16: converted chunk by chunk, here, as the iterator advances)."""
         size = self.config.fetch_chunk_bytes
         for image in images:
             for name, array in image.named_tensors():
-                data = array.data.cast("B") if array.flags.c_contiguous else \
-                    memoryview(array.tobytes())
+                if name == "pixel_values" and pixel_dtype == BFLOAT16:
+                    yield from self._bfloat16_chunks(image.identity, name, array, size)
+                    continue
+                array = np.ascontiguousarray(array)
+                data = array.data.cast("B")     # a view: chunks slice it without copying
                 total = data.nbytes
                 for offset in range(0, max(total, 1), size):
                     end = min(offset + size, total)
                     yield TensorChunk(identity=image.identity, tensor=name,
                                       dtype=dtype_name(array), shape=tuple(array.shape),
-                                      offset=offset, data=bytes(data[offset:end]),
-                                      last=end >= total)
+                                      offset=offset, data=data[offset:end], last=end >= total)
+
+    @staticmethod
+    def _bfloat16_chunks(identity: bytes, name: str, array: np.ndarray, size: int
+                         ) -> Iterator[TensorChunk]:
+        flat = np.ascontiguousarray(array).reshape(-1)
+        per_chunk = max(1, size // 2)           # bfloat16 elements in one chunk
+        for start in range(0, max(flat.size, 1), per_chunk):
+            end = min(start + per_chunk, flat.size)
+            bits = to_bfloat16_bits(flat[start:end])
+            yield TensorChunk(identity=identity, tensor=name, dtype=BFLOAT16,
+                              shape=tuple(array.shape), offset=2 * start,
+                              data=bits.data.cast("B"), last=end >= flat.size)
+
+    async def stream(self, images: Sequence[PreparedImage], pixel_dtype: str = FLOAT32
+                     ) -> AsyncIterator[TensorChunk]:
+        """`chunks` for the event loop: float32 chunks are views (made on the loop, at no
+        cost); bfloat16 ones are converted on a fetch thread, one chunk at a time."""
+        chunks = self.chunks(images, pixel_dtype)
+        if pixel_dtype == FLOAT32:
+            for chunk in chunks:
+                yield chunk
+            return
+        loop = asyncio.get_running_loop()
+        while True:
+            converted: TensorChunk | None = await loop.run_in_executor(
+                self._fetchers, _next_or_none, chunks)
+            if converted is None:
+                return
+            yield converted
 
     # -- Lifecycle ------------------------------------------------------------------------
 

@@ -183,3 +183,28 @@ def test_retention_across_restart_and_replicas(stub, tmp_path, redis_server, dis
             for name, array in expected.items():
                 assert np.array_equal(got[name], array) and got[name].dtype == array.dtype
             assert proc.terminate() == 0
+
+
+def test_fetch_bfloat16_pixels(stub):
+    import torch
+
+    response = stub.Prepare(imageprep_pb2.PrepareRequest(
+        profile="qwen2_5_vl", images=[source("rgb_256x256.png")]))
+    identity = response.images[0].identity
+    exact = fetch(stub, [identity])[identity]
+    pieces: dict[str, bytearray] = {}
+    dtypes: dict[str, str] = {}
+    for chunk in stub.FetchPixels(imageprep_pb2.FetchPixelsRequest(
+            identities=[identity], pixel_dtype="bfloat16")):
+        assert chunk.offset == len(pieces.setdefault(chunk.tensor, bytearray()))
+        pieces[chunk.tensor] += chunk.data
+        dtypes[chunk.tensor] = chunk.dtype
+    rounded = torch.from_numpy(exact["pixel_values"].copy()).to(torch.bfloat16)
+    assert dtypes["pixel_values"] == "bfloat16"
+    assert bytes(pieces["pixel_values"]) == rounded.view(torch.int16).numpy().tobytes()
+    for name, array in exact.items():
+        if name != "pixel_values":
+            assert bytes(pieces[name]) == array.tobytes() and dtypes[name] == str(array.dtype)
+    error = rpc_error(lambda: list(stub.FetchPixels(imageprep_pb2.FetchPixelsRequest(
+        identities=[identity], pixel_dtype="float16"))))
+    assert isinstance(error, ValidationError) and error.param == "pixel_dtype"
