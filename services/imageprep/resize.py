@@ -6,7 +6,11 @@ down (floor) when the area exceeds max_pixels or up (ceil) when it is below min_
 
 `resize_rgb` is PyTorch's own uint8 antialiased bicubic path (`F.interpolate` on a uint8
 tensor, align_corners=False), which is what torchvision - and so transformers' fast image
-processors - run on CPU. Same call, same layout ([1, 3, H, W] contiguous), same bytes.
+processors - run on CPU. Same call, same bytes. The input is handed over channels-last (the
+decoded [H, W, 3] memory, viewed as [1, 3, H, W]): PyTorch's uint8 kernel works on
+channels-last pixels and converts a contiguous input to that layout first, so this skips two
+full copies of the image (ours to channel-first, PyTorch's back) and yields the same bytes; the
+output is a contiguous [1, 3, height, width] tensor either way.
 """
 
 from __future__ import annotations
@@ -46,10 +50,16 @@ def smart_resize(height: int, width: int, *, factor: int, min_pixels: int,
 
 
 def rgb_to_tensor(rgb: np.ndarray) -> torch.Tensor:
-    """[H, W, 3] uint8 array -> [1, 3, H, W] contiguous uint8 tensor (the processor's layout)."""
-    # The channel-first copy is made by numpy, so the tensor owns writable memory even when
-    # `rgb` is a read-only view of Pillow's buffer.
-    return torch.from_numpy(np.ascontiguousarray(rgb.transpose(2, 0, 1))).unsqueeze(0)
+    """[H, W, 3] uint8 array -> [1, 3, H, W] uint8 tensor over the same pixels, channels-last
+    (no copy, unless `rgb` is read-only or not C-contiguous)."""
+    if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3:
+        raise ValueError(f"rgb_to_tensor takes an [H, W, 3] uint8 array, got {rgb.shape} "
+                         f"{rgb.dtype}")
+    # Pillow's pixels arrive read-only and torch wants writable memory: a plain copy there
+    # (a memcpy, far cheaper than the channel-first transpose this replaces).
+    if not rgb.flags.writeable or not rgb.flags.c_contiguous:
+        rgb = np.array(rgb, order="C")
+    return torch.from_numpy(rgb).permute(2, 0, 1).unsqueeze(0)
 
 
 def resize_rgb(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
