@@ -69,7 +69,10 @@ def build_vision(config: EngineConfig, model: object) -> VisionStage | None:
     (without an imageprep address the model serves text, and images are refused)."""
     if not isinstance(model, QwenVLForConditionalGeneration):
         return None
-    pixels = ImagePrepPixels(config.imageprep_address) if config.imageprep_address else None
+    # a bf16 tower takes its pixels in bf16 (half the bytes; imageprep rounds as its cast)
+    dtype = "bfloat16" if model.visual.dtype == torch.bfloat16 else ""
+    pixels = ImagePrepPixels(config.imageprep_address, pixel_dtype=dtype) \
+        if config.imageprep_address else None
     if pixels is None:
         log.warning("vision model without imageprep_address: images are refused")
     model.visual.attention_backend = config.vision_attention

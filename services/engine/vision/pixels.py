@@ -32,7 +32,7 @@ from services.common.errors import UnavailableError
 log = logging.getLogger(__name__)
 
 _DTYPES: dict[str, np.dtype] = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8"),
-                                "int32": np.dtype("<i4")}
+                                "int32": np.dtype("<i4"), "bfloat16": np.dtype("<u2")}
 
 
 class ImageUnavailable(UnavailableError):
@@ -40,12 +40,19 @@ class ImageUnavailable(UnavailableError):
 
 
 class PixelSource(Protocol):
-    def fetch(self, identities: Sequence[bytes]) -> list[dict[str, np.ndarray]]: ...
+    def fetch(self, identities: Sequence[bytes]) -> list[dict[str, Any]]: ...
+
+
+def _bfloat16(bits: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
 
 
 def assemble(chunks: Sequence[object], identities: Sequence[bytes]
-             ) -> list[dict[str, np.ndarray]]:
-    """PixelChunk messages -> one {tensor name: array} per identity, checked for shape."""
+             ) -> list[dict[str, Any]]:
+    """PixelChunk messages -> one {tensor name: array} per identity, checked for shape
+    (numpy arrays; a bfloat16 tensor as a torch tensor)."""
     buffers: dict[bytes, dict[str, tuple[bytearray, str, tuple[int, ...]]]] = {}
     for chunk in chunks:
         identity = bytes(chunk.identity)                             # type: ignore[attr-defined]
@@ -71,31 +78,37 @@ def assemble(chunks: Sequence[object], identities: Sequence[bytes]
             if kind is None or len(data) != kind.itemsize * int(np.prod(shape)):
                 raise ImageUnavailable(f"image {bytes(identity).hex()[:16]}: tensor {name} "
                                        f"has {len(data)} bytes for {dtype} {list(shape)}")
-            arrays[name] = np.frombuffer(data, dtype=kind).reshape(shape)   # no copy
+            array = np.frombuffer(data, dtype=kind).reshape(shape)   # no copy
+            # bfloat16 has no numpy dtype: its bits travel as uint16, a torch view reads them
+            arrays[name] = _bfloat16(array) if dtype == "bfloat16" else array
         result.append(arrays)
     return result
 
 
 class ImagePrepPixels:
-    """A synchronous FetchPixels client (the core's runner thread blocks on it)."""
+    """A synchronous FetchPixels client (the prefetcher's threads, or the core's thread when
+    an image was not fetched ahead). `pixel_dtype` "bfloat16" (a bf16 tower) halves the
+    bytes: imageprep rounds as the tower's own cast would."""
 
-    def __init__(self, address: str, timeout_s: float = 60.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 60.0, pixel_dtype: str = "") -> None:
         import grpc
 
         from services.common.pb import imageprep_pb2_grpc
 
         self.address = address
         self.timeout_s = timeout_s
+        self.pixel_dtype = pixel_dtype
         self._channel = grpc.insecure_channel(address, options=[
             ("grpc.max_receive_message_length", 64 << 20)])
         self._stub = imageprep_pb2_grpc.ImagePrepStub(self._channel)
 
-    def fetch(self, identities: Sequence[bytes]) -> list[dict[str, np.ndarray]]:
+    def fetch(self, identities: Sequence[bytes]) -> list[dict[str, Any]]:
         import grpc
 
         from services.common.pb import imageprep_pb2
 
-        request = imageprep_pb2.FetchPixelsRequest(identities=list(identities))
+        request = imageprep_pb2.FetchPixelsRequest(identities=list(identities),
+                                                   pixel_dtype=self.pixel_dtype)
         try:
             chunks = list(self._stub.FetchPixels(request, timeout=self.timeout_s))
         except grpc.RpcError as exc:
@@ -112,17 +125,20 @@ PREFETCH_WORKERS = 2
 PREFETCH_IMAGES = 32       # fetched-ahead images held at most (~20 MB each at 1024x768)
 
 
-def pinned(tensors: dict[str, np.ndarray]) -> dict[str, Any]:
-    """The arrays as torch tensors in pinned host memory (CUDA present), so the copy to
-    the device is asynchronous; plain tensors elsewhere."""
+def pinned(tensors: dict[str, Any]) -> dict[str, Any]:
+    """The arrays (numpy or torch) as torch tensors in pinned host memory (CUDA present),
+    so the copy to the device is asynchronous; plain tensors elsewhere."""
     import torch
 
     out: dict[str, Any] = {}
     for name, array in tensors.items():
-        array = np.ascontiguousarray(array)
-        if not array.flags.writeable:       # torch.from_numpy wants a writable buffer
-            array = array.copy()
-        tensor = torch.from_numpy(array)
+        if isinstance(array, np.ndarray):
+            array = np.ascontiguousarray(array)
+            if not array.flags.writeable:       # torch.from_numpy wants a writable buffer
+                array = array.copy()
+            tensor = torch.from_numpy(array)
+        else:
+            tensor = array.contiguous()
         out[name] = tensor.pin_memory() if torch.cuda.is_available() else tensor
     return out
 

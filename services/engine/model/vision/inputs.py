@@ -42,7 +42,8 @@ def _tensor(value: Any) -> torch.Tensor:
 class VisionInput:
     identity: bytes                       # the image's 32-byte semantic identity
     grid: tuple[int, int, int]            # (t, h, w) patches before the spatial merge
-    pixel_values: torch.Tensor            # float32 [N, C*T*P*P]
+    pixel_values: torch.Tensor            # float32 [N, C*T*P*P] (bfloat16 when fetched so
+                                          # for a bf16 tower: the rounding its cast does)
     positions: torch.Tensor               # int64 [N, 2]
     interp_indices: torch.Tensor | None = None   # int64 [N, 4] (Qwen3-VL)
     interp_weights: torch.Tensor | None = None   # float32 [N, 4]
@@ -63,7 +64,9 @@ class VisionInput:
         if len(grid_values) != 3:
             raise ValueError(f"grid_thw holds {len(grid_values)} values; one image is 3")
         grid = (grid_values[0], grid_values[1], grid_values[2])
-        pixels = _tensor(tensors["pixel_values"]).float()
+        pixels = _tensor(tensors["pixel_values"])
+        if pixels.dtype != torch.bfloat16:
+            pixels = pixels.float()
         count = grid[0] * grid[1] * grid[2]
         if pixels.dim() != 2 or pixels.shape[0] != count:
             raise ValueError(f"pixel_values has shape {tuple(pixels.shape)}; grid {grid} "

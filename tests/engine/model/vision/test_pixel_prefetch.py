@@ -98,3 +98,38 @@ def test_the_stage_prefetches_images_past_the_cached_prefix(vl_checkpoint_dirs) 
     stage.ahead.fetch([first.identity, second.identity])
     assert source.calls.count((first.identity,)) == 1
     stage.ahead.close()
+
+
+async def test_bfloat16_pixels_assemble_to_the_towers_own_cast() -> None:
+    """FetchPixels with pixel_dtype bfloat16 (a bf16 tower's request): the engine's
+    `assemble` gives a torch bfloat16 tensor equal to torch's cast of the float32 pixels, and
+    VisionInput keeps it bfloat16 (the cast the tower would do; half the bytes moved)."""
+    import torch
+
+    from services.engine.model.vision.inputs import VisionInput
+    from services.engine.vision.pixels import assemble
+    from services.imageprep.convert import chunk_to_pb
+    from tests.imageprep.images import png
+    from tests.imageprep.test_service import make_service, request, url_image
+
+    service = make_service()
+    try:
+        result = await service.prepare(request(url_image(png(300, 200))))
+        identity = result.images[0].identity
+        [image] = await service.fetch([identity])
+        chunks = [chunk_to_pb(chunk) async for chunk in service.stream([image], "bfloat16")]
+        [float32] = assemble([chunk_to_pb(c) async for c in service.stream([image])],
+                             [identity])
+    finally:
+        service.close()
+    [tensors] = assemble(chunks, [identity])
+    pixels = tensors["pixel_values"]
+    want = torch.from_numpy(float32["pixel_values"].copy()).to(torch.bfloat16)
+    assert pixels.dtype == torch.bfloat16 and torch.equal(pixels.view(torch.int16),
+                                                          want.view(torch.int16))
+    for name, array in float32.items():
+        if name != "pixel_values":
+            assert np.array_equal(tensors[name], array)
+    merged = VisionInput.from_tensors(identity, tensors, 2)
+    assert merged.pixel_values.dtype == torch.bfloat16
+    assert VisionInput.from_tensors(identity, float32, 2).pixel_values.dtype == torch.float32
