@@ -9,7 +9,7 @@ FetchPixels: identities -> retained PreparedImages (memory on the loop, disk/Red
 thread) -> TensorChunks of at most `fetch_chunk_bytes`, every unknown identity refused before the
 first chunk is sent. Chunks view the retained arrays (no copy until the wire encoding); a caller
 asking for bfloat16 pixel_values gets each chunk converted as it is sent, on a fetch thread, so
-the conversion overlaps the sending of the chunk before it and never runs on the event loop.
+the conversion never blocks the event loop.
 """
 
 from __future__ import annotations
