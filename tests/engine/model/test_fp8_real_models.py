@@ -3,10 +3,18 @@ projection e4m3 with per-row scales, activations quantized per token) still answ
 factual question of tests/engine/service/test_real_models.py. The CPU path carries the FP8
 rounding (model/fp8.py: activations and weights quantized and dequantized). SmolLM2 also
 runs through the real four-service stack (`helios run FILE.gguf` with `quantization: fp8` in
-its YAML) and answers through the official `openai` client. (With `kv_cache_dtype: fp8` on top,
-unit KV scales, SmolLM2-135M answered "L'Étoile, the capital of France" in 10 tokens: e4m3's
-3-bit mantissa on its keys is too coarse for this small model; the FP8 KV paths are checked
-against references in tests/kernels/test_fp8_kv.py and tests/engine/runner/test_fp8_engine.py.)"""
+its YAML) and answers through the official `openai` client.
+
+The answer is asked for where the fact is decided: after the question, the model's own first
+words "The capital of France is" are given and the next token must be " Paris". Left to start
+the answer itself, SmolLM2-135M's first token is a near-tie even unquantized ("The" -1.88 vs
+"L" -1.97 nats): FP8's rounding then picks either by machine-level float differences (one
+CPU picked "L'Étoile de France, ..." with the whole prompt in one chunk and "The capital of
+France is Paris." in chunks of 8, on identical weights), while " Paris" leads the next
+token by more than 3.5 nats in every chunking, quantized or not. (With `kv_cache_dtype: fp8`
+on top, unit KV scales, e4m3's 3-bit mantissa on its keys is too coarse for this small model;
+the FP8 KV paths are checked against references in tests/kernels/test_fp8_kv.py and
+tests/engine/runner/test_fp8_engine.py.)"""
 
 from __future__ import annotations
 
@@ -24,9 +32,17 @@ from tests.support.processes import HeliosRun, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 QUESTION = "What is the capital of France?"
+ANSWER_START = "The capital of France is"
 
 
-def _answer(gguf, prompt_of, max_new_tokens: int) -> str:
+def _smollm2_chat(source) -> str:   # the core's own chat template, as the frontend renders it
+    template = jinja2.Environment().from_string(source.chat_template())
+    return template.render(messages=[{"role": "user", "content": QUESTION}],
+                           add_generation_prompt=True)
+
+
+def _answers(gguf, prompt_of, max_new_tokens: int, chunk_sizes=(64, 8, 1)) -> list[str]:
+    """The FP8 model's greedy continuation, once per prefill chunk size."""
     source = open_model(gguf)
     model = load_model(source, quantization="fp8")
     projections = [m for m in model.modules() if isinstance(m, Fp8Linear)]
@@ -34,27 +50,31 @@ def _answer(gguf, prompt_of, max_new_tokens: int) -> str:
     assert all(m.weight.dtype == torch.float8_e4m3fn for m in projections)
     tokenizer = Tokenizer.from_file(str(source.path(source.manifest.tokenizer_file)))
     ids = prompt_of(source, tokenizer)
-    driver = PagedDriver(model, num_pages=64, page_size=16)
-    seq = driver.add(ids, max_new_tokens=max_new_tokens)
-    driver.run(chunk_size=64)
-    return tokenizer.decode(seq.generated)
+    answers = []
+    for chunk in chunk_sizes:
+        driver = PagedDriver(model, num_pages=64, page_size=16)
+        seq = driver.add(ids, max_new_tokens=max_new_tokens)
+        driver.run(chunk_size=chunk)
+        answers.append(tokenizer.decode(seq.generated))
+    return answers
 
 
 def test_smollm2_fp8_answers(smollm2_gguf) -> None:
-    def chat(source, tokenizer):   # the core's own chat template, as the frontend renders it
-        template = jinja2.Environment().from_string(source.chat_template())
-        text = template.render(messages=[{"role": "user", "content": QUESTION}],
-                               add_generation_prompt=True)
+    def chat(source, tokenizer):
+        text = _smollm2_chat(source) + ANSWER_START
         return tokenizer.encode(text, add_special_tokens=False).ids
 
-    assert "Paris" in _answer(smollm2_gguf, chat, 10)
+    for answer in _answers(smollm2_gguf, chat, 3):
+        assert answer.startswith(" Paris"), answer
 
 
 def test_gemma3_fp8_answers(gemma3_gguf) -> None:
     def completion(source, tokenizer):   # BOS + the plain question (a base model)
-        return [2, *tokenizer.encode(QUESTION, add_special_tokens=False).ids]
+        text = f"{QUESTION}\n{ANSWER_START}"
+        return [2, *tokenizer.encode(text, add_special_tokens=False).ids]
 
-    assert "Paris" in _answer(gemma3_gguf, completion, 12)
+    for answer in _answers(gemma3_gguf, completion, 3):
+        assert answer.startswith(" Paris"), answer
 
 
 def test_smollm2_fp8_through_helios_run(tmp_path, smollm2_gguf) -> None:
@@ -68,11 +88,11 @@ def test_smollm2_fp8_through_helios_run(tmp_path, smollm2_gguf) -> None:
     try:
         run.wait_output("Helios is serving", timeout=900)
         api = openai.OpenAI(base_url=run.url + "/v1", api_key="k", max_retries=0, timeout=600)
-        manifest = open_model(smollm2_gguf, verify=()).manifest
-        answer = api.chat.completions.create(
-            model=manifest.card_id, temperature=0, max_tokens=10,
-            messages=[{"role": "user", "content": QUESTION}])
-        assert "Paris" in answer.choices[0].message.content
+        source = open_model(smollm2_gguf, verify=())
+        answer = api.completions.create(
+            model=source.manifest.card_id, temperature=0, max_tokens=3,
+            prompt=_smollm2_chat(source) + ANSWER_START)
+        assert answer.choices[0].text.startswith(" Paris"), answer.choices[0].text
         assert "quantization=fp8-e4m3:online" in run.output()
         assert run.terminate() == 0, run.output()[-4000:]
     finally:
