@@ -12,15 +12,24 @@ engine runs with `--speculative-method` on and `--num-speculative-tokens k`; the
 acceptance statistics still choose each round's width (up to k). Reported per row: output
 tok/s, the speedup over plain decoding of the same prompt, measured tokens per verification
 round and accepted drafts per draft, the policy's mean width, and the ideal tokens per round
-of fixed width k, E = (1 - a^(k+1)) / (1 - a). The measured acceptance can fall below a:
-bf16 verification rows and one-token decodes round differently, so greedy near-ties may
-diverge from the recorded continuation (a divergence costs acceptance, never correctness:
-every emitted token is the target's).
+of fixed width k, E = (1 - a^(k+1)) / (1 - a).
 
-Also: copy proposals (`ngram`, the real proposer) on a prompt that repeats a block of text;
-random weights decide what the model continues with, so its acceptance is whatever it is and
-is reported as measured (it is not evidence of real-model acceptance). And the batch
-switch-off: `--batch` concurrent requests with the oracle at a = 0.7, k = 4 against
+The target repeats its last token (`make_repeating`: every layer's o_proj and down_proj
+zeroed, the embedding rows unit vectors and the lm_head those rows, the final norm's weight
+ones): each layer still runs every kernel on every weight at the real shape (the cost
+is the model's), but the greedy token leads by about sqrt(hidden) = 64 logits, so verification rows
+and one-token decodes, which round differently in bf16, still agree on it and the recorded
+continuation stays the target's own (`same`: tokens equal to the plain run). With
+full random layers a near-tie diverged after 18-34 tokens, after which the recorded
+continuation was no longer the target's and the oracle measured nothing.
+
+Also: an EAGLE-3 head at its real shape for this target (`--speculative-method eagle3`, a
+random head written in the public format: one Llama decoder layer over 2x hidden inputs,
+draft vocabulary 32,000), whose forwards all run and are paid for while the oracle's tokens
+replace its drafts (`OracleHead`): the speedup at a = 0.7, k = 4 that a head of that
+acceptance would give. Copy proposals (`ngram`, the real proposer) on a prompt that repeats
+a block: on this target every copy is right, so the row is the proposer's ceiling. And the
+batch switch-off: `--batch` concurrent requests with the oracle at a = 0.7, k = 4 against
 speculation off (with the cost model on, measured verification costs turn it off when
 verifying costs more than it yields).
 Writes speculative.json under --out and prints a table.
@@ -68,6 +77,101 @@ class Oracle:
                              else (d + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
                              for d in drafts)
         return ()
+
+
+class OracleHead:
+    """A per-choice proposer (an EAGLE-3 head) that runs and is timed as usual; the oracle's
+    tokens replace its drafts (as many as it drafted)."""
+
+    def __init__(self, head, oracle: Oracle) -> None:
+        self.head = head
+        self.oracle = oracle
+
+    @property
+    def num_tokens(self) -> int:
+        return self.head.num_tokens
+
+    @property
+    def source(self) -> str:
+        return self.head.source
+
+    def propose_for(self, handle, tokens, limit, target_pages=()):
+        drafts, forwards = self.head.propose_for(handle, tokens, limit, target_pages)
+        return self.oracle.propose(tokens, len(drafts)) if drafts else (), forwards
+
+    def __getattr__(self, name: str):      # forward_s, drop, ... : the head's
+        return getattr(self.head, name)
+
+
+def make_repeating(model) -> None:
+    """Make the target's greedy token its last input token by a wide margin (module doc),
+    in place: captured graphs read the same tensors."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                param.zero_()
+        embed = model.model.embed_tokens.weight
+        rows = embed.float()
+        embed.copy_(rows / rows.norm(dim=-1, keepdim=True).clamp(min=1e-6))
+        del rows
+        if model.lm_head is not None:
+            model.lm_head.weight.copy_(embed)
+        model.model.norm.weight.fill_(1.0)
+
+
+def write_eagle3_head(directory: Path, target: dict, *, intermediate_size: int,
+                      draft_vocab: int, seed: int = 0) -> Path:
+    """A random EAGLE-3 head for `target` (a config dict) in the public checkpoint format
+    (config.json, model.safetensors with fc, midlayer.*, norm, lm_head, d2t, t2d), bf16."""
+    import torch
+    from safetensors.torch import save_file
+
+    h, heads, kv_heads, dim = (target[k] for k in ("hidden_size", "num_attention_heads",
+                                                   "num_key_value_heads", "head_dim"))
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+              "hidden_size": h, "intermediate_size": intermediate_size,
+              "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": dim,
+              "rms_norm_eps": target["rms_norm_eps"], "rope_theta": target["rope_theta"],
+              "max_position_embeddings": target["max_position_embeddings"],
+              "vocab_size": target["vocab_size"], "draft_vocab_size": draft_vocab,
+              "target_hidden_size": h, "torch_dtype": "bfloat16"}
+    layers = target["num_hidden_layers"]
+    if layers < 6:          # the default aux layers (2, L/2, L-3) need six (the smoke's two)
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 1, layers]}
+    shapes = {"fc.weight": (h, 3 * h), "lm_head.weight": (draft_vocab, h),
+              "midlayer.self_attn.q_proj.weight": (heads * dim, 2 * h),
+              "midlayer.self_attn.k_proj.weight": (kv_heads * dim, 2 * h),
+              "midlayer.self_attn.v_proj.weight": (kv_heads * dim, 2 * h),
+              "midlayer.self_attn.o_proj.weight": (h, heads * dim),
+              "midlayer.mlp.gate_proj.weight": (intermediate_size, h),
+              "midlayer.mlp.up_proj.weight": (intermediate_size, h),
+              "midlayer.mlp.down_proj.weight": (h, intermediate_size)}
+    g = torch.Generator().manual_seed(seed)
+    tensors = {name: (0.02 * torch.randn(*shape, generator=g)).to(torch.bfloat16)
+               for name, shape in shapes.items()}
+    for norm in ("norm", "midlayer.input_layernorm", "midlayer.hidden_norm",
+                 "midlayer.post_attention_layernorm"):
+        tensors[f"{norm}.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    ids = torch.arange(draft_vocab)
+    tensors["d2t"] = ids * (target["vocab_size"] // draft_vocab // 2)   # target = draft + d2t
+    tensors["t2d"] = torch.zeros(target["vocab_size"], dtype=torch.bool)
+    tensors["t2d"][ids + tensors["d2t"]] = True
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    return directory
+
+
+def _free() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _build(model_dir: Path, args, **overrides):
@@ -165,7 +269,10 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--batch", type=int, default=64, help="switch-off check (0: skip)")
-    parser.add_argument("--batch-output-len", type=int, default=128)
+    parser.add_argument("--batch-input-len", type=int, default=1024)
+    parser.add_argument("--batch-output-len", type=int, default=1024)
+    parser.add_argument("--no-eagle3", dest="eagle3", action="store_false",
+                        help="skip the EAGLE-3 head rows")
     parser.add_argument("--smoke", action="store_true", help="CPU check: a tiny shape")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = parser.parse_args()
@@ -181,6 +288,7 @@ def main() -> int:
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                       max_window_layers=2)
         args.input_len, args.output_len, args.batch, args.batch_output_len = 32, 24, 4, 12
+        args.batch_input_len = 32
         args.max_num_seqs, args.max_model_len = 8, 256
     rng = random.Random(0)
     results: list[dict] = []
@@ -189,6 +297,7 @@ def main() -> int:
         (model_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         engine = _build(model_dir, args, speculative_method="ngram",
                         num_speculative_tokens=max(WIDTHS))
+        make_repeating(engine.runner.model)
         proposer_off = engine.scheduler.state.config.proposer
         vocab = engine.scheduler.limits.vocab_size     # the tokenizer's ids (no padding rows)
         _with_proposer(engine, None)
@@ -199,18 +308,25 @@ def main() -> int:
         base = _row("off", engine, plain, decode_s, 0.0, {})
         base_tok_s = base["tok_s"]
         results.append(base)
+
+        def oracle_row(name: str, proposer, acceptance: float, width: int) -> dict:
+            engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+            _with_proposer(engine, proposer)
+            tokens, decode_s, _ = _serve(engine, [_request("o", prompt, args.output_len)])
+            ideal = (1 - acceptance ** (width + 1)) / (1 - acceptance)
+            drafter = engine.scheduler.state.config.proposer
+            return _row(name, engine, tokens, decode_s, base_tok_s, {
+                "a": acceptance, "k": width, "ideal_tokens": round(ideal, 3),
+                "drafter_forward_ms": round(1e3 * getattr(drafter, "forward_s", 0.0), 3),
+                "same_as_plain_until": _agree(tokens["o"], reference)})
+
         for acceptance in ACCEPTANCES:
             for width in WIDTHS:
-                engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
-                _with_proposer(engine, Oracle({tuple(prompt): reference}, acceptance, width,
-                                              vocab, seed=width))
-                tokens, decode_s, _ = _serve(engine, [_request("o", prompt, args.output_len)])
-                ideal = (1 - acceptance ** (width + 1)) / (1 - acceptance)
-                results.append(_row(f"oracle a={acceptance} k={width}", engine, tokens,
-                                    decode_s, base_tok_s,
-                                    {"a": acceptance, "k": width, "ideal_tokens": round(ideal, 3),
-                                     "same_as_plain_until": _agree(tokens["o"], reference)}))
-        # copy proposals on a prompt that repeats a block (what the model continues is its own)
+                oracle = Oracle({tuple(prompt): reference}, acceptance, width, vocab, seed=width)
+                results.append(oracle_row(f"oracle a={acceptance} k={width}", oracle,
+                                          acceptance, width))
+        # copy proposals on a prompt that repeats a block (this target repeats its last
+        # token, so every copy is right: the real proposer's ceiling)
         block = [rng.randrange(vocab) for _ in range(args.input_len // 4)]
         repeated = block * 4
         _with_proposer(engine, None)
@@ -221,15 +337,18 @@ def main() -> int:
         _with_proposer(engine, proposer_off)
         engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
         rep, rep_s, _ = _serve(engine, [_request("rep", repeated, args.output_len)])
-        results.append(_row("repeat, ngram k=6", engine, rep, rep_s, off_row["tok_s"], {
-            "same_as_plain_until": _agree(rep["rep"], plain_rep["rep-off"])}))
+        results.append(_row(f"repeat, ngram k={max(WIDTHS)}", engine, rep, rep_s,
+                            off_row["tok_s"],
+                            {"same_as_plain_until": _agree(rep["rep"], plain_rep["rep-off"])}))
         if args.batch:
-            prompts = [[rng.randrange(vocab) for _ in range(args.input_len)]
+            prompts = [[rng.randrange(vocab) for _ in range(args.batch_input_len)]
                        for _ in range(args.batch)]
             batch = [_request(f"b{i}", p, args.batch_output_len) for i, p in enumerate(prompts)]
             _with_proposer(engine, None)
+            _serve(engine, batch[:8])                   # first use of the batch's shapes
             engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
-            off, off_s, _ = _serve(engine, batch)
+            off, off_s, _ = _serve(engine, [_request(f"b{i}", p, args.batch_output_len)
+                                            for i, p in enumerate(prompts)])
             batch_off = _row(f"batch {args.batch}, off", engine, off, off_s, 0.0, {})
             results.append(batch_off)
             continuations = {tuple(p): off[f"b{i}"] for i, p in enumerate(prompts)}
@@ -239,14 +358,31 @@ def main() -> int:
                                           for i, p in enumerate(prompts)])
             results.append(_row(f"batch {args.batch}, oracle a=0.7 k=4", engine, on, on_s,
                                 batch_off["tok_s"], {}))
+        del engine, proposer_off
+        _free()
+        if args.eagle3:
+            head = write_eagle3_head(Path(tmp) / "eagle3", config, draft_vocab=32000,
+                                     intermediate_size=config["intermediate_size"])
+            engine = _build(model_dir, args, speculative_method="eagle3",
+                            speculative_model=str(head), num_speculative_tokens=4)
+            make_repeating(engine.runner.model)
+            eagle = engine.scheduler.state.config.proposer
+            _serve(engine, [_request("warm", prompt[:32], 8)])
+            results.append(oracle_row("eagle3 head, its drafts, k=4", eagle, 0.0, 4))
+            oracle = Oracle({tuple(prompt): reference}, 0.7, 4, vocab, seed=4)
+            results.append(oracle_row("eagle3 head + oracle a=0.7 k=4",
+                                      OracleHead(eagle, oracle), 0.7, 4))
+            del engine, eagle
+            _free()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "speculative.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(f"{'run':<28}{'tok/s':>9}{'speedup':>9}{'tok/round':>10}{'accept':>8}"
-          f"{'width':>7}{'ideal':>7}{'off':>5}{'same':>6}")
+    print(f"{'run':<32}{'tok/s':>9}{'speedup':>9}{'tok/round':>10}{'accept':>8}"
+          f"{'width':>7}{'ideal':>7}{'fwd ms':>8}{'off':>5}{'same':>6}")
     for r in results:
-        print(f"{r['name']:<28}{_cell(r, 'tok_s', 9)}{_cell(r, 'speedup', 9)}"
+        print(f"{r['name']:<32}{_cell(r, 'tok_s', 9)}{_cell(r, 'speedup', 9)}"
               f"{_cell(r, 'tokens_per_round', 10)}{_cell(r, 'acceptance', 8)}"
               f"{_cell(r, 'mean_width', 7)}{_cell(r, 'ideal_tokens', 7)}"
+              f"{_cell(r, 'drafter_forward_ms', 8)}"
               f"{_cell(r, 'switched_off', 5)}{_cell(r, 'same_as_plain_until', 6)}")
     return 0
 

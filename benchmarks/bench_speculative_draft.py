@@ -21,7 +21,6 @@ how long the output stays the plain one. Writes speculative_draft.json under --o
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import random
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_speculative import _agree, _build, _cell, _request, _row, _serve
+from benchmarks.bench_speculative import _agree, _build, _cell, _free, _request, _row, _serve
 from benchmarks.model_shapes import SHAPES, write_shape
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -43,14 +42,6 @@ def _shape(name: str, directory: Path, smoke: bool, layers: int = 2) -> Path:
         config = {**SHAPES[name], **TINY, "num_hidden_layers": layers}
         (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return path
-
-
-def _free() -> None:
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def main() -> int:
