@@ -127,20 +127,23 @@ class DecodeGraphs:
             self._capture(capacity, SamplingMode.GREEDY, False, False)
 
     def replay(self, packed: PackedStep, capacity: int, mode: SamplingMode, logprobs: bool,
-               grammar: bool = False, width: int = 1) -> None:
+               grammar: bool = False, width: int = 1) -> bool:
         """Run the capacity's decode (or, width > 1, verification) on the step just uploaded
         (`packed`: its offsets are the capture's, `packing(capacity, width)`). A graph
         missing for this mode is captured first (synchronising once), then the step's inputs
-        are uploaded again."""
+        are uploaded again; True when it was (the step's GPU time then spans the capture:
+        not a measurement of the graph)."""
         if not self.is_cuda:
             self.body.run(packed.views, self.shape(capacity, width), mode, logprobs, grammar)
-            return
+            return False
         graph = (self.graphs or {}).get((capacity, width, mode, logprobs, grammar))
+        captured = graph is None
         if graph is None:
             graph = self._capture(capacity, mode, logprobs, grammar, width)
             with torch.cuda.stream(self.stream):
                 self.frames.copy(packed)
         graph.launch()
+        return captured
 
     def _capture(self, capacity: int, mode: SamplingMode, logprobs: bool,
                  grammar: bool, width: int = 1) -> GraphLauncher:

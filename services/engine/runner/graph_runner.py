@@ -94,6 +94,7 @@ class _InFlight:
     graph: bool
     started: float
     scores: StepScores               # prompt scoring (eager steps that ask; else empty)
+    captured: bool = False           # its graph was captured first: the GPU time is no cost
 
 
 class GraphRunner:
@@ -273,9 +274,10 @@ class GraphRunner:
                     r = seq.restore
                     self.snapshots.restore(r.snapshot_id, r.page_id, r.num_tokens)
             scores = StepScores()
+            captured = False
             if graph is not None:
-                self.graphs.replay(packed, graph.capacity, mode, logprobs, grammar,
-                                   graph.width)
+                captured = self.graphs.replay(packed, graph.capacity, mode, logprobs, grammar,
+                                              graph.width)
                 self._captures(step, layout, None)   # zero-token terminal captures ride along
                 self.graph_steps += 1
                 self.verify_graph_steps += graph.width > 1
@@ -291,7 +293,7 @@ class GraphRunner:
                 rows = len(sampled)
             self.completions.record(frame, rows, logprobs)
         return _InFlight(step, frame, sampled, logprobs, graph is not None, started,
-                         scores)
+                         scores, captured)
 
     def _bitmask_rows(self, step: Step, sampling: list[int]) -> list[tuple[int, object]]:
         """(bitmask row, mask) for every grammar-masked sampled row: a decode's slot row, a
@@ -381,7 +383,9 @@ class GraphRunner:
         step = flight.step
         ids, logprobs, top_ids, top_logprobs = self.completions.read(
             flight.frame, len(flight.sampled), flight.logprobs)
-        if self.is_cuda:
+        if flight.captured:
+            duration = -1.0          # untimed: the cost model waits for a replay
+        elif self.is_cuda:
             duration = self.completions.duration_s(flight.frame)
         else:
             duration = time.perf_counter() - flight.started

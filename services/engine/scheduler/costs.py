@@ -69,6 +69,11 @@ class DurationEstimator:
         stats = self.shapes.get((kind, label))
         return stats.estimate_s() if stats else None
 
+    def is_stale(self, kind: str, label: str, now: float) -> bool:
+        """No valid observation of the shape within `stale_after_s` (or none at all)."""
+        stats = self.shapes.get((kind, label))
+        return stats is None or not stats.recent or stats.is_stale(now, self.stale_after_s)
+
 
 def shape_label(num_seqs: int, num_tokens: int) -> str:
     """A step's capacity label (as `Step.label`): b<batch capacity> t<token capacity>."""

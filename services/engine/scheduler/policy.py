@@ -28,6 +28,8 @@ a decode may be planned behind a sequence's in-flight step (`can_follow`).
 
 from __future__ import annotations
 
+import time
+
 from services.engine.scheduler.costs import chunk_budget, shape_label
 from services.engine.scheduler.plan import PlannedSeq
 from services.engine.scheduler.proposals import SequenceProposer
@@ -288,14 +290,19 @@ def _switch_off(state: SchedulerState, chosen: list[PlannedSeq]) -> int:
         p = chosen[i]
         seq = state.running[p.handle.slot]
         expected += 1.0 + seq.speculation.expected_accepted(source, len(p.draft_token_ids))
-    if worth_verifying(state.costs, len(decodes), width, expected):
+    if worth_verifying(state.costs, len(decodes), width, expected, time.monotonic()):
         return 0
     freed = 0
     for i in decodes:
         p = chosen[i]
         if p.draft_token_ids:
             freed += len(p.draft_token_ids)
-            state.running[p.handle.slot].speculation.idle_rounds += 1
+            # as a zero width: overlap resumes until the next probe (a due probe switched
+            # off starts the count again; else every round would wait to propose)
+            stats = state.running[p.handle.slot].speculation
+            stats.idle_rounds = 0 if stats.idle_rounds >= PROBE_EVERY else \
+                stats.idle_rounds + 1
+            stats.proposed = False
             chosen[i] = PlannedSeq(p.handle, p.epoch, p.start, 1, max_emit=1)
     state.counters.speculation_off += 1
     return freed

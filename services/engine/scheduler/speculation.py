@@ -22,6 +22,8 @@ Expected yield is clipped by the proposals available and the output and context 
 Switch-off: with measured costs for both this batch's decode and its verification shape, the
 batch verifies only when its expected tokens per second beat plain decoding's (at a large
 batch verifying k + 1 rows per request costs like a prefill; a decode is one weight read).
+A stale verification estimate is measured again. A request whose drafts were switched off
+decodes behind its in-flight step (overlap) until its next probe is due.
 """
 
 from __future__ import annotations
@@ -137,13 +139,16 @@ def verify_label(num_seqs: int, width: int) -> str:
 
 
 def worth_verifying(costs: DurationEstimator, num_seqs: int, width: int,
-                    expected_tokens: float) -> bool:
+                    expected_tokens: float, now: float) -> bool:
     """The batch switch-off: verify when `expected_tokens` (over the batch's `num_seqs`
     requests, a round with drafts of the widest `width` rows) per estimated verification
     time beat one token per request per decode time. Unmeasured shapes verify (and get
-    measured)."""
+    measured), and so does a verification shape measured longer ago than the estimator's
+    `stale_after_s`: an estimate that turned speculation off is never refreshed otherwise."""
     decode = costs.estimated_duration_s("decode", shape_label(num_seqs, num_seqs))
     verify = costs.estimated_duration_s("verify", verify_label(num_seqs, width))
     if decode is None or verify is None:
+        return True
+    if costs.is_stale("verify", verify_label(num_seqs, width), now):
         return True
     return expected_tokens / max(verify, 1e-12) >= num_seqs / max(decode, 1e-12)

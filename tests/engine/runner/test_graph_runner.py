@@ -200,3 +200,37 @@ def test_decode_uploads_only_new_page_table_entries(source):
     # decodes, up to the 37 tokens whose KV exists at the end
     assert uploads[0] == 5 and sum(uploads) == -(-(20 + 18 - 1) // 4)
     assert max(uploads[1:]) == 1
+
+
+def test_a_step_that_captured_its_graph_is_untimed(source, monkeypatch):
+    """The first replay of a graph captures it (on CUDA: a warm-up run, the capture and a
+    synchronisation inside the step's timing events): that step's duration is no cost of the
+    graph, so the cost model gets none (an untimed observation), and the next replay of the
+    same graph is timed. (On the CPU no graph is captured; the capture is simulated.)"""
+    from services.engine.runner.decode_graphs import DecodeGraphs
+
+    engine = _engine(source, "graph")
+    replay, seen = DecodeGraphs.replay, set()
+
+    def first_replay_captures(self, packed, capacity, mode, logprobs, grammar=False, width=1):
+        replay(self, packed, capacity, mode, logprobs, grammar, width)
+        key = (capacity, width, mode, logprobs, grammar)
+        captured = key not in seen
+        seen.add(key)
+        return captured
+
+    monkeypatch.setattr(DecodeGraphs, "replay", first_replay_captures)
+    durations = []
+    complete = GraphRunner._complete
+
+    def recorded(self):
+        completion = complete(self)
+        durations.append(completion.duration_s)
+        return completion
+
+    monkeypatch.setattr(GraphRunner, "_complete", recorded)
+    _run(engine, [greedy_request("a", _prompt(9, 1), 6)])
+    assert len(seen) == 1 and engine.runner.graph_steps == 5
+    assert [d for d in durations if d < 0] == [-1.0]
+    stats = engine.scheduler.state.costs.shapes[("decode", "b1 t1")]
+    assert stats.untimed == 1 and len(stats.recent) == 4

@@ -6,6 +6,7 @@ speculative counters, and pages that only rejected drafts reached going back to 
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from services.engine.scheduler.speculation import (
     COPY,
@@ -214,3 +215,54 @@ def test_drafts_stay_within_the_step_token_budget():
         assert outputs[f"r{i}"][0] == reference_tokens(prompt, 150, vocab=VOCAB)
     widest = max(step.num_tokens for step in runner.steps if step.kind == "verify")
     assert 56 < widest <= 64                  # the budget bound the widths
+
+
+def _costly_verification(scheduler, batch: int, verify_cost: float, now: float) -> None:
+    """Measured costs where verifying costs `verify_cost` decodes (observed at `now`)."""
+    costs = scheduler.state.costs
+    for width in range(2, 6):
+        costs.observe(kind="verify", label=verify_label(batch, width), batch_capacity=batch,
+                      token_capacity=batch * width, num_requests=batch,
+                      duration_s=verify_cost, now=now)
+    costs.observe(kind="decode", label=f"b{batch} t{batch}", batch_capacity=batch,
+                  token_capacity=batch, num_requests=batch, duration_s=1.0, now=now)
+
+
+def test_a_switched_off_choice_overlaps_until_its_next_probe():
+    """Drafts the batch switch-off strips count as a zero width: under two-frame overlap the
+    choice decodes behind its in-flight step until a probe is due (not waiting for its
+    tokens every round to propose drafts that are stripped again)."""
+    from tests.engine.fakes import run_step_two_frames
+
+    prompt = prompt_of(12, salt=7)
+    scheduler, runner = make_engine(proposer=Oracle(prompt, 120, k=4), overlap=True,
+                                    cost_model=True)
+    _costly_verification(scheduler, 1, 20.0, time.monotonic())
+    scheduler.state.costs.stale_after_s = 1e9
+    scheduler.admit(request("a", prompt, 120))
+    outputs: dict = {}
+    while scheduler.has_work:
+        _, updates = run_step_two_frames(scheduler, runner)
+        collect(outputs, updates)
+    assert outputs["a"][0] == reference_tokens(prompt, 120, vocab=VOCAB)
+    assert not _drafted(runner)                              # every round switched off
+    switched = scheduler.state.counters.speculation_off
+    followers = [step for step in runner.steps if any(s.feeds_pending for s in step.seqs)]
+    assert len(followers) > 90, (len(followers), switched)
+    assert 0 < switched <= 120 // PROBE_EVERY + 2            # about one per probe
+
+
+def test_a_stale_verification_estimate_is_measured_again():
+    """A verification estimate older than the estimator's staleness no longer switches the
+    batch off: the round verifies (and is measured), else a once-slow measurement would
+    keep speculation off for good."""
+    prompt = prompt_of(12, salt=8)
+    for stale, expect_drafts in ((False, False), (True, True)):
+        scheduler, runner = make_engine(proposer=Oracle(prompt, 20, k=4), cost_model=True)
+        now = time.monotonic()
+        _costly_verification(scheduler, 1, 20.0, now - 120.0 if stale else now)
+        scheduler.state.costs.stale_after_s = 60.0
+        scheduler.admit(request("a", prompt, 20))
+        outputs = run_until_idle(scheduler, runner)
+        assert outputs["a"][0] == reference_tokens(prompt, 20, vocab=VOCAB)
+        assert bool(_drafted(runner)) is expect_drafts
