@@ -12,14 +12,25 @@ and the pages holding them, taken from one free list. When the list runs out, th
 recently used other entries give their pages back (they catch up again when next asked).
 `forward_times` keeps a drafter's recent per-forward durations; `forward_s` is their median,
 which the width policy weighs drafts by when the cost model is on.
+
+A round's forwards (catch-up chunks, then the one-row chained forwards that feed each draft
+back) take their inputs from `round_inputs`: every forward's attention metadata, positions,
+fed ids and extra rows, built on the host before anything runs and uploaded in two copies
+(pinned, asynchronous on CUDA). The drafts stay on the device until the round reads them
+all at once, so the forwards queue back to back: no forward waits for the device (a
+metadata upload per forward from pageable memory, and a read-back per draft, each waited).
 """
 
 from __future__ import annotations
 
 import collections
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
+
+from services.engine.model.attention import AttentionMetadata, kv_slot
 from services.engine.scheduler.plan import SlotHandle
 
 
@@ -107,3 +118,61 @@ class PagedDrafter:
     @property
     def forward_s(self) -> float:
         return self.pages.forward_s
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardInputs:
+    """One drafter forward's device inputs (views into its round's two uploads)."""
+
+    meta: AttentionMetadata
+    positions: torch.Tensor            # int64 [T]
+    ids: torch.Tensor | None           # int64 [T] the fed tokens (None: a chained row's
+                                       # token is the previous draft, on the device)
+    extra: torch.Tensor | None         # int64 [T] the caller's per-row values (None: chained)
+
+
+def round_inputs(pages: list[int], page_size: int, device: torch.device,
+                 feeds: Sequence[tuple[int, Sequence[int], Sequence[int] | None]],
+                 chained: int) -> list[ForwardInputs]:
+    """The inputs of a round's forwards over one entry's `pages`: each feed (start position,
+    its token ids, optional per-row extra values) in order, then `chained` one-row forwards
+    at the positions after the last feed's. Every field starts on a 16-byte boundary (as the
+    runners' step inputs do: an unaligned view would compile other kernel variants)."""
+    i32: list[int] = []
+    i64: list[int] = []
+
+    def put(buffer: list[int], values: Sequence[int], per_16_bytes: int) -> int:
+        buffer.extend([0] * (-len(buffer) % per_16_bytes))
+        offset = len(buffer)
+        buffer.extend(values)
+        return offset
+
+    table = put(i32, list(pages), 4)
+    last = feeds[-1][0] + len(feeds[-1][1]) - 1
+    rows = [(start, len(ids), ids, extra) for start, ids, extra in feeds] + \
+        [(last + j, 1, None, None) for j in range(1, chained + 1)]
+    layout = []
+    for start, n, ids, extra in rows:
+        end = start + n
+        slots = [kv_slot(pages, q, page_size) for q in range(start, end)]
+        layout.append((start, n, put(i32, [0, n], 4), put(i32, [end], 4),
+                       put(i64, slots, 2), put(i64, list(range(start, end)), 2),
+                       put(i64, ids, 2) if ids is not None else -1,
+                       put(i64, extra, 2) if extra is not None else -1))
+    host32 = torch.tensor(i32, dtype=torch.int32)
+    host64 = torch.tensor(i64 or [0], dtype=torch.int64)
+    if device.type == "cuda":
+        host32, host64 = host32.pin_memory(), host64.pin_memory()
+    dev32 = host32.to(device, non_blocking=True)
+    dev64 = host64.to(device, non_blocking=True)
+    page_table = dev32[table:table + len(pages)].view(1, len(pages))
+    out = []
+    for first, n, at_starts, at_lens, at_slots, at_positions, at_ids, at_extra in layout:
+        meta = AttentionMetadata(query_start_loc=dev32[at_starts:at_starts + 2],
+                                 seq_lens=dev32[at_lens:at_lens + 1], page_table=page_table,
+                                 slot_mapping=dev64[at_slots:at_slots + n], max_query_len=n,
+                                 max_seq_len=first + n)
+        out.append(ForwardInputs(meta, dev64[at_positions:at_positions + n],
+                                 dev64[at_ids:at_ids + n] if at_ids >= 0 else None,
+                                 dev64[at_extra:at_extra + n] if at_extra >= 0 else None))
+    return out

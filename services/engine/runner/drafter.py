@@ -47,12 +47,16 @@ from services.engine.model import (
     KVCache,
     ModelConfig,
     allocate_kv_cache,
-    build_metadata,
     kv_cache_bytes_per_page,
     load_dummy_model,
     load_model,
 )
-from services.engine.runner.draft_pages import DraftEntry, DraftPages, PagedDrafter, common_prefix
+from services.engine.runner.draft_pages import (
+    DraftPages,
+    PagedDrafter,
+    common_prefix,
+    round_inputs,
+)
 from services.engine.sampling.vocab import mask_beyond_vocab_, token_vocab_size
 from services.engine.scheduler.plan import SlotHandle
 from services.engine.scheduler.speculation import DRAFT
@@ -93,38 +97,30 @@ class DraftModelProposer(PagedDrafter):
             self.pages.drop(handle.slot)
             return (), 0
         started = time.perf_counter()
-        forwards = 0
-        logits = None
-        while len(entry.tokens) < len(tokens):     # catch up (chunked), the last row's logits
-            chunk = tokens[len(entry.tokens):len(entry.tokens) + self.chunk_tokens]
-            logits = self._forward(entry, chunk)
-            forwards += 1
-        drafts: list[int] = []
-        while True:
-            assert logits is not None
-            drafts.append(int(logits.argmax().item()))
-            if len(drafts) == limit:
-                break
-            logits = self._forward(entry, drafts[-1:])
-            forwards += 1
-        # each draft read back its token, so the wall time covers the device's work
-        self.pages.forward_times.append((time.perf_counter() - started) / forwards)
-        return tuple(drafts), forwards
-
-    def _forward(self, entry: DraftEntry, chunk: list[int]) -> torch.Tensor:
-        """Feed `chunk` after the entry's tokens (writing its KV); the last row's logits."""
-        start = len(entry.tokens)
-        meta = build_metadata([len(chunk)], [start + len(chunk)], [entry.pages],
-                              self.page_size, self.device)
-        batch = ForwardBatch(
-            torch.tensor(chunk, dtype=torch.int64, device=self.device),
-            torch.arange(start, start + len(chunk), dtype=torch.int64, device=self.device),
-            meta)
-        hidden = self.model(batch, self.kv).hidden
-        entry.tokens.extend(chunk)
-        logits = self.model.compute_logits(hidden[-1:])
-        return mask_beyond_vocab_(logits, self.token_vocab)[0]
-
+        feeds = [(start, tokens[start:start + self.chunk_tokens], None)   # catch up (chunked)
+                 for start in range(len(entry.tokens), len(tokens), self.chunk_tokens)]
+        steps = round_inputs(entry.pages, self.page_size, self.device, feeds, limit - 1)
+        draft: torch.Tensor | None = None
+        drafts: list[torch.Tensor] = []
+        for i, step in enumerate(steps):
+            if step.ids is not None:
+                ids = step.ids
+            else:                                   # a chained row feeds the last draft
+                assert draft is not None
+                ids = draft.view(1)
+            hidden = self.model(ForwardBatch(ids, step.positions, step.meta), self.kv).hidden
+            if i < len(feeds):
+                entry.tokens.extend(feeds[i][1])
+            if i >= len(feeds) - 1:                 # the last catch-up row drafts first
+                logits = mask_beyond_vocab_(self.model.compute_logits(hidden[-1:]),
+                                            self.token_vocab)[0]
+                draft = logits.argmax()             # on the device: nothing waits for it
+                drafts.append(draft)
+        out = tuple(int(d) for d in torch.stack(drafts).tolist())    # the one read-back
+        entry.tokens.extend(out[:len(steps) - len(feeds)])   # the chained rows fed drafts
+        # the read-back waited for the device's work, so the wall time covers it
+        self.pages.forward_times.append((time.perf_counter() - started) / len(steps))
+        return out, len(steps)
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,14 +48,18 @@ from services.engine.model import (
     CausalLM,
     KVCache,
     allocate_kv_cache,
-    build_metadata,
     kv_cache_bytes_per_page,
 )
 from services.engine.model.attention import kv_slot
 from services.engine.model.config import ModelConfig
 from services.engine.model.eagle3 import Eagle3Head, load_eagle3_head, parse_eagle3_config
 from services.engine.model.layers import Embedding
-from services.engine.runner.draft_pages import DraftEntry, DraftPages, PagedDrafter, common_prefix
+from services.engine.runner.draft_pages import (
+    DraftPages,
+    PagedDrafter,
+    common_prefix,
+    round_inputs,
+)
 from services.engine.sampling.vocab import token_vocab_size
 from services.engine.scheduler.plan import SlotHandle
 from services.engine.scheduler.speculation import DRAFT
@@ -121,46 +125,37 @@ class Eagle3Proposer(PagedDrafter):
             self.pages.drop(handle.slot)
             return (), 0
         started = time.perf_counter()
-        forwards = 0
-        normed = prenorm = None
-        while len(entry.tokens) < n - 1:            # catch up (chunked) on the target's rows
-            start = len(entry.tokens)
+        feeds = []                                  # catch up (chunked) on the target's rows
+        for start in range(len(entry.tokens), n - 1, self.chunk_tokens):
             chunk = inputs[start:min(n - 1, start + self.chunk_tokens)]
-            slots = [kv_slot(target_pages, p, self.page_size)
-                     for p in range(start, start + len(chunk))]
-            hidden = self.store.rows[torch.tensor(slots, device=self.device)]
-            normed, prenorm = self._forward(entry, start, chunk, hidden)
-            entry.tokens.extend(chunk)
-            forwards += 1
-        drafts: list[int] = []
-        position = n - 2
-        while True:
-            assert normed is not None and prenorm is not None
-            drafts.append(self._greedy(normed))
-            if len(drafts) == limit:
-                break
-            position += 1                           # a chained row: not kept
-            normed, prenorm = self._forward(entry, position, drafts[-1:], prenorm)
-            forwards += 1
-        self.pages.forward_times.append((time.perf_counter() - started) / forwards)
-        return tuple(drafts), forwards
+            feeds.append((start, chunk, [kv_slot(target_pages, p, self.page_size)
+                                         for p in range(start, start + len(chunk))]))
+        steps = round_inputs(entry.pages, self.page_size, self.device, feeds, limit - 1)
+        prenorm = draft = None
+        drafts: list[torch.Tensor] = []
+        for i, step in enumerate(steps):
+            if i < len(feeds):                      # a catch-up chunk: the target's states
+                assert step.ids is not None and step.extra is not None
+                ids, hidden = step.ids, self.store.rows[step.extra]
+            else:                                   # a chained row: the last draft, its state
+                assert draft is not None and prenorm is not None
+                ids, hidden = draft.view(1), prenorm
+            normed, prenorm = self.head(self.embedding(ids), hidden, step.positions, self.kv,
+                                        step.meta)
+            normed, prenorm = normed[-1:], prenorm[-1:]
+            if i < len(feeds):
+                entry.tokens.extend(feeds[i][1])
+            if i >= len(feeds) - 1:                 # the last catch-up row drafts first
+                draft = self._greedy(normed)        # on the device: nothing waits for it
+                drafts.append(draft)
+        out = tuple(int(d) for d in torch.stack(drafts).tolist())    # the one read-back
+        self.pages.forward_times.append((time.perf_counter() - started) / len(steps))
+        return out, len(steps)
 
-    def _greedy(self, normed: torch.Tensor) -> int:
+    def _greedy(self, normed: torch.Tensor) -> torch.Tensor:
+        """The draft's target id (a 0-d device tensor)."""
         logits = self.head.logits(normed)[0].masked_fill_(self._beyond, float("-inf"))
-        return int(self.head.draft_to_target[logits.argmax()].item())
-
-    def _forward(self, entry: DraftEntry, start: int, chunk: list[int], hidden: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows start.. for `chunk` with `hidden` [len(chunk), H]: the last row's
-        (normed, pre-norm) states [1, H]."""
-        meta = build_metadata([len(chunk)], [start + len(chunk)], [entry.pages],
-                              self.page_size, self.device)
-        ids = torch.tensor(chunk, dtype=torch.int64, device=self.device)
-        positions = torch.arange(start, start + len(chunk), dtype=torch.int64,
-                                 device=self.device)
-        normed, prenorm = self.head(self.embedding(ids), hidden, positions, self.kv, meta)
-        return normed[-1:], prenorm[-1:]
-
+        return self.head.draft_to_target[logits.argmax()]
 
 
 @dataclass(frozen=True, slots=True)
