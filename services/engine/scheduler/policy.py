@@ -200,7 +200,7 @@ def _with_drafts(state: SchedulerState, seq: Sequence, planned: PlannedSeq,
     choice has left, cut to the prefix its grammar accepts and to the width its acceptance
     statistics choose (speculation.py); the plain decode when that is zero."""
     proposer = state.config.proposer
-    if proposer is None or not seq.request.request.speculative:
+    if proposer is None or not seq.request.request.speculative or batch_switched_off(state):
         return planned
     stats = seq.speculation
     source = getattr(proposer, "source", COPY)
@@ -251,12 +251,28 @@ def wants_drafts(state: SchedulerState, seq: Sequence) -> bool:
     proposer = state.config.proposer
     if proposer is None or not seq.request.request.speculative:
         return False
+    if batch_switched_off(state):
+        return False
     stats = seq.speculation
     if stats.idle_rounds >= PROBE_EVERY:
         return True
     limit = getattr(proposer, "num_tokens", 1)
     return stats.proposed and choose_width(stats, getattr(proposer, "source", COPY), limit,
                                            _row_cost(state, 1)) > 0
+
+
+def batch_switched_off(state: SchedulerState) -> bool:
+    """Whether the last batch switch-off still holds: as many choices are resident as the
+    batch it stripped had decoding (a batch that size verifies at a loss whatever its
+    requests accept, so no choice probes), until that verification's estimate goes stale
+    (then one round proposes, and is measured again: worth_verifying)."""
+    off = state.speculation_off_at
+    if off is None:
+        return False
+    if len(state.running) < off[0]:
+        state.speculation_off_at = None           # a smaller batch: per-request widths
+        return False
+    return not state.costs.is_stale("verify", verify_label(*off), time.monotonic())
 
 
 def _row_cost(state: SchedulerState, num_seqs: int) -> float:
@@ -291,7 +307,9 @@ def _switch_off(state: SchedulerState, chosen: list[PlannedSeq]) -> int:
         seq = state.running[p.handle.slot]
         expected += 1.0 + seq.speculation.expected_accepted(source, len(p.draft_token_ids))
     if worth_verifying(state.costs, len(decodes), width, expected, time.monotonic()):
+        state.speculation_off_at = None
         return 0
+    state.speculation_off_at = (len(decodes), width)
     freed = 0
     for i in decodes:
         p = chosen[i]

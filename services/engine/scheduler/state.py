@@ -69,6 +69,9 @@ class SchedulerState:
     costs: DurationEstimator = field(default_factory=DurationEstimator)
     inflight: InflightBlocks = field(default_factory=InflightBlocks)   # prefill being shared
     next_serial: int = 0
+    # (decoding choices, widest rows) of the last batch switch-off while it holds: no choice
+    # proposes while the batch is at least that large (policy.batch_switched_off)
+    speculation_off_at: tuple[int, int] | None = None
 
     def enqueue(self, seq: Sequence) -> None:
         keys = [order_key(s) for s in self.waiting]

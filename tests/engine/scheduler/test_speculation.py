@@ -266,3 +266,54 @@ def test_a_stale_verification_estimate_is_measured_again():
         outputs = run_until_idle(scheduler, runner)
         assert outputs["a"][0] == reference_tokens(prompt, 20, vocab=VOCAB)
         assert bool(_drafted(runner)) is expect_drafts
+
+
+def test_a_batch_switched_off_keeps_every_choice_in_step():
+    """When the batch switch-off strips drafts, the batch is too large for verification to
+    pay whatever each request accepts: no choice probes again while the batch stays that
+    large (a probe waits for its in-flight step and skips one step: 1 in 17 of each
+    choice's steps), until the verification estimate goes stale and one round measures it
+    again."""
+    from tests.engine.fakes import run_step_two_frames
+
+    prompts = [prompt_of(12, salt=40 + i) for i in range(4)]
+    scheduler, runner = make_engine(proposer=Both(*(Oracle(p, 100, k=3) for p in prompts)),
+                                    overlap=True, cost_model=True)
+    _costly_verification(scheduler, 4, 20.0, time.monotonic())
+    scheduler.state.costs.stale_after_s = 1e9
+    for i, prompt in enumerate(prompts):
+        scheduler.admit(request(f"r{i}", prompt, 100))
+    outputs: dict = {}
+    while scheduler.has_work:
+        _, updates = run_step_two_frames(scheduler, runner)
+        collect(outputs, updates)
+    for i, prompt in enumerate(prompts):
+        assert outputs[f"r{i}"][0] == reference_tokens(prompt, 100, vocab=VOCAB)
+    assert not _drafted(runner)
+    decodes = [step for step in runner.steps
+               if all(s.output_index > 0 for s in step.seqs)]
+    # after the first switch-off every decode step carries all four choices
+    assert len(decodes) >= 95 and all(len(step.seqs) == 4 for step in decodes[4:]), \
+        [len(step.seqs) for step in decodes]
+    assert scheduler.state.counters.speculation_off <= 2
+
+
+def test_a_smaller_batch_speculates_again():
+    """The switch-off holds for batches as large as the one it stripped: when the others
+    finish, the last choice (a batch of one, cheap to verify) proposes drafts again."""
+    prompts = [prompt_of(12, salt=50 + i) for i in range(4)]
+    lengths = [20, 20, 20, 90]
+    scheduler, runner = make_engine(proposer=Both(*(Oracle(p, 90, k=3) for p in prompts)),
+                                    cost_model=True)
+    now = time.monotonic()
+    _costly_verification(scheduler, 4, 20.0, now)
+    _costly_verification(scheduler, 1, 1.05, now)               # a batch of one: cheap
+    scheduler.state.costs.stale_after_s = 1e9
+    for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
+        scheduler.admit(request(f"r{i}", prompt, n))
+    outputs = run_until_idle(scheduler, runner)
+    for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
+        assert outputs[f"r{i}"][0] == reference_tokens(prompt, n, vocab=VOCAB)
+    drafted = _drafted(runner)
+    assert drafted and all(s.output_index >= 20 for s in drafted)   # only once alone
+    assert scheduler.state.counters.speculation_off >= 1
