@@ -147,3 +147,20 @@ def _draft_on_device(source, tmp_path, device: str, overlap: str) -> None:
 @pytest.mark.parametrize("overlap", ["off", "on"])
 def test_draft_model_with_verification_graphs(source, tmp_path, overlap):
     _draft_on_device(source, tmp_path, "cuda", overlap)
+
+
+def test_exact_drafts_keep_verifying_with_the_cost_model(source):
+    """With the cost model on (CUDA) and drafts that are always right, every round after
+    the first verifies: a verification graph captured on its first step must not pose as
+    that shape's cost (the capture inside the step's timing events made the batch switch-off
+    strip every later round), and the measured graphs keep it worth verifying."""
+    prompt = _requests()[0].prompt_token_ids
+    request = greedy_request("long", prompt, 80)
+    cpu = _drive(_engine(source, "cpu", runner="torch"), [request])
+    engine = _engine(source, "cuda", Continuations({prompt: cpu["long"][0]}), overlap="on")
+    assert engine.scheduler.state.config.cost_model
+    out = _drive(engine, [greedy_request("long", prompt, 80)])
+    assert out["long"][0] == cpu["long"][0]
+    counters = engine.scheduler.state.counters
+    assert counters.speculation_off == 0
+    assert counters.spec_accepted_tokens >= 60, counters.spec_accepted_tokens
