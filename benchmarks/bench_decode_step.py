@@ -18,6 +18,14 @@ total time from torch.profiler over a few replays. Then a sweep of the skinny ke
 at each of the shape's projections (M = 1, 2, 4, 8 rows) against cuBLAS (+ the unfused norm
 and activation where the fused kernel replaces them), each call reading its weights from HBM
 (rotating weight sets larger than the L2). Prints tables; writes decode_step.json under --out.
+
+FP8 (issue 16: where the FP8 batch-1 time goes): `--sections step-fp8` times the same step
+with every decoder projection quantized online to e4m3 (`quantization: fp8`, per-row
+scales; the lm_head stays bf16) under the fused variants, with the kernel table under
+--profile; `--sections linear-fp8` sweeps the FP8 skinny kernel's tilings
+(kernels/fp8_layers.py) at one row per projection, beside the bf16 skinny default, in GB/s of
+the bytes each reads (an e4m3 weight is half a bf16 one, so the bf16-tuned tiles stream half
+the bytes per step: the sweep includes twice their BLOCK_K).
 """
 
 from __future__ import annotations
@@ -108,7 +116,7 @@ class DecodeStep:
     """One sequence at context `ctx` in a KV cache sized for `max_len`, the graph's view."""
 
     def __init__(self, shape: str, device: torch.device, ctx: int, max_len: int,
-                 layers: int | None = None) -> None:
+                 layers: int | None = None, quantization: str = "") -> None:
         from services.engine.model import (
             ForwardBatch,
             ModelConfig,
@@ -120,7 +128,7 @@ class DecodeStep:
         config = dict(SHAPES[shape])
         if layers:
             config["num_hidden_layers"] = layers
-        self.config = ModelConfig.from_dict(config)
+        self.config = ModelConfig.from_dict(config, quantization)
         self.model = load_dummy_model(self.config, device, torch.bfloat16, max_positions=max_len)
         page = 16
         pages = -(-max_len // page)
@@ -144,12 +152,15 @@ class DecodeStep:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
 
-def bench_step(shape: str, device: torch.device, args) -> dict:
-    step = DecodeStep(shape, device, args.ctx, args.max_len, 2 if args.smoke else None)
-    result: dict[str, Any] = {"shape": shape, "weight_gb": step.weight_bytes() / 1e9,
+def bench_step(shape: str, device: torch.device, args, quantization: str = "") -> dict:
+    step = DecodeStep(shape, device, args.ctx, args.max_len, 2 if args.smoke else None,
+                      quantization)
+    label = f"{shape} {quantization}".strip()
+    result: dict[str, Any] = {"shape": label, "weight_gb": step.weight_bytes() / 1e9,
                               "ctx": args.ctx, "max_len": args.max_len, "variants": {}}
     answers = {}
-    for name in VARIANTS:
+    # the unfused variants take the bf16 kernels out; FP8 projections have only fused ones
+    for name in VARIANTS if not quantization else ("fused", "fused+pdl"):
         with variant(name):
             if device.type != "cuda":
                 start = time.perf_counter()
@@ -270,6 +281,69 @@ def bench_linear(shape: str, device: torch.device, args) -> list[dict]:
     return rows_out
 
 
+def bench_fp8_linear(shape: str, device: torch.device, args) -> list[dict]:
+    """The FP8 skinny kernel at one row per projection: its default tiling, the sweep, and
+    the bf16 skinny default on the same shape (GB/s of the bytes each reads)."""
+    from services.common.quantization import ONLINE_FP8
+    from services.engine.kernels import fp8_layers
+    from services.engine.kernels.skinny_linear import LinearPlan
+    from services.engine.model.fp8 import Fp8Weight, quantize_rows
+
+    rows_out = []
+    for name, n, k, kind in linear_cases(shape):
+        if kind == "logits":
+            continue                                   # the lm_head stays bf16
+        sets = max(1, min(16, -(-3 * L2_BYTES // (n * k))))
+        dense = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
+                 for _ in range(sets)]
+        fp8 = [Fp8Weight(*quantize_rows(w), ONLINE_FP8) for w in dense]
+        case = LinearCase(device, n, k, kind, 1, dense)
+        norm = case.norm_w if case.normed else None
+        res, res_out = (case.res, case.res_out) if case.normed else (None, None)
+        act = "silu" if case.silu else None
+
+        def run_fp8(plan, case=case, fp8=fp8, norm=norm, res=res, res_out=res_out, act=act):
+            for w in fp8:
+                fp8_layers._skinny(case.x, res, norm, 1e-6, w, None, case.out, res_out, act,
+                                   plan)
+
+        bf16_s, _ = graph_time(lambda case=case: case.skinny(None), args.replays)
+        row: dict[str, Any] = {"shape": shape, "proj": name, "n": n, "k": k, "sets": sets,
+                               "bf16_default_us": bf16_s / sets * 1e6,
+                               "bf16_gb_s": n * k * 2 / (bf16_s / sets) / 1e9}
+        default = fp8_layers.skinny_plan(fp8[0], n // 2 if case.silu else n, 1, device,
+                                         case.silu)
+        plans = {default, *(LinearPlan(bn, bk, w) for bn, bk, w in args.plans),
+                 *(LinearPlan(bn, bk, w) for bn, bk, w in ((8, 1024, 4), (8, 2048, 8),
+                                                           (16, 2048, 8), (32, 1024, 8)))}
+        best: tuple[str, float] | None = None
+        for plan in sorted(plans, key=lambda p: (p.block_n, p.block_k, p.num_warps)):
+            try:
+                seconds, _ = graph_time(lambda plan=plan: run_fp8(plan), args.replays)
+            except Exception as exc:        # a tiling that does not compile or fit: skipped
+                print(f"    {shape} {name} {plan}: skipped, {exc!r:.160}", flush=True)
+                row[f"{plan.block_n}x{plan.block_k}w{plan.num_warps}"] = repr(exc)[:80]
+                continue
+            us = seconds / sets * 1e6
+            key = f"{plan.block_n}x{plan.block_k}w{plan.num_warps}"
+            row[key] = us
+            if plan == default:
+                row["default"] = us
+            if best is None or us < best[1]:
+                best = (key, us)
+        assert best is not None
+        row["best"], row["best_us"] = best
+        row["best_gb_s"] = n * k / (best[1] / 1e6) / 1e9
+        row["default_gb_s"] = n * k / (row["default"] / 1e6) / 1e9
+        rows_out.append(row)
+        print(f"  fp8 {shape} {name:8} bf16 skinny {row['bf16_default_us']:8.2f} us "
+              f"({row['bf16_gb_s']:5.0f} GB/s)  fp8 default {row['default']:8.2f} us "
+              f"({row['default_gb_s']:5.0f} GB/s)  best {best[0]} {best[1]:8.2f} us "
+              f"({row['best_gb_s']:5.0f} GB/s)", flush=True)
+        del dense, fp8
+    return rows_out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default="qwen3-0.6b,qwen3-8b")
@@ -292,14 +366,19 @@ def main() -> int:
         args.ctx, args.max_len, args.replays = 20, 64, 3
     sections = set(args.sections.split(","))
     report: dict[str, Any] = {"device": torch.cuda.get_device_name() if device.type == "cuda"
-                              else "cpu", "steps": [], "linear": []}
+                              else "cpu", "steps": [], "linear": [], "linear_fp8": []}
     for shape in args.shapes.split(","):
         if "step" in sections:
             result = bench_step(shape, device, args)
             report["steps"].append(result)
             torch.cuda.empty_cache() if device.type == "cuda" else None
+        if "step-fp8" in sections:
+            report["steps"].append(bench_step(shape, device, args, "fp8"))
+            torch.cuda.empty_cache() if device.type == "cuda" else None
         if "linear" in sections and device.type == "cuda":
             report["linear"] += bench_linear(shape, device, args)
+        if "linear-fp8" in sections and device.type == "cuda":
+            report["linear_fp8"] += bench_fp8_linear(shape, device, args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "decode_step.json").write_text(json.dumps(report, indent=2))
