@@ -73,7 +73,8 @@ def test_gemma3_fp8_answers(gemma3_gguf) -> None:
         text = f"{QUESTION}\n{ANSWER_START}"
         return [2, *tokenizer.encode(text, add_special_tokens=False).ids]
 
-    for answer in _answers(gemma3_gguf, completion, 3):
+    # one chunking: Gemma's " Paris" has p ~ 0.7 in each (0.66-0.76 measured at 64, 8 and 1)
+    for answer in _answers(gemma3_gguf, completion, 3, chunk_sizes=(64,)):
         assert answer.startswith(" Paris"), answer
 
 
