@@ -35,6 +35,17 @@ class Wrong:
         return tuple((t + 1) % VOCAB for t in self.reference[done:done + min(4, limit)])
 
 
+def _two_frames(scheduler, runner) -> dict:
+    """Drive to idle with a window of two (the engine loop's two-frame overlap)."""
+    from tests.engine.fakes import run_step_two_frames
+
+    outputs: dict = {}
+    while scheduler.has_work:
+        _, updates = run_step_two_frames(scheduler, runner)
+        collect(outputs, updates)
+    return outputs
+
+
 def _drafted(runner) -> list:
     return [s for step in runner.steps for s in step.seqs if s.draft_token_ids]
 
@@ -179,8 +190,6 @@ def test_a_stop_inside_a_verified_run_keeps_no_terminal_state():
 def test_a_choice_without_proposals_keeps_overlapping():
     """Under two-frame overlap, a choice whose proposer finds nothing decodes behind its
     in-flight step; a due probe that finds nothing does not stop that for good."""
-    from tests.engine.fakes import run_step_two_frames
-
     class Nothing:
         num_tokens = 4
         source = COPY
@@ -191,10 +200,7 @@ def test_a_choice_without_proposals_keeps_overlapping():
     prompt = prompt_of(11, salt=6)
     scheduler, runner = make_engine(proposer=Nothing(), overlap=True)
     scheduler.admit(request("a", prompt, 120))
-    outputs: dict = {}
-    while scheduler.has_work:
-        _, updates = run_step_two_frames(scheduler, runner)
-        collect(outputs, updates)
+    outputs = _two_frames(scheduler, runner)
     assert outputs["a"][0] == reference_tokens(prompt, 120, vocab=VOCAB)
     followers = [i for i, step in enumerate(runner.steps)
                  if any(s.feeds_pending for s in step.seqs)]
@@ -232,18 +238,13 @@ def test_a_switched_off_choice_overlaps_until_its_next_probe():
     """Drafts the batch switch-off strips count as a zero width: under two-frame overlap the
     choice decodes behind its in-flight step until a probe is due (not waiting for its
     tokens every round to propose drafts that are stripped again)."""
-    from tests.engine.fakes import run_step_two_frames
-
     prompt = prompt_of(12, salt=7)
     scheduler, runner = make_engine(proposer=Oracle(prompt, 120, k=4), overlap=True,
                                     cost_model=True)
     _costly_verification(scheduler, 1, 20.0, time.monotonic())
     scheduler.state.costs.stale_after_s = 1e9
     scheduler.admit(request("a", prompt, 120))
-    outputs: dict = {}
-    while scheduler.has_work:
-        _, updates = run_step_two_frames(scheduler, runner)
-        collect(outputs, updates)
+    outputs = _two_frames(scheduler, runner)
     assert outputs["a"][0] == reference_tokens(prompt, 120, vocab=VOCAB)
     assert not _drafted(runner)                              # every round switched off
     switched = scheduler.state.counters.speculation_off
@@ -274,8 +275,6 @@ def test_a_batch_switched_off_keeps_every_choice_in_step():
     large (a probe waits for its in-flight step and skips one step: 1 in 17 of each
     choice's steps), until the verification estimate goes stale and one round measures it
     again."""
-    from tests.engine.fakes import run_step_two_frames
-
     prompts = [prompt_of(12, salt=40 + i) for i in range(4)]
     scheduler, runner = make_engine(proposer=Both(*(Oracle(p, 100, k=3) for p in prompts)),
                                     overlap=True, cost_model=True)
@@ -283,10 +282,7 @@ def test_a_batch_switched_off_keeps_every_choice_in_step():
     scheduler.state.costs.stale_after_s = 1e9
     for i, prompt in enumerate(prompts):
         scheduler.admit(request(f"r{i}", prompt, 100))
-    outputs: dict = {}
-    while scheduler.has_work:
-        _, updates = run_step_two_frames(scheduler, runner)
-        collect(outputs, updates)
+    outputs = _two_frames(scheduler, runner)
     for i, prompt in enumerate(prompts):
         assert outputs[f"r{i}"][0] == reference_tokens(prompt, 100, vocab=VOCAB)
     assert not _drafted(runner)
