@@ -19,7 +19,8 @@ at each of the shape's projections (M = 1, 2, 4, 8 rows) against cuBLAS (+ the u
 and activation where the fused kernel replaces them), each call reading its weights from HBM
 (rotating weight sets larger than the L2). Prints tables; writes decode_step.json under --out.
 
-FP8 (issue 16: where the FP8 batch-1 time goes): `--sections step-fp8` times the same step
+`--batch B` runs the step sections with B sequences in the step (each at --ctx: decode at
+a batch, as C=64 serving decodes). FP8 (issue 16: where the FP8 time goes): `--sections step-fp8` times the same step
 with every decoder projection quantized online to e4m3 (`quantization: fp8`, per-row
 scales; the lm_head stays bf16) under the fused variants, with the kernel table under
 --profile; `--sections linear-fp8` sweeps the FP8 skinny kernel's tilings
@@ -116,7 +117,7 @@ class DecodeStep:
     """One sequence at context `ctx` in a KV cache sized for `max_len`, the graph's view."""
 
     def __init__(self, shape: str, device: torch.device, ctx: int, max_len: int,
-                 layers: int | None = None, quantization: str = "") -> None:
+                 layers: int | None = None, quantization: str = "", batch: int = 1) -> None:
         from services.engine.model import (
             ForwardBatch,
             ModelConfig,
@@ -131,17 +132,20 @@ class DecodeStep:
         self.config = ModelConfig.from_dict(config, quantization)
         self.model = load_dummy_model(self.config, device, torch.bfloat16, max_positions=max_len)
         page = 16
-        pages = -(-max_len // page)
-        self.kv = allocate_kv_cache(self.config, pages + 1, page, device, torch.bfloat16)
+        pages = -(-max_len // page)              # per sequence; page 0 is left unused
+        self.kv = allocate_kv_cache(self.config, batch * pages + 1, page, device,
+                                    torch.bfloat16)
+        table = torch.arange(1, batch * pages + 1, dtype=torch.int32,
+                             device=device).view(batch, pages)
         self.meta = AttentionMetadata(
-            query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=device),
-            seq_lens=torch.tensor([ctx], dtype=torch.int32, device=device),
-            page_table=torch.arange(1, pages + 1, dtype=torch.int32, device=device)[None],
-            slot_mapping=torch.tensor([page + ctx - 1], dtype=torch.int64, device=device),
+            query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
+            seq_lens=torch.full((batch,), ctx, dtype=torch.int32, device=device),
+            page_table=table,
+            slot_mapping=(table[:, (ctx - 1) // page].long() * page + (ctx - 1) % page),
             max_query_len=1, max_seq_len=max_len)
-        self.ids = torch.tensor([7], dtype=torch.int64, device=device)
-        self.positions = torch.tensor([ctx - 1], dtype=torch.int64, device=device)
-        self.out = torch.zeros(1, dtype=torch.int64, device=device)
+        self.ids = torch.full((batch,), 7, dtype=torch.int64, device=device)
+        self.positions = torch.full((batch,), ctx - 1, dtype=torch.int64, device=device)
+        self.out = torch.zeros(batch, dtype=torch.int64, device=device)
         self.batch = ForwardBatch(self.ids, self.positions, self.meta)
 
     def __call__(self) -> None:
@@ -154,8 +158,9 @@ class DecodeStep:
 
 def bench_step(shape: str, device: torch.device, args, quantization: str = "") -> dict:
     step = DecodeStep(shape, device, args.ctx, args.max_len, 2 if args.smoke else None,
-                      quantization)
-    label = f"{shape} {quantization}".strip()
+                      quantization, args.batch)
+    label = " ".join(x for x in (shape, quantization, f"b{args.batch}" if args.batch > 1
+                                 else "") if x)
     result: dict[str, Any] = {"shape": label, "weight_gb": step.weight_bytes() / 1e9,
                               "ctx": args.ctx, "max_len": args.max_len, "variants": {}}
     answers = {}
@@ -169,8 +174,8 @@ def bench_step(shape: str, device: torch.device, args, quantization: str = "") -
                 continue
             seconds, graph = graph_time(step, args.replays)
             kernels, top = profile_graph(graph) if args.profile else (0, [])
-            answers[name] = int(step.out.item())
-            result["variants"][name] = {"ms": seconds * 1e3, "tok_s": 1 / seconds,
+            answers[name] = tuple(step.out.tolist())
+            result["variants"][name] = {"ms": seconds * 1e3, "tok_s": args.batch / seconds,
                                         "kernels": kernels, "top": top[:args.top]}
             del graph
     result["same_token"] = len(set(answers.values())) <= 1
@@ -349,6 +354,8 @@ def main() -> int:
     parser.add_argument("--shapes", default="qwen3-0.6b,qwen3-8b")
     parser.add_argument("--ctx", type=int, default=384, help="the sequence's context length")
     parser.add_argument("--max-len", type=int, default=1024, help="the graph's max_seq_len")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="sequences in the step sections' decode step (each at --ctx)")
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--profile", action="store_true", help="torch.profiler kernel tables")
     parser.add_argument("--top", type=int, default=14)
