@@ -44,6 +44,10 @@ from services.engine.scheduler.plan import Step
 
 log = logging.getLogger(__name__)
 
+# verification graphs of every width are captured at start-up up to this capacity, only the
+# widest above it (capture_startup)
+EXACT_WIDTHS_UP_TO = 8
+
 
 def capacities(max_batch: int) -> tuple[int, ...]:
     """Power-of-two capacities 1, 2, 4 ... up to max_batch rounded up to a power of two."""
@@ -119,12 +123,33 @@ class DecodeGraphs:
                                 verify_cells(capacity, width, self.page_size))
         return GraphPacking(capacity, self.pads)
 
-    def capture_startup(self) -> None:
-        """Capture the greedy, no-logprobs graphs, largest capacity first."""
+    def capture_startup(self, verify_width: int = 1) -> None:
+        """Capture the greedy, no-logprobs graphs, largest capacity first; with speculation
+        (`verify_width` = 1 + the drafts a sequence may verify) also the greedy verification
+        graphs: every width at the capacities up to EXACT_WIDTHS_UP_TO (where speculation
+        pays and a verification's rows cost little), the widest above, so that no greedy
+        verification captures while serving (`verify_width_for`)."""
         if not self.is_cuda:
             return
         for capacity in reversed(self.capacities):
             self._capture(capacity, SamplingMode.GREEDY, False, False)
+        if verify_width < 2:
+            return
+        for capacity in reversed(self.capacities):
+            widths = range(2, verify_width + 1) if capacity <= EXACT_WIDTHS_UP_TO else \
+                (verify_width,)
+            for width in widths:
+                if capacity * width <= self.frames.limits.tokens:
+                    self._capture(capacity, SamplingMode.GREEDY, False, False, width)
+
+    def verify_width_for(self, capacity: int, width: int, mode: SamplingMode, logprobs: bool,
+                         grammar: bool) -> int:
+        """The width of the graph a verification of `width` rows runs in: the narrowest
+        captured one at least that wide for the capacity and mode (a wider graph serves
+        every mix of narrower rows), else `width` itself (captured on first use)."""
+        captured = [w for (c, w, m, lp, g) in (self.graphs or {})
+                    if c == capacity and w >= width and (m, lp, g) == (mode, logprobs, grammar)]
+        return min(captured, default=width)
 
     def replay(self, packed: PackedStep, capacity: int, mode: SamplingMode, logprobs: bool,
                grammar: bool = False, width: int = 1) -> bool:

@@ -57,7 +57,13 @@ from services.engine.runner.layout import StepLayout, layout_step, verified_toke
 from services.engine.runner.page_tables import PageTableMirror
 from services.engine.runner.scoring import StepScores, score_step
 from services.engine.runner.slot_sampler import SampleOutputs
-from services.engine.runner.slot_state import FLOAT_FIELDS, INT_FIELDS, SlotInfo, SlotState
+from services.engine.runner.slot_state import (
+    FLOAT_FIELDS,
+    INT_FIELDS,
+    SamplingMode,
+    SlotInfo,
+    SlotState,
+)
 from services.engine.runner.snapshots import SnapshotStore
 from services.engine.runner.step_body import StepBody
 from services.engine.runner.step_inputs import GraphPads, StepInputs, StepLimits
@@ -157,7 +163,7 @@ class GraphRunner:
         warm_up_eager(self.model, self.kv, max_tokens=self.config.max_num_batched_tokens,
                       max_seqs=self.config.num_slots, max_model_len=self.config.max_model_len)
         with torch.inference_mode():
-            self.graphs.capture_startup()
+            self.graphs.capture_startup(self.width)
 
     # -- the interface ----------------------------------------------------------------------
     @property
@@ -238,7 +244,7 @@ class GraphRunner:
         grammar = bool(bitmasks)
         layout = layout_step(step, self.page_size)
         sampled = tuple(layout.sample_seqs)
-        graph = self._graph_shape(step)
+        graph = self._graph_shape(step, mode, logprobs, grammar)
         values = StepInputs.empty()
         offsets = graph_offsets(step, layout, self._multimodal) \
             if self.mrope and graph is not None else None
@@ -311,32 +317,33 @@ class GraphRunner:
                 rows.append((seq.handle.slot, mask))
         return rows
 
-    def _graph_shape(self, step: Step) -> GraphPacking | None:
+    def _graph_shape(self, step: Step, mode: SamplingMode, logprobs: bool,
+                     grammar: bool) -> GraphPacking | None:
         """The graph that serves `step` (its packing), or None (run it eagerly)."""
         if any(seq.max_emit > 1 for seq in step.seqs):
-            return self._verify_graph(step)
+            return self._verify_graph(step, mode, logprobs, grammar)
         capacity = self._graph_capacity(step)
         return self.graphs.packing(capacity) if capacity is not None else None
 
-    def _verify_graph(self, step: Step) -> GraphPacking | None:
+    def _verify_graph(self, step: Step, mode: SamplingMode, logprobs: bool,
+                      grammar: bool) -> GraphPacking | None:
         """The verification graph for `step`: every sequence feeds and samples all of its
         rows (a verification's pending token and drafts, or one decode token), at most the
-        graph's page-table entries each; None: run it eagerly."""
+        graph's page-table entries each; None: run it eagerly. The graph is the narrowest
+        captured one at least the step's width (DecodeGraphs.verify_width_for)."""
         graphs = self.graphs
-        if not graphs.capacities:
+        if not graphs.capacities or len(step.seqs) > graphs.max_capacity:
             return None
-        width = step.width
+        capacity = graphs.capacity_for(len(step.seqs))
+        if capacity is None or capacity * step.width > self.frames.limits.tokens:
+            return None
+        width = graphs.verify_width_for(capacity, step.width, mode, logprobs, grammar)
         cells = verify_cells(1, width, self.page_size)
         for seq in step.seqs:
             if (seq.scores or not seq.token_ids or seq.max_emit != len(seq.token_ids) or
                     seq.restore is not None or seq.capture is not None or
                     self.mirror.pending(seq.handle, seq.page_ids) > cells):
                 return None
-        if len(step.seqs) > graphs.max_capacity:
-            return None
-        capacity = graphs.capacity_for(len(step.seqs))
-        if capacity is None or capacity * width > self.frames.limits.tokens:
-            return None
         return graphs.packing(capacity, width)
 
     def _graph_capacity(self, step: Step) -> int | None:

@@ -272,3 +272,49 @@ def test_drafts_under_a_grammar(source, kind):
     kept = {drafts for _, drafts in verified}
     # some proposals held a draft the grammar rejected: they were cut short (or dropped)
     assert any(drafts not in kept for _, drafts in proposer.proposed)
+
+
+@pytest.mark.parametrize("kind", ["graph", "overlap"])
+@pytest.mark.parametrize("wrong_every", [0, 3])
+def test_verifications_in_the_widest_graph_equal_plain_decoding(source, plain, kind,
+                                                                 wrong_every, monkeypatch):
+    """A verification packed into a wider graph than its rows (what a start-up capture of
+    the widest verification graph serves: DecodeGraphs.verify_width_for) gives the plain
+    output: sequences narrower than the graph leave padding rows."""
+    from services.engine.runner.decode_graphs import DecodeGraphs
+
+    widths = []
+
+    def widest(self, capacity, width, mode, logprobs, grammar):
+        widths.append(width)
+        return 1 + SPECULATIVE["num_speculative_tokens"]
+
+    monkeypatch.setattr(DecodeGraphs, "verify_width_for", widest)
+    expected = {r.prompt_token_ids: plain[r.request_id][0] for r in _requests()}
+    engine = _engine(source, kind, Continuations(expected, wrong_every=wrong_every, k=2))
+    spec = _drive(engine, _requests())
+    assert {rid: v[0] for rid, v in spec.items()} == {rid: v[0] for rid, v in plain.items()}
+    for rid, (_, logprobs, _) in plain.items():
+        assert max((abs(a - b) for a, b in zip(spec[rid][1], logprobs, strict=True)),
+                   default=0.0) < 1e-4, rid
+    assert engine.runner.verify_graph_steps > 0 and widths and max(widths) <= 3
+
+
+def test_the_narrowest_captured_verification_width_serves_a_step():
+    from services.engine.runner.decode_graphs import DecodeGraphs
+    from services.engine.runner.slot_state import SamplingMode
+
+    graphs = DecodeGraphs.__new__(DecodeGraphs)
+    greedy, sampled = SamplingMode.GREEDY, SamplingMode.RANDOM
+    graphs.graphs = {(1, 3, greedy, False, False): None, (1, 5, greedy, False, False): None,
+                     (4, 5, greedy, False, False): None, (1, 2, sampled, False, False): None}
+    pick = graphs.verify_width_for
+    assert pick(1, 2, greedy, False, False) == 3
+    assert pick(1, 4, greedy, False, False) == 5
+    assert pick(4, 2, greedy, False, False) == 5
+    assert pick(2, 2, greedy, False, False) == 2            # none at that capacity: its own
+    assert pick(1, 2, sampled, False, False) == 2
+    assert pick(1, 3, sampled, False, False) == 3            # narrower ones never serve
+    assert pick(1, 2, greedy, True, False) == 2              # logprobs: another graph
+    graphs.graphs = None
+    assert pick(1, 4, greedy, False, False) == 4             # the CPU: no graphs
