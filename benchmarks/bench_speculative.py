@@ -251,7 +251,11 @@ def _row(name: str, engine, tokens: dict[str, list[int]], decode_s: float, base_
            "mean_width": round(counters.spec_depth / rounds, 3) if rounds else None,
            "verify_steps": counters.spec_verify_steps,
            "switched_off": counters.speculation_off,
-           "verify_graph_steps": getattr(engine.runner, "verify_graph_steps", 0)}
+           "verify_graph_steps": getattr(engine.runner, "verify_graph_steps", 0),
+           # the cost model's measured device ms per step shape (the policy's inputs)
+           "step_ms": {f"{kind} {label}": round(1e3 * stats.estimate_s(), 3)
+                       for (kind, label), stats in engine.scheduler.state.costs.shapes.items()
+                       if kind in ("decode", "verify") and stats.estimate_s() is not None}}
     row.update(extra)
     print(json.dumps(row), flush=True)      # as it comes (a run cut off keeps its rows)
     return row
