@@ -262,17 +262,23 @@ def wants_drafts(state: SchedulerState, seq: Sequence) -> bool:
 
 
 def batch_switched_off(state: SchedulerState) -> bool:
-    """Whether the last batch switch-off still holds: as many choices are resident as the
-    batch it stripped had decoding (a batch that size verifies at a loss whatever its
-    requests accept, so no choice probes), until that verification's estimate goes stale
-    (then one round proposes, and is measured again: worth_verifying)."""
+    """Whether the last batch switch-off still holds: the resident choices fill the batch
+    capacity the stripped batch had (the cost model's shape bucket: a batch that size
+    verifies at a loss whatever its requests accept, so no choice probes; requests finishing
+    and arriving inside the bucket do not end it), until that verification's estimate goes
+    stale (then one round proposes, and is measured again: worth_verifying)."""
     off = state.speculation_off_at
     if off is None:
         return False
-    if len(state.running) < off[0]:
+    if _capacity(len(state.running)) < _capacity(off[0]):
         state.speculation_off_at = None           # a smaller batch: per-request widths
         return False
     return not state.costs.is_stale("verify", verify_label(*off), time.monotonic())
+
+
+def _capacity(num_seqs: int) -> int:
+    """The power-of-two batch capacity of `num_seqs` (as shape labels bucket them)."""
+    return 1 << max(0, num_seqs - 1).bit_length()
 
 
 def _row_cost(state: SchedulerState, num_seqs: int) -> float:
