@@ -1,6 +1,9 @@
 """A prepared image: identity, geometry and tensors, and its byte form for the cache tiers.
 
-Tensors are numpy arrays, little-endian and C-ordered, exactly the bytes `FetchPixels` ships:
+Tensors are numpy arrays, little-endian and C-ordered, exactly the bytes `FetchPixels` ships.
+`pixel_values` is not stored: the image keeps its resized uint8 pixels (`PixelPatches`, an
+eighth of the bytes) and computes it on demand (`tensors`, or by rows of merge blocks for
+FetchPixels' chunks); the others are `stored`:
 
 | name               | shape              | dtype   | what                                          |
 |--------------------|--------------------|---------|-----------------------------------------------|
@@ -11,9 +14,11 @@ Tensors are numpy arrays, little-endian and C-ordered, exactly the bytes `FetchP
 | `interp_weights`   | [N, 4]             | float32 | bilinear weights of those taps                |
 | `cu_patches`       | [2]                | int32   | cumulative patch offsets (0, N)               |
 
-`encode_record` / `decode_record` give one self-describing blob per image (magic, JSON header,
-CRC-32 of the payload, raw tensor bytes) that the disk and Redis tiers store; decoding is
-zero-copy (arrays view the blob) and refuses a corrupt or foreign blob.
+`encode_record` / `decode_record` give one self-describing blob per image (magic, JSON header
+with the patch constants, CRC-32 of the payload, raw tensor bytes: the stored tensors and the
+uint8 pixels) that the disk and Redis tiers store; decoding is zero-copy (arrays view the blob)
+and refuses a corrupt or foreign blob (records of the float32 format before, HELIOSIMG1, too:
+those images are prepared again).
 """
 
 from __future__ import annotations
@@ -25,10 +30,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.imageprep.patches import PixelPatches
+
 TENSOR_ORDER = ("pixel_values", "grid_thw", "vision_positions", "interp_indices",
                 "interp_weights", "cu_patches")
-_DTYPES: dict[str, np.dtype] = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8"), "int32": np.dtype("<i4")}
-_MAGIC = b"HELIOSIMG1\n"
+_DTYPES: dict[str, np.dtype] = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8"),
+                                "int32": np.dtype("<i4"), "uint8": np.dtype("u1")}
+_MAGIC = b"HELIOSIMG2\n"
+_PIXELS = "pixels_hwc"      # the record's uint8 pixels
 _LEN = struct.Struct("<I")
 
 
@@ -64,18 +73,28 @@ class PreparedImage:
     identity: bytes                       # 32-byte semantic identity
     profile: str
     geometry: ImageGeometry
-    tensors: dict[str, np.ndarray]        # name -> array, in TENSOR_ORDER (absent ones omitted)
+    stored: dict[str, np.ndarray]         # every tensor but pixel_values (absent ones omitted)
+    pixels: PixelPatches                  # pixel_values, computed on demand
 
     @property
     def pixel_bytes(self) -> int:
-        return int(self.tensors["pixel_values"].nbytes)
+        """pixel_values' float32 bytes (what FetchPixels ships as float32)."""
+        return self.pixels.nbytes
 
     @property
     def nbytes(self) -> int:
-        return sum(int(a.nbytes) for a in self.tensors.values())
+        """The bytes the image holds (retention's accounting)."""
+        return sum(int(a.nbytes) for a in self.stored.values()) + int(self.pixels.pixels.nbytes)
+
+    @property
+    def tensors(self) -> dict[str, np.ndarray]:
+        """Every tensor by name in TENSOR_ORDER, pixel_values computed (whole: tests, tools;
+        FetchPixels computes it by chunks)."""
+        computed = {"pixel_values": self.pixels.values(), **self.stored}
+        return {name: computed[name] for name in TENSOR_ORDER if name in computed}
 
     def named_tensors(self) -> list[tuple[str, np.ndarray]]:
-        return [(name, self.tensors[name]) for name in TENSOR_ORDER if name in self.tensors]
+        return list(self.tensors.items())
 
 
 def dtype_name(array: np.ndarray) -> str:
@@ -90,7 +109,8 @@ def encode_record(image: PreparedImage) -> bytes:
     tensors = []
     chunks: list[bytes | memoryview] = []
     offset = 0
-    for name, array in image.named_tensors():
+    stored = [(name, image.stored[name]) for name in TENSOR_ORDER if name in image.stored]
+    for name, array in [*stored, (_PIXELS, image.pixels.pixels)]:
         data = np.ascontiguousarray(array).data.cast("B")
         tensors.append({"name": name, "dtype": dtype_name(array), "shape": list(array.shape),
                         "offset": offset, "nbytes": data.nbytes})
@@ -104,6 +124,9 @@ def encode_record(image: PreparedImage) -> bytes:
         "geometry": [image.geometry.height, image.geometry.width, image.geometry.grid_t,
                      image.geometry.grid_h, image.geometry.grid_w, image.geometry.merge_size],
         "tensors": tensors, "payload_bytes": offset, "crc32": crc,
+        "patches": {"patch_size": image.pixels.patch_size,
+                    "merge_size": image.pixels.merge_size, "temporal": image.pixels.temporal,
+                    "mean": list(image.pixels.mean), "std": list(image.pixels.std)},
     }, separators=(",", ":")).encode()
     return b"".join([_MAGIC, _LEN.pack(len(header)), header, *chunks])
 
@@ -130,7 +153,12 @@ def decode_record(blob: bytes | memoryview) -> PreparedImage:
             tensors[spec["name"]] = np.frombuffer(raw, dtype=dtype).reshape(spec["shape"])
         identity = bytes.fromhex(header["identity"])
         geometry = ImageGeometry(*(int(v) for v in header["geometry"]))
-        return PreparedImage(identity, str(header["profile"]), geometry, tensors)
+        spec = header["patches"]
+        pixels = PixelPatches(tensors.pop(_PIXELS), int(spec["patch_size"]),
+                              int(spec["merge_size"]), int(spec["temporal"]),
+                              tuple(float(v) for v in spec["mean"]),  # type: ignore[arg-type]
+                              tuple(float(v) for v in spec["std"]))   # type: ignore[arg-type]
+        return PreparedImage(identity, str(header["profile"]), geometry, tensors, pixels)
     except CorruptRecord:
         raise
     except (ValueError, KeyError, TypeError, struct.error) as exc:

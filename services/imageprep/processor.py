@@ -1,7 +1,8 @@
 """The image processor: upright RGB pixels + settings -> a PreparedImage.
 
-    decoded RGB8 --smart_resize/resize_rgb--> resized RGB8 --patch_order--> uint8 patches
-        --normalize--> float32 --temporal copies--> pixel_values [N, C*T*P*P]
+    decoded RGB8 --smart_resize/resize_rgb--> resized RGB8 (kept: PixelPatches)
+        --patch_order--> uint8 patches --normalize--> float32 --temporal copies-->
+        pixel_values [N, C*T*P*P] (computed on demand, by chunks for FetchPixels)
     grid --vision_positions--> [N, 2] --table_interpolation--> indices/weights [N, 4]
 
 Every step is a pure function of its inputs (see resize.py, patches.py, positions.py); this
@@ -15,7 +16,7 @@ import torch
 
 from services.imageprep.decode import DecodedImage
 from services.imageprep.identity import semantic_identity
-from services.imageprep.patches import pixel_values
+from services.imageprep.patches import PixelPatches
 from services.imageprep.positions import table_interpolation, vision_positions
 from services.imageprep.prepared import ImageGeometry, PreparedImage
 from services.imageprep.profiles import ProcessorSettings
@@ -44,7 +45,6 @@ def process_image(decoded: DecodedImage, settings: ProcessorSettings) -> Prepare
     resized = resized_pixels(decoded.rgb, geometry)
     positions = vision_positions(geometry)
     tensors: dict[str, np.ndarray] = {
-        "pixel_values": pixel_values(resized, settings).numpy(),
         "grid_thw": np.array([[geometry.grid_t, geometry.grid_h, geometry.grid_w]],
                              dtype=np.int64),
         "vision_positions": positions.numpy(),
@@ -55,4 +55,5 @@ def process_image(decoded: DecodedImage, settings: ProcessorSettings) -> Prepare
         tensors["interp_weights"] = weights.numpy()
     tensors["cu_patches"] = np.array([0, geometry.num_patches], dtype=np.int32)
     return PreparedImage(identity=semantic_identity(decoded.rgb, settings),
-                         profile=settings.profile, geometry=geometry, tensors=tensors)
+                         profile=settings.profile, geometry=geometry, stored=tensors,
+                         pixels=PixelPatches.from_resized(resized, settings))

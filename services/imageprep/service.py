@@ -7,9 +7,10 @@ loop. A failing image fails the request with its index in `param` (images[i]).
 
 FetchPixels: identities -> retained PreparedImages (memory on the loop, disk/Redis on a fetch
 thread) -> TensorChunks of at most `fetch_chunk_bytes`, every unknown identity refused before the
-first chunk is sent. Chunks view the retained arrays (no copy until the wire encoding); a caller
-asking for bfloat16 pixel_values gets each chunk converted as it is sent, on a fetch thread, so
-the conversion never blocks the event loop.
+first chunk is sent. pixel_values is computed as it is sent, by rows of merge blocks, from the
+retained uint8 pixels (patches.PixelPatches), in float32 or, when the caller asks, bfloat16 (each
+chunk cast by torch on the CPU), on a fetch thread: never on the event loop. The other
+tensors' chunks view the retained arrays (no copy until the wire encoding).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from services.common.errors import (
     UnavailableError,
     ValidationError,
 )
-from services.imageprep.bfloat16 import to_bfloat16_bits
 from services.imageprep.cache.retention import RetentionCache
 from services.imageprep.config import ImagePrepConfig
 from services.imageprep.decode import DecodeLimits
@@ -38,7 +38,7 @@ from services.imageprep.expansion import expand_prompt
 from services.imageprep.identity import IDENTITY_BYTES
 from services.imageprep.metrics import ImagePrepMetrics
 from services.imageprep.model_profile import ProfileResolver
-from services.imageprep.prepared import PreparedImage, dtype_name
+from services.imageprep.prepared import TENSOR_ORDER, PreparedImage, dtype_name
 from services.imageprep.preparer import ImagePreparer, Prepared
 from services.imageprep.requests import (
     ImageDescriptor,
@@ -77,6 +77,24 @@ def _at_image(error: HeliosError, index: int) -> HeliosError:
 
 def _next_or_none(chunks: Iterator[TensorChunk]) -> TensorChunk | None:
     return next(chunks, None)
+
+
+def _pixel_chunks(image: PreparedImage, pixel_dtype: str, size: int) -> Iterator[TensorChunk]:
+    """pixel_values of `image` in `pixel_dtype`, computed by groups of merge-block rows of at
+    most `size` bytes (one row at least, sent in pieces of at most `size` when it is larger)."""
+    pixels = image.pixels
+    itemsize = 2 if pixel_dtype == BFLOAT16 else 4
+    row_bytes = pixels.patches_per_block_row * pixels.shape[1] * itemsize
+    per_group = max(1, size // row_bytes)
+    for first in range(0, pixels.block_rows, per_group):
+        last = min(first + per_group, pixels.block_rows)
+        data = pixels.values(first, last, bfloat16=pixel_dtype == BFLOAT16).data.cast("B")
+        start = first * row_bytes
+        for offset in range(0, data.nbytes, size):
+            end = min(offset + size, data.nbytes)
+            yield TensorChunk(identity=image.identity, tensor="pixel_values", dtype=pixel_dtype,
+                              shape=pixels.shape, offset=start + offset, data=data[offset:end],
+                              last=last >= pixels.block_rows and end >= data.nbytes)
 
 
 class ImagePrepService:
@@ -208,15 +226,16 @@ class ImagePrepService:
 
     def chunks(self, images: Sequence[PreparedImage], pixel_dtype: str = FLOAT32
                ) -> Iterator[TensorChunk]:
-        """The tensors of `images` in chunks of at most fetch_chunk_bytes; pixel_values in
-        `pixel_dtype` (bfloat16: converted chunk by chunk, here, as the iterator advances)."""
+        """The tensors of `images` in chunks of at most fetch_chunk_bytes (pixel_values: at
+        least one row of merge blocks), pixel_values first, computed as the iterator advances
+        in `pixel_dtype`."""
         size = self.config.fetch_chunk_bytes
         for image in images:
-            for name, array in image.named_tensors():
-                if name == "pixel_values" and pixel_dtype == BFLOAT16:
-                    yield from self._bfloat16_chunks(image.identity, name, array, size)
+            yield from _pixel_chunks(image, pixel_dtype, size)
+            for name in TENSOR_ORDER:
+                if name not in image.stored:
                     continue
-                array = np.ascontiguousarray(array)
+                array = np.ascontiguousarray(image.stored[name])
                 data = array.data.cast("B")     # a view: chunks slice it without copying
                 total = data.nbytes
                 for offset in range(0, max(total, 1), size):
@@ -225,34 +244,18 @@ class ImagePrepService:
                                       dtype=dtype_name(array), shape=tuple(array.shape),
                                       offset=offset, data=data[offset:end], last=end >= total)
 
-    @staticmethod
-    def _bfloat16_chunks(identity: bytes, name: str, array: np.ndarray, size: int
-                         ) -> Iterator[TensorChunk]:
-        flat = np.ascontiguousarray(array).reshape(-1)
-        per_chunk = max(1, size // 2)           # bfloat16 elements in one chunk
-        for start in range(0, max(flat.size, 1), per_chunk):
-            end = min(start + per_chunk, flat.size)
-            bits = to_bfloat16_bits(flat[start:end])
-            yield TensorChunk(identity=identity, tensor=name, dtype=BFLOAT16,
-                              shape=tuple(array.shape), offset=2 * start,
-                              data=bits.data.cast("B"), last=end >= flat.size)
-
     async def stream(self, images: Sequence[PreparedImage], pixel_dtype: str = FLOAT32
                      ) -> AsyncIterator[TensorChunk]:
-        """`chunks` for the event loop: float32 chunks are views (made on the loop, at no
-        cost); bfloat16 ones are converted on a fetch thread, one chunk at a time."""
+        """`chunks` for the event loop: each chunk is made on a fetch thread (pixel_values'
+        are computed; the others' are views)."""
         chunks = self.chunks(images, pixel_dtype)
-        if pixel_dtype == FLOAT32:
-            for chunk in chunks:
-                yield chunk
-            return
         loop = asyncio.get_running_loop()
         while True:
-            converted: TensorChunk | None = await loop.run_in_executor(
+            chunk: TensorChunk | None = await loop.run_in_executor(
                 self._fetchers, _next_or_none, chunks)
-            if converted is None:
+            if chunk is None:
                 return
-            yield converted
+            yield chunk
 
     # -- Lifecycle ------------------------------------------------------------------------
 

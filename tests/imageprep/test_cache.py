@@ -41,6 +41,22 @@ def test_record_round_trip_is_exact(images):
         assert same(decode_record(encode_record(image)), image)
 
 
+def test_images_hold_and_records_carry_uint8_pixels(images):
+    """pixel_values is computed from the retained uint8 pixels: an image holds about an
+    eighth of its float32 bytes (retention counts that), its record carries the pixels, and
+    a record of the float32 format before (HELIOSIMG1) is refused (prepared again)."""
+    image = images[0]
+    pixel_values = image.tensors["pixel_values"]
+    assert image.pixel_bytes == pixel_values.nbytes
+    assert image.pixels.pixels.dtype == np.uint8
+    assert image.nbytes < pixel_values.nbytes / 4
+    blob = encode_record(image)
+    assert len(blob) < pixel_values.nbytes / 4
+    assert np.array_equal(decode_record(blob).tensors["pixel_values"], pixel_values)
+    with pytest.raises(CorruptRecord, match="not a prepared-image record"):
+        decode_record(b"HELIOSIMG1\n" + blob[len(b"HELIOSIMG2\n"):])
+
+
 def test_corrupt_records_are_refused(images):
     blob = bytearray(encode_record(images[0]))
     blob[-1] ^= 0xFF

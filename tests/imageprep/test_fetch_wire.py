@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from services.common.errors import ValidationError
 from services.common.pb import imageprep_pb2
@@ -12,8 +13,13 @@ from services.imageprep.convert import chunk_to_pb, chunk_to_wire
 from services.imageprep.requests import TensorChunk
 from services.imageprep.service import pixel_dtype_of
 from tests.imageprep.images import png
-from tests.imageprep.test_bfloat16 import torch_bits
 from tests.imageprep.test_service import make_service, request, url_image
+
+
+def torch_bits(values: np.ndarray) -> np.ndarray:
+    """torch's own CPU float32 -> bfloat16 cast, as bit patterns."""
+    converted = torch.from_numpy(np.ascontiguousarray(values)).to(torch.bfloat16)
+    return converted.view(torch.int16).numpy().view(np.uint16)
 
 
 @pytest.mark.parametrize("data, last, offset, shape", [
