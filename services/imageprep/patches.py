@@ -32,11 +32,10 @@ import torch
 from services.imageprep.profiles import ProcessorSettings
 
 
-def _patch_blocks(pixels: torch.Tensor, settings: ProcessorSettings) -> torch.Tensor:
+def _patch_blocks(pixels: torch.Tensor, p: int, m: int) -> torch.Tensor:
     """[1, C, H, W] -> a view [H/(PM), W/(PM), M, M, C, P, P]: (block row, block column, row
-    in block, column in block, channel, pixel row, pixel column)."""
+    in block, column in block, channel, pixel row, pixel column); P patch side, M merge."""
     height, width = pixels.shape[-2:]
-    p, m = settings.patch_size, settings.merge_size
     grid_h, grid_w = height // p, width // p
     if grid_h * p != height or grid_w * p != width or grid_h % m or grid_w % m:
         raise ValueError(f"{height}x{width} is not a multiple of patch x merge ({p * m})")
@@ -47,7 +46,7 @@ def _patch_blocks(pixels: torch.Tensor, settings: ProcessorSettings) -> torch.Te
 
 def patch_order(pixels: torch.Tensor, settings: ProcessorSettings) -> torch.Tensor:
     """[1, C, H, W] -> [N, C, P, P] (same dtype), patches in merge-block order."""
-    blocks = _patch_blocks(pixels, settings)
+    blocks = _patch_blocks(pixels, settings.patch_size, settings.merge_size)
     rows, cols, m, _, channels, p, _ = blocks.shape
     return blocks.reshape(rows * cols * m * m, channels, p, p)
 
@@ -80,8 +79,8 @@ def _normalised_patches(blocks: torch.Tensor, mean: torch.Tensor, std: torch.Ten
 def pixel_values(resized: torch.Tensor, settings: ProcessorSettings) -> torch.Tensor:
     """[1, 3, H, W] uint8 -> pixel_values [N, C*T*P*P] float32, N = (H/P) * (W/P)."""
     mean, std = _channel_stats(settings)
-    return _normalised_patches(_patch_blocks(resized, settings), mean, std,
-                               settings.temporal_patch_size)
+    blocks = _patch_blocks(resized, settings.patch_size, settings.merge_size)
+    return _normalised_patches(blocks, mean, std, settings.temporal_patch_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +130,10 @@ class PixelPatches:
         `bfloat16`: their bfloat16 bit patterns (int16), rounded by torch's CPU cast, which
         is what a bf16 vision tower's own cast of the float32 values would give."""
         last = self.block_rows if last_row is None else last_row
-        p, m = self.patch_size, self.merge_size
+        side = self.patch_size * self.merge_size
         chw = torch.from_numpy(self.pixels).permute(2, 0, 1)[None]      # channels-last view
-        rows = chw[:, :, first_row * p * m:last * p * m]
-        blocks = rows[0].unflatten(1, ((last - first_row), m, p)).unflatten(
-            4, (self.pixels.shape[1] // (p * m), m, p)).permute(1, 4, 2, 5, 0, 3, 6)
+        blocks = _patch_blocks(chw[:, :, first_row * side:last * side], self.patch_size,
+                               self.merge_size)
         mean = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
         std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
         values = _normalised_patches(blocks, mean, std, self.temporal)
