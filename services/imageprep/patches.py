@@ -24,6 +24,7 @@ Prepare, against 2 ms for the same work in warm buffers).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,7 +132,10 @@ class PixelPatches:
         is what a bf16 vision tower's own cast of the float32 values would give."""
         last = self.block_rows if last_row is None else last_row
         side = self.patch_size * self.merge_size
-        chw = torch.from_numpy(self.pixels).permute(2, 0, 1)[None]      # channels-last view
+        with warnings.catch_warnings():     # a record's pixels view its blob, read-only:
+            warnings.simplefilter("ignore", UserWarning)    # this tensor is only read
+            hwc = torch.from_numpy(self.pixels)
+        chw = hwc.permute(2, 0, 1)[None]                                 # channels-last view
         blocks = _patch_blocks(chw[:, :, first_row * side:last * side], self.patch_size,
                                self.merge_size)
         mean = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
