@@ -164,3 +164,27 @@ def test_exact_drafts_keep_verifying_with_the_cost_model(source):
     counters = engine.scheduler.state.counters
     assert counters.speculation_off == 0
     assert counters.spec_accepted_tokens >= 60, counters.spec_accepted_tokens
+
+
+def test_greedy_verification_graphs_are_captured_at_start_up(source):
+    """Every greedy verification width is captured at start-up at the small capacities (the
+    widest above), so greedy speculation captures nothing while serving."""
+    from services.engine.runner.decode_graphs import EXACT_WIDTHS_UP_TO
+    from services.engine.runner.slot_state import SamplingMode
+
+    plain = _drive(_engine(source, "cpu", runner="torch"), _requests()[:2])
+    expected = {r.prompt_token_ids: plain[r.request_id][0] for r in _requests()[:2]}
+    engine = _engine(source, "cuda", Continuations(expected, wrong_every=3), overlap="on")
+    graphs = engine.runner.graphs
+    width = 1 + SPECULATIVE["num_speculative_tokens"]
+    for capacity in graphs.capacities:
+        widths = range(2, width + 1) if capacity <= EXACT_WIDTHS_UP_TO else (width,)
+        for w in widths:
+            assert (capacity, w, SamplingMode.GREEDY, False, False) in graphs.graphs, (capacity, w)
+    captured, seconds = len(graphs.graphs), graphs.capture_seconds
+    greedy = [greedy_request(r.request_id, r.prompt_token_ids, 12) for r in _requests()[:2]]
+    out = _drive(engine, greedy)
+    assert engine.runner.verify_graph_steps > 0
+    assert (len(graphs.graphs), graphs.capture_seconds) == (captured, seconds)
+    assert {k: v[0] for k, v in out.items()} == {
+        k: v[0] for k, v in _drive(_engine(source, "cpu", runner="torch"), greedy).items()}
