@@ -35,7 +35,7 @@ from benchmarks.bench_imageprep import LIMITS, encode, photo  # noqa: E402
 from services.imageprep.decode import decode_image  # noqa: E402
 from services.imageprep.identity import semantic_identity, source_key  # noqa: E402
 from services.imageprep.jpeg_markers import inspect_jpeg  # noqa: E402
-from services.imageprep.patches import pixel_values  # noqa: E402
+from services.imageprep.patches import PixelPatches  # noqa: E402
 from services.imageprep.positions import table_interpolation, vision_positions  # noqa: E402
 from services.imageprep.processor import plan_geometry, process_image  # noqa: E402
 from services.imageprep.profiles import BUILTIN_PROFILES  # noqa: E402
@@ -79,7 +79,9 @@ def stage_rows(data: bytes, media_type: str, profile: str, repeats: int) -> dict
         "rgb_to_tensor": median_ms(lambda: rgb_to_tensor(decoded.rgb), repeats),
         "resize_rgb": median_ms(lambda: resize_rgb(tensor, geometry.height, geometry.width),
                                 repeats),
-        "pixel_values": median_ms(lambda: pixel_values(resized, settings), repeats),
+        # FetchPixels' work since pixel_values is computed per fetch (whole image here)
+        "pixel_values": median_ms(
+            lambda: PixelPatches.from_resized(resized, settings).values(), repeats),
         "vision_positions": median_ms(lambda: vision_positions(geometry), repeats),
     })
     if settings.position_table_side:

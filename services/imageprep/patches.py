@@ -77,13 +77,6 @@ def _normalised_patches(blocks: torch.Tensor, mean: torch.Tensor, std: torch.Ten
     return out.view(num_patches, channels * temporal * p * p)
 
 
-def pixel_values(resized: torch.Tensor, settings: ProcessorSettings) -> torch.Tensor:
-    """[1, 3, H, W] uint8 -> pixel_values [N, C*T*P*P] float32, N = (H/P) * (W/P)."""
-    mean, std = _channel_stats(settings)
-    blocks = _patch_blocks(resized, settings.patch_size, settings.merge_size)
-    return _normalised_patches(blocks, mean, std, settings.temporal_patch_size)
-
-
 @dataclass(frozen=True, slots=True)
 class PixelPatches:
     """One image's pixel_values, kept as its resized uint8 pixels (module docstring)."""

@@ -7,6 +7,7 @@ import dataclasses
 import math
 import time
 
+from services.engine.scheduler.costs import capacity
 from services.engine.scheduler.plan import Completion, SeqResult, SeqStep, Step, check
 from services.engine.scheduler.publication import begin_terminal_capture, publish
 from services.engine.scheduler.requests import (
@@ -220,9 +221,8 @@ def finish(state: SchedulerState, seq: Sequence, reason: FinishReason | None) ->
 
 
 def observe_duration(state: SchedulerState, step: Step, completion: Completion) -> None:
-    batch = 1 << max(0, len(step.seqs) - 1).bit_length()
-    tokens = batch * step.width if step.kind == "verify" else \
-        1 << max(0, step.num_tokens - 1).bit_length()
+    batch = capacity(len(step.seqs))
+    tokens = batch * step.width if step.kind == "verify" else capacity(step.num_tokens)
     state.costs.observe(kind=step.kind, label=step.label, batch_capacity=batch,
                         token_capacity=tokens, num_requests=len(step.seqs),
                         duration_s=completion.duration_s, now=time.monotonic())

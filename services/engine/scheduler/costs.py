@@ -75,10 +75,14 @@ class DurationEstimator:
         return stats is None or not stats.recent or stats.is_stale(now, self.stale_after_s)
 
 
+def capacity(count: int) -> int:
+    """The power-of-two capacity that holds `count` (batches and tokens bucket by it)."""
+    return 1 << max(0, count - 1).bit_length()
+
+
 def shape_label(num_seqs: int, num_tokens: int) -> str:
     """A step's capacity label (as `Step.label`): b<batch capacity> t<token capacity>."""
-    batch = 1 << max(0, num_seqs - 1).bit_length()
-    tokens = 1 << max(0, num_tokens - 1).bit_length()
+    batch, tokens = capacity(num_seqs), capacity(num_tokens)
     return f"b{batch} t{tokens}"
 
 
@@ -89,10 +93,10 @@ def chunk_budget(costs: DurationEstimator, *, num_seqs: int, num_outputs: int, n
     power-of-two token capacity, whichever does the most useful work per estimated second."""
     kind = "mixed" if num_tokens else "prefill"
     candidates: list[int] = []
-    capacity = 1 << max(0, num_tokens + min_chunk - 1).bit_length()
-    while capacity - num_tokens < budget:
-        candidates.append(capacity - num_tokens)
-        capacity *= 2
+    size = capacity(num_tokens + min_chunk)
+    while size - num_tokens < budget:
+        candidates.append(size - num_tokens)
+        size *= 2
     candidates.append(budget)
     best, best_rate = budget, -1.0
     for chunk in reversed(candidates):             # largest first: unmeasured ones explore

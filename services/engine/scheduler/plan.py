@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.errors import InternalError
+from services.engine.scheduler.costs import capacity
 from services.engine.scheduler.requests import PromptLogprob, SampledLogprobs
 
 PENDING_TOKEN = -1     # a fed token the runner takes from the slot's last sampled token
@@ -229,10 +230,10 @@ class Step:
         """Capacity label as the dashboard shows it: b<batch capacity> t<token capacity>
         (a verification step: b<batch capacity> w<target width> rows<packed target rows>,
         the rows of its graph)."""
-        batch = 1 << max(0, len(self.seqs) - 1).bit_length()
+        batch = capacity(len(self.seqs))
         if self.kind == "verify":
             return f"b{batch} w{self.width} rows{batch * self.width}"
-        tokens = 1 << max(0, self.num_tokens - 1).bit_length()
+        tokens = capacity(self.num_tokens)
         return f"b{batch} t{tokens}"
 
 

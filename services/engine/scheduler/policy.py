@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 
-from services.engine.scheduler.costs import chunk_budget, shape_label
+from services.engine.scheduler.costs import capacity, chunk_budget, shape_label
 from services.engine.scheduler.plan import PlannedSeq
 from services.engine.scheduler.proposals import SequenceProposer
 from services.engine.scheduler.residency import drop_waiting_pins, preempt
@@ -249,9 +249,7 @@ def wants_drafts(state: SchedulerState, seq: Sequence) -> bool:
     its in-flight step (overlap): its last proposal found drafts worth verifying, or a probe
     is due."""
     proposer = state.config.proposer
-    if proposer is None or not seq.request.request.speculative:
-        return False
-    if batch_switched_off(state):
+    if proposer is None or not seq.request.request.speculative or batch_switched_off(state):
         return False
     stats = seq.speculation
     if stats.idle_rounds >= PROBE_EVERY:
@@ -270,15 +268,10 @@ def batch_switched_off(state: SchedulerState) -> bool:
     off = state.speculation_off_at
     if off is None:
         return False
-    if _capacity(len(state.running)) < _capacity(off[0]):
+    if capacity(len(state.running)) < capacity(off[0]):
         state.speculation_off_at = None           # a smaller batch: per-request widths
         return False
     return not state.costs.is_stale("verify", verify_label(*off), time.monotonic())
-
-
-def _capacity(num_seqs: int) -> int:
-    """The power-of-two batch capacity of `num_seqs` (as shape labels bucket them)."""
-    return 1 << max(0, num_seqs - 1).bit_length()
 
 
 def _row_cost(state: SchedulerState, num_seqs: int) -> float:

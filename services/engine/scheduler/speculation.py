@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.engine.scheduler.costs import DurationEstimator, shape_label
+from services.engine.scheduler.costs import DurationEstimator, capacity, shape_label
 
 PRIOR_MEAN = 0.5          # an unobserved depth's acceptance probability
 PRIOR_WEIGHT = 1.0        # pseudo-observations behind the prior
@@ -134,7 +134,7 @@ def extra_row_cost(costs: DurationEstimator, num_seqs: int, width: int) -> float
 def verify_label(num_seqs: int, width: int) -> str:
     """A verification step's shape label: b<batch capacity> w<target width> (the widest
     request's rows: 1 + its drafts) rows<packed target rows>, as `Step.label` names it."""
-    batch = 1 << max(0, num_seqs - 1).bit_length()
+    batch = capacity(num_seqs)
     return f"b{batch} w{width} rows{batch * width}"
 
 
