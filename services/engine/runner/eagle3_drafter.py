@@ -60,6 +60,7 @@ from services.engine.runner.draft_pages import (
     common_prefix,
     round_inputs,
 )
+from services.engine.runner.eagle3_graphs import RoundGraphs
 from services.engine.sampling.vocab import token_vocab_size
 from services.engine.scheduler.plan import SlotHandle
 from services.engine.scheduler.speculation import DRAFT
@@ -107,6 +108,9 @@ class Eagle3Proposer(PagedDrafter):
         # draft ids whose target id is past the tokenizer's are never proposed
         self._beyond = head.draft_to_target >= token_vocab
         self.pages = DraftPages(kv.num_pages, kv.page_size)
+        # a round that catches up on at most k + 1 rows: one graph replay (eagle3_graphs.py)
+        self.graphs = RoundGraphs(head, embedding, kv, store, self._beyond,
+                                  num_tokens=num_tokens, page_size=kv.page_size)
 
     @torch.inference_mode()
     def propose_for(self, handle: SlotHandle, tokens: Sequence[int], limit: int,
@@ -125,6 +129,14 @@ class Eagle3Proposer(PagedDrafter):
             self.pages.drop(handle.slot)
             return (), 0
         started = time.perf_counter()
+        start = len(entry.tokens)
+        if self.graphs.fits(len(entry.pages), n - 1 - start, limit):   # the usual round
+            feed = inputs[start:n - 1]
+            replayed = self.graphs.run(entry.pages, start, feed, [
+                kv_slot(target_pages, p, self.page_size) for p in range(start, n - 1)], limit)
+            entry.tokens.extend(feed)
+            self.pages.forward_times.append((time.perf_counter() - started) / limit)
+            return replayed, limit
         feeds = []                                  # catch up (chunked) on the target's rows
         for start in range(len(entry.tokens), n - 1, self.chunk_tokens):
             chunk = inputs[start:min(n - 1, start + self.chunk_tokens)]

@@ -53,6 +53,7 @@ def eagle3_on_device(target_dir, head_dir, device: str, overlap: str) -> None:
     counters = engine.scheduler.state.counters
     assert counters.spec_drafter_steps > 0 and counters.spec_draft_tokens > 0
     assert engine.runner.graph_steps > 0 or device == "cpu"
+    _check_round_graphs(engine, device)
 
     engine = make_engine(source, **spec)
     proposer = engine.scheduler.state.config.proposer
@@ -95,6 +96,18 @@ def accepted_on_device(repeating, device: str, overlap: str) -> None:
     counters = engine.scheduler.state.counters
     assert counters.spec_accepted_tokens == counters.spec_draft_tokens > 20
     assert engine.runner.verify_graph_steps > 0 or device == "cpu"
+    _check_round_graphs(engine, device)   # every draft accepted: the replays drafted right
+
+
+def _check_round_graphs(engine, device: str) -> None:
+    """The head's rounds after the first ran in its round graphs (eagle3_graphs.py), every
+    (rows, drafts) shape captured at start-up on CUDA."""
+    graphs = engine.scheduler.state.config.proposer.graphs
+    assert graphs.rounds > 0
+    if device != "cpu":
+        want = {(rows, drafts) for rows in graphs.row_capacities
+                for drafts in range(1, graphs.num_tokens + 1)}
+        assert set(graphs.graphs) == want and graphs.capture_seconds > 0
 
 
 @pytest.mark.parametrize("overlap", ["off", "on"])
