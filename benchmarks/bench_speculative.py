@@ -59,19 +59,29 @@ class Oracle:
     probability 1 - acceptance (its own seeded stream)."""
 
     source = "copy"
+    KEY = 32
 
     def __init__(self, continuations: dict[tuple[int, ...], list[int]], acceptance: float,
                  num_tokens: int, vocab: int, seed: int = 0) -> None:
-        self.continuations = continuations
+        # looked up by the prompt's length and first KEY tokens (the benchmark's prompts are
+        # random: those tell them apart), one dict probe per proposal: a scan comparing
+        # every whole prompt cost ~8 ms of host time per step at batch 64, which the step
+        # after a verification waits for
+        self.by_length: dict[int, dict[tuple[int, ...], list[int]]] = {}
+        for prompt, output in continuations.items():
+            outputs = self.by_length.setdefault(len(prompt), {})
+            assert prompt[:self.KEY] not in outputs, "prompts must differ in their first tokens"
+            outputs[prompt[:self.KEY]] = output
         self.acceptance = acceptance
         self.num_tokens = num_tokens
         self.vocab = vocab
         self.rng = random.Random(seed)
 
     def propose(self, tokens, limit):
-        for prompt, output in self.continuations.items():
-            if tuple(tokens[:len(prompt)]) == prompt:
-                done = len(tokens) - len(prompt)
+        for length, outputs in self.by_length.items():
+            output = outputs.get(tuple(tokens[:min(length, self.KEY)]))
+            if output is not None and len(tokens) >= length:
+                done = len(tokens) - length
                 drafts = list(output[done:done + min(limit, self.num_tokens)])
                 return tuple(d if self.rng.random() < self.acceptance
                              else (d + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab

@@ -6,6 +6,8 @@ steps; finish rules cut inside an accepted run; nothing leaks."""
 
 from __future__ import annotations
 
+import random
+
 from collections.abc import Sequence
 
 from services.engine.scheduler.proposals import NgramProposer
@@ -185,6 +187,33 @@ def test_ngram_proposer_copies_the_continuation_of_the_latest_match():
     assert proposer.propose([4, 5, 6], 3) == ()                 # nothing repeats
     assert proposer.propose([5, 6, 5], 3) == (6, 5, 6)          # a 1-gram match, repeated
     assert proposer.propose([4, 9, 9, 9], 3) == (9, 9, 9)        # a run continues
+
+
+def _scanned(proposer: NgramProposer, tokens: list[int], limit: int) -> tuple[int, ...]:
+    """The proposal by a plain scan (what the byte search must equal)."""
+    limit = min(limit, proposer.num_tokens)
+    recent = tokens[-proposer.window:]
+    for n in range(min(proposer.max_ngram, len(recent) - 1), proposer.min_ngram - 1, -1):
+        for start in range(len(recent) - n - 1, -1, -1):
+            if recent[start:start + n] == recent[-n:]:
+                copied = list(recent)
+                for i in range(limit):
+                    copied.append(copied[start + n + i])
+                return tuple(copied[len(recent):])
+    return ()
+
+
+def test_ngram_search_equals_a_scan():
+    """Random sequences over small and large vocabularies, short windows included."""
+    rng = random.Random(0)
+    for trial in range(400):
+        vocab = rng.choice([2, 3, 10, 300])
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
+        low = rng.randrange(1, 3)
+        proposer = NgramProposer(num_tokens=rng.randrange(1, 6), min_ngram=low,
+                                 max_ngram=rng.randrange(low, 5),
+                                 window=rng.choice([4, 16, 4096]))
+        assert proposer.propose(tokens, 5) == _scanned(proposer, tokens, 5), (trial, tokens)
 
 
 def test_ngram_proposals_keep_the_output_exact():
