@@ -7,7 +7,6 @@ steps; finish rules cut inside an accepted run; nothing leaks."""
 from __future__ import annotations
 
 import random
-
 from collections.abc import Sequence
 
 from services.engine.scheduler.proposals import NgramProposer
