@@ -262,6 +262,11 @@ def _row(name: str, engine, tokens: dict[str, list[int]], decode_s: float, base_
            "verify_steps": counters.spec_verify_steps,
            "switched_off": counters.speculation_off,
            "verify_graph_steps": getattr(engine.runner, "verify_graph_steps", 0),
+           "eager_verify": dict(getattr(engine.runner, "eager_verify_reasons", {})),
+           "drafter_graph_rounds": getattr(getattr(engine.scheduler.state.config.proposer,
+                                                   "graphs", None), "rounds", None),
+           # device seconds by step kind (the rest of the run's time is the host's)
+           "device_s": _device_seconds(engine),
            # the cost model's measured device ms per step shape (the policy's inputs)
            "step_ms": {f"{kind} {label}": round(1e3 * stats.estimate_s(), 3)
                        for (kind, label), stats in engine.scheduler.state.costs.shapes.items()
@@ -269,6 +274,33 @@ def _row(name: str, engine, tokens: dict[str, list[int]], decode_s: float, base_
     row.update(extra)
     print(json.dumps(row), flush=True)      # as it comes (a run cut off keeps its rows)
     return row
+
+
+_DEVICE_AT_RESET: dict[int, dict[str, float]] = {}
+
+
+def _reset(engine) -> None:
+    """A row's counters start at zero (the cost model's estimates carry over)."""
+    engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+    getattr(engine.runner, "eager_verify_reasons", {}).clear()
+    graphs = getattr(engine.scheduler.state.config.proposer, "graphs", None)
+    if graphs is not None:                       # an EAGLE-3 head's round graphs
+        graphs.rounds = 0
+    _DEVICE_AT_RESET[id(engine)] = _device_totals(engine)
+
+
+def _device_totals(engine) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for (kind, _), stats in engine.scheduler.state.costs.shapes.items():
+        out[kind] = out.get(kind, 0.0) + stats.total_s
+    return out
+
+
+def _device_seconds(engine) -> dict[str, float]:
+    """Measured device seconds by step kind since the row's reset."""
+    base = _DEVICE_AT_RESET.get(id(engine), {})
+    return {kind: round(total - base.get(kind, 0.0), 4)
+            for kind, total in _device_totals(engine).items() if total > base.get(kind, 0.0)}
 
 
 def _cell(row: dict, key: str, width: int) -> str:
@@ -318,6 +350,7 @@ def main() -> int:
         _with_proposer(engine, None)
         prompt = [rng.randrange(vocab) for _ in range(args.input_len)]
         _serve(engine, [_request("warm", prompt[:32], 8)])
+        _reset(engine)
         plain, decode_s, _ = _serve(engine, [_request("plain", prompt, args.output_len)])
         reference = plain["plain"]
         base = _row("off", engine, plain, decode_s, 0.0, {})
@@ -325,7 +358,7 @@ def main() -> int:
         results.append(base)
 
         def oracle_row(name: str, proposer, acceptance: float, width: int) -> dict:
-            engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+            _reset(engine)
             _with_proposer(engine, proposer)
             tokens, decode_s, _ = _serve(engine, [_request("o", prompt, args.output_len)])
             ideal = (1 - acceptance ** (width + 1)) / (1 - acceptance)
@@ -345,12 +378,12 @@ def main() -> int:
         block = [rng.randrange(vocab) for _ in range(args.input_len // 4)]
         repeated = block * 4
         _with_proposer(engine, None)
-        engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+        _reset(engine)
         plain_rep, plain_s, _ = _serve(engine, [_request("rep-off", repeated, args.output_len)])
         off_row = _row("repeat, off", engine, plain_rep, plain_s, 0.0, {})
         results.append(off_row)
         _with_proposer(engine, proposer_off)
-        engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+        _reset(engine)
         rep, rep_s, _ = _serve(engine, [_request("rep", repeated, args.output_len)])
         results.append(_row(f"repeat, ngram k={max(WIDTHS)}", engine, rep, rep_s,
                             off_row["tok_s"],
@@ -366,13 +399,13 @@ def main() -> int:
             again = [[(p[0] + 1) % vocab, *p[1:]] for p in prompts]
             _with_proposer(engine, None)
             _serve(engine, [_request(f"w{i}", p, 16) for i, p in enumerate(warm)])
-            engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+            _reset(engine)
             off, off_s, _ = _serve(engine, [_request(f"b{i}", p, args.batch_output_len)
                                             for i, p in enumerate(prompts)])
             batch_off = _row(f"batch {args.batch}, off", engine, off, off_s, 0.0, {})
             results.append(batch_off)
             continuations = {tuple(p): off[f"b{i}"] for i, p in enumerate(again)}
-            engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+            _reset(engine)
             _with_proposer(engine, Oracle(continuations, 0.7, 4, vocab))
             on, on_s, _ = _serve(engine, [_request(f"b{i}", p, args.batch_output_len)
                                           for i, p in enumerate(again)])

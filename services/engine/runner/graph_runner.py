@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -154,6 +154,8 @@ class GraphRunner:
         self.graph_steps = 0
         self.eager_steps = 0
         self.verify_graph_steps = 0      # verification steps a graph served (of graph_steps)
+        # why verification steps ran eagerly (no graph serves them), by reason: diagnostics
+        self.eager_verify_reasons: Counter[str] = Counter()
 
     def capture(self) -> None:
         """Compile the MoE kernels' variants of every step size and the eager prefill and
@@ -332,17 +334,25 @@ class GraphRunner:
         graph's page-table entries each; None: run it eagerly. The graph is the narrowest
         captured one at least the step's width (DecodeGraphs.verify_width_for)."""
         graphs = self.graphs
+        reasons = self.eager_verify_reasons
         if not graphs.capacities or len(step.seqs) > graphs.max_capacity:
+            reasons["batch above the graphs"] += 1
             return None
         capacity = graphs.capacity_for(len(step.seqs))
         if capacity is None or capacity * step.width > self.frames.limits.tokens:
+            reasons["rows above the token capacity"] += 1
             return None
         width = graphs.verify_width_for(capacity, step.width, mode, logprobs, grammar)
         cells = verify_cells(1, width, self.page_size)
         for seq in step.seqs:
-            if (seq.scores or not seq.token_ids or seq.max_emit != len(seq.token_ids) or
-                    seq.restore is not None or seq.capture is not None or
-                    self.mirror.pending(seq.handle, seq.page_ids) > cells):
+            if seq.scores or not seq.token_ids or seq.max_emit != len(seq.token_ids):
+                reasons["a sequence that scores, feeds nothing or samples fewer rows"] += 1
+                return None
+            if seq.restore is not None or seq.capture is not None:
+                reasons["a snapshot restore or capture"] += 1
+                return None
+            if self.mirror.pending(seq.handle, seq.page_ids) > cells:
+                reasons["page-table updates above the graph's cells"] += 1
                 return None
         return graphs.packing(capacity, width)
 
