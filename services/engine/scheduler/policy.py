@@ -38,9 +38,9 @@ from services.engine.scheduler.sequence import Phase, Sequence
 from services.engine.scheduler.speculation import (
     COPY,
     DEFAULT_ROW_COST,
-    PROBE_EVERY,
     choose_width,
     extra_row_cost,
+    plan_width,
     verify_label,
     worth_verifying,
 )
@@ -90,7 +90,7 @@ def select(state: SchedulerState) -> list[PlannedSeq]:
         if seq.in_flight:                           # behind its in-flight step (overlap)
             planned = PlannedSeq(seq.handle, seq.epoch, seq.progress.scheduled_end, 1,
                                  max_emit=1, follows=True)
-            seq.speculation.idle_rounds += 1
+            _close_round(state, seq, 0, row_cost)
         elif seq.progress.resume_snapshot is not None:
             planned = _planned(seq, 0)
         else:
@@ -101,7 +101,7 @@ def select(state: SchedulerState) -> list[PlannedSeq]:
             chosen_seqs.add(id(seq))
             budget -= planned.num_tokens
     if config.cost_model and any(p.draft_token_ids for p in chosen):
-        budget += _switch_off(state, chosen)
+        budget += _switch_off(state, chosen, row_cost)
     if config.cost_model and prefilling and budget > MIN_CHUNK:
         budget = chunk_budget(state.costs, num_seqs=len(chosen),
                               num_outputs=sum(p.max_emit for p in chosen),
@@ -198,7 +198,8 @@ def _with_drafts(state: SchedulerState, seq: Sequence, planned: PlannedSeq,
                  row_cost: float, room: int) -> PlannedSeq:
     """A decode that also verifies the proposer's drafts, within the output and context the
     choice has left, cut to the prefix its grammar accepts and to the width its acceptance
-    statistics choose (speculation.py); the plain decode when that is zero."""
+    statistics choose, or a funded probe's (speculation.py); the plain decode when that is
+    zero."""
     proposer = state.config.proposer
     if proposer is None or not seq.request.request.speculative or batch_switched_off(state):
         return planned
@@ -207,19 +208,15 @@ def _with_drafts(state: SchedulerState, seq: Sequence, planned: PlannedSeq,
     if isinstance(proposer, SequenceProposer):
         # a draft model's forwards cost time: the width first, then only that many drafts
         stats.proposed = True
-        width = choose_width(stats, source, min(room, proposer.num_tokens), row_cost)
+        width = plan_width(stats, source, min(room, proposer.num_tokens), row_cost)
         drafts = _proposals(state, seq, width) if width else ()
-        width = len(drafts)
     else:
         drafts = _proposals(state, seq, room)
         stats.proposed = bool(drafts)
-        width = choose_width(stats, source, len(drafts), row_cost)
-    if not width:
-        # a due probe that found no proposal starts the count again (else the choice would
-        # never again decode behind its in-flight step: wants_drafts)
-        stats.idle_rounds = 0 if stats.idle_rounds >= PROBE_EVERY else stats.idle_rounds + 1
+        drafts = drafts[:plan_width(stats, source, len(drafts), row_cost)]
+    _close_round(state, seq, len(drafts), row_cost)
+    if not drafts:
         return planned
-    drafts = drafts[:width]
     return PlannedSeq(planned.handle, planned.epoch, planned.start, 1 + len(drafts),
                       max_emit=1 + len(drafts), draft_token_ids=drafts)
 
@@ -247,12 +244,12 @@ def _proposals(state: SchedulerState, seq: Sequence, room: int) -> tuple[int, ..
 def wants_drafts(state: SchedulerState, seq: Sequence) -> bool:
     """Whether the next round of this choice should propose drafts rather than decode behind
     its in-flight step (overlap): its last proposal found drafts worth verifying, or a probe
-    is due."""
+    is due (decided when this round was planned)."""
     proposer = state.config.proposer
     if proposer is None or not seq.request.request.speculative or batch_switched_off(state):
         return False
     stats = seq.speculation
-    if stats.idle_rounds >= PROBE_EVERY:
+    if stats.probe_cost:
         return True
     limit = getattr(proposer, "num_tokens", 1)
     return stats.proposed and choose_width(stats, getattr(proposer, "source", COPY), limit,
@@ -274,6 +271,16 @@ def batch_switched_off(state: SchedulerState) -> bool:
     return not state.costs.is_stale("verify", verify_label(*off), time.monotonic())
 
 
+def _close_round(state: SchedulerState, seq: Sequence, width: int, row_cost: float) -> None:
+    """A speculating choice's round of `width` drafts is planned (speculation.py
+    `close_round`: its statistics age, its probe budget earns credit)."""
+    proposer = state.config.proposer
+    if proposer is None or not seq.request.request.speculative or batch_switched_off(state):
+        return
+    seq.speculation.close_round(getattr(proposer, "source", COPY), width,
+                                getattr(proposer, "num_tokens", 1), row_cost)
+
+
 def _row_cost(state: SchedulerState, num_seqs: int) -> float:
     """An extra verified row's relative cost (plus, for a draft model, its forward per
     draft): measured with the cost model on (CUDA), the default estimate otherwise (CPU
@@ -282,7 +289,7 @@ def _row_cost(state: SchedulerState, num_seqs: int) -> float:
         return DEFAULT_ROW_COST
     proposer = state.config.proposer
     width = 1 + getattr(proposer, "num_tokens", 1)
-    cost = extra_row_cost(state.costs, max(1, num_seqs), width)
+    cost = extra_row_cost(state.costs, max(1, num_seqs), width, time.monotonic())
     # a draft model's forward per draft, relative to this batch's decode (unmeasured while
     # every round verifies: then to its verification, a decode's upper bound)
     forward_s = getattr(proposer, "forward_s", 0.0)
@@ -294,17 +301,22 @@ def _row_cost(state: SchedulerState, num_seqs: int) -> float:
     return cost
 
 
-def _switch_off(state: SchedulerState, chosen: list[PlannedSeq]) -> int:
+def _switch_off(state: SchedulerState, chosen: list[PlannedSeq], row_cost: float) -> int:
     """The batch switch-off (speculation.worth_verifying): strip every draft when this batch
-    decodes faster than it verifies; returns the tokens given back to the budget."""
+    decodes faster than it verifies; returns the tokens given back to the budget. A choice
+    verifying more drafts than its ordinary width is probing and counts by the upper
+    estimates that chose its width (by its means, a probe never pays, and stripping it
+    would keep the choice from learning otherwise, for as long as the switch-off holds)."""
     decodes = [i for i, p in enumerate(chosen) if p.max_emit >= 1 and p.num_tokens >= 1]
     width = 1 + max(len(chosen[i].draft_token_ids) for i in decodes)
     source = getattr(state.config.proposer, "source", COPY)
     expected = 0.0
     for i in decodes:
         p = chosen[i]
-        seq = state.running[p.handle.slot]
-        expected += 1.0 + seq.speculation.expected_accepted(source, len(p.draft_token_ids))
+        stats = state.running[p.handle.slot].speculation
+        drafts = len(p.draft_token_ids)
+        probing = drafts > choose_width(stats, source, drafts, row_cost)
+        expected += 1.0 + stats.expected_accepted(source, drafts, optimistic=probing)
     if worth_verifying(state.costs, len(decodes), width, expected, time.monotonic()):
         state.speculation_off_at = None
         return 0
@@ -314,12 +326,9 @@ def _switch_off(state: SchedulerState, chosen: list[PlannedSeq]) -> int:
         p = chosen[i]
         if p.draft_token_ids:
             freed += len(p.draft_token_ids)
-            # as a zero width: overlap resumes until the next probe (a due probe switched
-            # off starts the count again; else every round would wait to propose)
-            stats = state.running[p.handle.slot].speculation
-            stats.idle_rounds = 0 if stats.idle_rounds >= PROBE_EVERY else \
-                stats.idle_rounds + 1
-            stats.proposed = False
+            # as a zero width: overlap resumes until the next probe (a probe switched off
+            # was paid all the same: else every round would wait to propose)
+            state.running[p.handle.slot].speculation.proposed = False
             chosen[i] = PlannedSeq(p.handle, p.epoch, p.start, 1, max_emit=1)
     state.counters.speculation_off += 1
     return freed
