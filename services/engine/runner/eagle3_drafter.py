@@ -161,7 +161,10 @@ class Eagle3Proposer(PagedDrafter):
                 draft = self._greedy(normed)        # on the device: nothing waits for it
                 drafts.append(draft)
         out = tuple(int(d) for d in torch.stack(drafts).tolist())    # the one read-back
-        self.pages.forward_times.append((time.perf_counter() - started) / len(steps))
+        if not self.graphs.graphs:
+            # with round graphs captured, a draft's cost is a graph round's: an eager round
+            # (a prompt's catch-up) is a one-off, not a per-draft cost
+            self.pages.forward_times.append((time.perf_counter() - started) / len(steps))
         return out, len(steps)
 
     def _greedy(self, normed: torch.Tensor) -> torch.Tensor:

@@ -13,9 +13,10 @@ about fifteen launches. Run eagerly they cost the host's launch latency, not the
 0.1 ms of bandwidth), and the round runs between two verification steps, so nothing hides it.
 
 Shapes: after the first round, a round catches up on the tokens the last verification kept
-(its accepted drafts plus the correction or bonus token: 1 .. k + 1 rows), so the catch-up
-forward is captured at every power-of-two row capacity up to capacity(k + 1), and the chain
-for every draft count 1 .. k: a graph per (rows, drafts). A round outside them (the first,
+(its accepted drafts plus the correction or bonus token: 1 .. k + 1 rows), or on the plain
+rounds since its last drafts, so the catch-up forward is captured at every power-of-two row
+capacity up to capacity(max(k + 1, CATCH_UP_ROWS)), and the chain for every draft count
+1 .. k: a graph per (rows, drafts). A round outside them (the first,
 over the whole prompt, or a catch-up longer than the largest capacity after a preemption)
 runs eagerly in chunks (eagle3_drafter.py).
 
@@ -48,6 +49,11 @@ from services.engine.runner.decode_graphs import capacities
 
 log = logging.getLogger(__name__)
 
+# catch-ups up to this many rows replay a graph: a zero-width stretch between probes leaves
+# the head behind by one row per plain round, and an eager catch-up costs the launch latency
+# again (and compiles attention variants for new row counts while serving)
+CATCH_UP_ROWS = 32
+
 
 class RoundGraphs:
     def __init__(self, head: Eagle3Head, embedding: Embedding, kv: KVCache, store: Any,
@@ -61,7 +67,7 @@ class RoundGraphs:
         self.page_size = page_size
         device = head.fc.weight.device
         self.device = device
-        self.row_capacities = capacities(num_tokens + 1)
+        self.row_capacities = capacities(max(num_tokens + 1, CATCH_UP_ROWS))
         rows = self.row_capacities[-1]
         chained = max(0, num_tokens - 1)
         self.max_pages = -(-(head.max_positions + num_tokens) // page_size) + 1

@@ -335,25 +335,33 @@ class GraphRunner:
         captured one at least the step's width (DecodeGraphs.verify_width_for)."""
         graphs = self.graphs
         reasons = self.eager_verify_reasons
-        if not graphs.capacities or len(step.seqs) > graphs.max_capacity:
+        fed = [seq for seq in step.seqs if seq.token_ids]
+        for seq in step.seqs:
+            if not seq.token_ids:
+                # a finished choice saving its terminal state rides along, as in a decode
+                # graph (its capture copies state after the graph: _captures)
+                if (seq.sample or seq.capture is None or seq.restore is not None or
+                        seq.resume_snapshot is not None):
+                    reasons["a resume from a snapshot"] += 1
+                    return None
+            elif seq.scores or seq.max_emit != len(seq.token_ids):
+                reasons["a prefill chunk or prompt scoring beside it (mixed)"] += 1
+                return None
+            elif seq.restore is not None or seq.capture is not None:
+                reasons["a snapshot restore or capture of a fed sequence"] += 1
+                return None
+        if not graphs.capacities or len(fed) > graphs.max_capacity:
             reasons["batch above the graphs"] += 1
             return None
-        capacity = graphs.capacity_for(len(step.seqs))
+        capacity = graphs.capacity_for(len(fed))
         if capacity is None or capacity * step.width > self.frames.limits.tokens:
             reasons["rows above the token capacity"] += 1
             return None
         width = graphs.verify_width_for(capacity, step.width, mode, logprobs, grammar)
         cells = verify_cells(1, width, self.page_size)
-        for seq in step.seqs:
-            if seq.scores or not seq.token_ids or seq.max_emit != len(seq.token_ids):
-                reasons["a sequence that scores, feeds nothing or samples fewer rows"] += 1
-                return None
-            if seq.restore is not None or seq.capture is not None:
-                reasons["a snapshot restore or capture"] += 1
-                return None
-            if self.mirror.pending(seq.handle, seq.page_ids) > cells:
-                reasons["page-table updates above the graph's cells"] += 1
-                return None
+        if any(self.mirror.pending(seq.handle, seq.page_ids) > cells for seq in fed):
+            reasons["page-table updates above the graph's cells"] += 1
+            return None
         return graphs.packing(capacity, width)
 
     def _graph_capacity(self, step: Step) -> int | None:

@@ -94,8 +94,7 @@ def _latest_match(recent: list[int], min_ngram: int, max_ngram: int) -> int | No
             latest.setdefault(n, k)
         if m >= top:                       # the longest suffix: nothing later beats it
             break
-    n = max(latest, default=None)
-    return size - latest[n] if n is not None else None
+    return size - latest[max(latest)] if latest else None
 
 
 def _copy(recent: list[int], begin: int, limit: int) -> tuple[int, ...]:
