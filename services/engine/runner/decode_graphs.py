@@ -1,7 +1,8 @@
 """Decode CUDA graphs: one per (batch capacity, sampling mode, logprobs, grammar), captured into one
 memory pool, largest capacity first, and replayed for every pure-decode step that fits.
 Verification graphs: one per (batch capacity, width) and mode, for steps whose sequences
-each feed and sample up to `width` rows (a pending token plus drafts, or a plain decode).
+each feed and sample up to `width` rows (a pending token plus drafts, or a plain decode);
+a finished choice's zero-token terminal capture rides along, as in a decode graph.
 
 A decode step of n sequences runs in the graph of the smallest capacity c >= n. Its input
 frame holds each graph field padded to c (`pack_decode`, uploaded with `GraphPacking`), so every step of capacity c lands at the
