@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 import torch
 
 from services.engine.model.attention import AttentionMetadata, kv_slot
-from services.engine.scheduler.costs import capacity
 from services.engine.scheduler.plan import SlotHandle
 
 
@@ -169,13 +168,10 @@ def round_inputs(pages: list[int], page_size: int, device: torch.device,
     page_table = dev32[table:table + len(pages)].view(1, len(pages))
     out = []
     for first, n, at_starts, at_lens, at_slots, at_positions, at_ids, at_extra in layout:
-        # max_query_len at its power-of-two capacity: it sizes the attention launch (its
-        # tile plan is compiled per value), and a catch-up's row count varies round to
-        # round: on the H200 each new count compiled while serving
         meta = AttentionMetadata(query_start_loc=dev32[at_starts:at_starts + 2],
                                  seq_lens=dev32[at_lens:at_lens + 1], page_table=page_table,
-                                 slot_mapping=dev64[at_slots:at_slots + n],
-                                 max_query_len=capacity(n), max_seq_len=first + n)
+                                 slot_mapping=dev64[at_slots:at_slots + n], max_query_len=n,
+                                 max_seq_len=first + n)
         out.append(ForwardInputs(meta, dev64[at_positions:at_positions + n],
                                  dev64[at_ids:at_ids + n] if at_ids >= 0 else None,
                                  dev64[at_extra:at_extra + n] if at_extra >= 0 else None))

@@ -1,7 +1,7 @@
 """runner/draft_pages.round_inputs: a drafting round's forward inputs, uploaded at once, are
 the metadata `build_metadata` gives for the same rows (catch-up chunks, then one-row chained
-forwards at the following positions), with the fed ids and extra values (max_query_len at its
-power-of-two capacity), and every field starts on a 16-byte boundary."""
+forwards at the following positions), with the fed ids and extra values, and every field
+starts on a 16-byte boundary."""
 
 from __future__ import annotations
 
@@ -9,15 +9,13 @@ import torch
 
 from services.engine.model import build_metadata
 from services.engine.runner.draft_pages import round_inputs
-from services.engine.scheduler.costs import capacity
 
 
 def _same(a, b) -> None:
     for name in ("query_start_loc", "seq_lens", "page_table", "slot_mapping"):
         x, y = getattr(a, name), getattr(b, name)
         assert x.dtype == y.dtype and torch.equal(x, y), name
-    # max_query_len at its power-of-two capacity (a launch size: bounded compiled variants)
-    assert (a.max_query_len, a.max_seq_len) == (capacity(b.max_query_len), b.max_seq_len)
+    assert (a.max_query_len, a.max_seq_len) == (b.max_query_len, b.max_seq_len)
 
 
 def test_round_inputs_are_build_metadata_for_each_forward():
