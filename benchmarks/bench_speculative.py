@@ -205,17 +205,33 @@ def _serve(engine, requests) -> tuple[dict[str, list[int]], float, float]:
         engine.scheduler.admit(request)
     scheduler, runner = engine.scheduler, engine.runner
     tokens: dict[str, list[int]] = {}
-    started = time.perf_counter()
+    host = _HOST[id(engine)] = dict.fromkeys(("plan_s", "submit_s", "wait_s", "complete_s",
+                                              "steps", "followed"), 0.0)
+    clock = time.perf_counter
+    started = clock()
     first = None
     while scheduler.has_work:
         submitted = False
         if runner.outstanding < runner.window:
+            at = clock()
             plan = scheduler.plan()
+            host["plan_s"] += clock() - at
             if plan is not None:
-                runner.submit(scheduler.commit(plan, scheduler.state.resources.fences.next_fence))
+                at = clock()
+                step = scheduler.commit(plan, scheduler.state.resources.fences.next_fence)
+                runner.submit(step)
+                host["submit_s"] += clock() - at
+                host["steps"] += 1
+                host["followed"] += any(s.feeds_pending for s in step.seqs)
                 submitted = True
         if runner.outstanding and (runner.outstanding >= runner.window or not submitted):
-            for update in scheduler.complete(runner.wait()):
+            at = clock()
+            done = runner.wait()
+            host["wait_s"] += clock() - at
+            at = clock()
+            updates = scheduler.complete(done)
+            host["complete_s"] += clock() - at
+            for update in updates:
                 for delta in update.deltas:
                     if delta.token_ids and first is None:
                         first = time.perf_counter()
@@ -267,6 +283,7 @@ def _row(name: str, engine, tokens: dict[str, list[int]], decode_s: float, base_
                                                    "graphs", None), "rounds", None),
            # device seconds by step kind (the rest of the run's time is the host's)
            "device_s": _device_seconds(engine),
+           "host_s": {k: round(v, 4) for k, v in _HOST.get(id(engine), {}).items()},
            # the cost model's measured device ms per step shape (the policy's inputs)
            "step_ms": {f"{kind} {label}": round(1e3 * stats.estimate_s(), 3)
                        for (kind, label), stats in engine.scheduler.state.costs.shapes.items()
@@ -277,6 +294,9 @@ def _row(name: str, engine, tokens: dict[str, list[int]], decode_s: float, base_
 
 
 _DEVICE_AT_RESET: dict[int, dict[str, float]] = {}
+# the last _serve's host seconds by phase (plan includes the proposer's drafting), its steps
+# and the steps that followed an in-flight one (two-frame overlap)
+_HOST: dict[int, dict[str, float]] = {}
 
 
 def _reset(engine) -> None:
