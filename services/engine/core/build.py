@@ -264,8 +264,8 @@ def build_engine(config: EngineConfig, source: ModelSource,
             max_image_tokens=max_image_tokens), host_kv=host_kv, vision=vision)
         phases.start("capture CUDA graphs")
         graph_runner.capture()
-        if isinstance(draft_proposer, Eagle3Proposer) and choice.graph_max_batch:  # its rounds
-            draft_proposer.graphs.capture()     # graphs, after the target's (no shared pool)
+        if isinstance(draft_proposer, Eagle3Proposer) and choice.graph_max_batch:  # its rounds'
+            draft_proposer.warm_up()        # graphs (after the target's) and eager round
         runner = graph_runner
     else:
         runner = TorchRunner(model, kv, snapshots, vision=vision,
