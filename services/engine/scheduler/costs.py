@@ -69,6 +69,12 @@ class DurationEstimator:
         stats = self.shapes.get((kind, label))
         return stats.estimate_s() if stats else None
 
+    def fresh_duration_s(self, kind: str, label: str, now: float) -> float | None:
+        """The shape's estimate, or None when it is unmeasured or stale."""
+        if self.is_stale(kind, label, now):
+            return None
+        return self.estimated_duration_s(kind, label)
+
     def is_stale(self, kind: str, label: str, now: float) -> bool:
         """No valid observation of the shape within `stale_after_s` (or none at all)."""
         stats = self.shapes.get((kind, label))

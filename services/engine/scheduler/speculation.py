@@ -210,8 +210,9 @@ def extra_row_cost(costs: DurationEstimator, num_seqs: int, width: int, now: flo
     leaves out what any verification costs over a decode, which `MIN_GAIN` stands for. A
     stale estimate does not count (as in `worth_verifying`): one slow measurement must not
     price every row out for good, since then nothing would verify and measure it again."""
-    verify = _fresh(costs, "verify", verify_label(num_seqs, width), now)
-    base_rows, base = 1, _fresh(costs, "decode", shape_label(num_seqs, num_seqs), now)
+    verify = costs.fresh_duration_s("verify", verify_label(num_seqs, width), now)
+    base_rows = 1
+    base = costs.fresh_duration_s("decode", shape_label(num_seqs, num_seqs), now)
     if base is None:
         base_rows, base = _narrowest_verification(costs, num_seqs, width, now)
     extra = num_seqs * (width - base_rows)
@@ -225,17 +226,10 @@ def _narrowest_verification(costs: DurationEstimator, num_seqs: int, width: int,
     """This batch's narrowest fresh verification below `width` rows per request: (its rows
     per request, its duration), or (1, None)."""
     for rows in range(2, width):
-        duration = _fresh(costs, "verify", verify_label(num_seqs, rows), now)
+        duration = costs.fresh_duration_s("verify", verify_label(num_seqs, rows), now)
         if duration is not None:
             return rows, duration
     return 1, None
-
-
-def _fresh(costs: DurationEstimator, kind: str, label: str, now: float) -> float | None:
-    """A shape's estimated duration, or None when unmeasured or stale."""
-    if costs.is_stale(kind, label, now):
-        return None
-    return costs.estimated_duration_s(kind, label)
 
 
 def verify_label(num_seqs: int, width: int) -> str:
