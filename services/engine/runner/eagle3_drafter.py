@@ -60,7 +60,7 @@ from services.engine.runner.draft_pages import (
     common_prefix,
     round_inputs,
 )
-from services.engine.runner.eagle3_graphs import RoundGraphs
+from services.engine.runner.eagle3_graphs import RoundGraphs, greedy_draft
 from services.engine.sampling.vocab import token_vocab_size
 from services.engine.scheduler.plan import SlotHandle
 from services.engine.scheduler.speculation import DRAFT
@@ -165,14 +165,14 @@ class Eagle3Proposer(PagedDrafter):
                 ids, hidden = step.ids, self.store.rows[step.extra]
             else:                                   # a chained row: the last draft, its state
                 assert draft is not None and prenorm is not None
-                ids, hidden = draft.view(1), prenorm
+                ids, hidden = draft, prenorm
             normed, prenorm = self.head(self.embedding(ids), hidden, step.positions, self.kv,
                                         step.meta)
             normed, prenorm = normed[-1:], prenorm[-1:]
             if i >= len(feeds) - 1:                 # the last catch-up row drafts first
-                draft = self._greedy(normed)        # on the device: nothing waits for it
+                draft = greedy_draft(self.head, normed, self._beyond)   # on the device
                 drafts.append(draft)
-        return tuple(int(d) for d in torch.stack(drafts).tolist())    # the one read-back
+        return tuple(torch.cat(drafts).tolist())    # the one read-back
 
     @torch.inference_mode()
     def warm_up(self) -> None:
@@ -194,11 +194,6 @@ class Eagle3Proposer(PagedDrafter):
             self._eager_round(pages, [(0, [0] * rows, [self.store.padding_row] * rows)],
                               self.num_tokens)
         torch.cuda.synchronize(self.device)
-
-    def _greedy(self, normed: torch.Tensor) -> torch.Tensor:
-        """The draft's target id (a 0-d device tensor)."""
-        logits = self.head.logits(normed)[0].masked_fill_(self._beyond, float("-inf"))
-        return self.head.draft_to_target[logits.argmax()]
 
 
 @dataclass(frozen=True, slots=True)

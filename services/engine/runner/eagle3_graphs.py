@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 
 # catch-ups up to this many rows replay a graph: a zero-width stretch between probes leaves
 # the head behind by one row per plain round, and an eager catch-up costs the launch latency
-# again (and compiles attention variants for new row counts while serving)
+# again
 CATCH_UP_ROWS = 32
 
 
@@ -71,39 +72,10 @@ class RoundGraphs:
         rows = self.row_capacities[-1]
         chained = max(0, num_tokens - 1)
         self.max_pages = -(-(head.max_positions + num_tokens) // page_size) + 1
-        # every field starts on a 16-byte boundary (an unaligned view compiles other kernel
-        # variants): int32 in fours, int64 in twos
-        at32: dict[str, tuple[int, int]] = {}
-        at64: dict[str, tuple[int, int]] = {}
-
-        def put(at: dict[str, tuple[int, int]], name: str, size: int, per_16_bytes: int
-                ) -> None:
-            end = max((offset + length for offset, length in at.values()), default=0)
-            at[name] = (-(-end // per_16_bytes) * per_16_bytes, size)
-
-        put(at32, "page_table", self.max_pages, 4)
-        put(at32, "query_starts", 2, 4)          # the catch-up's [0, n]
-        put(at32, "seq_len", 1, 4)               # its KV length
-        put(at32, "one_row", 2, 4)               # a chained row's [0, 1]
-        for j in range(chained):
-            put(at32, f"seq_len{j}", 1, 4)
-        for name in ("ids", "positions", "slots", "target_rows"):
-            put(at64, name, rows, 2)
-        put(at64, "last", 1, 2)                  # the catch-up's last real row
-        for j in range(chained):
-            put(at64, f"slot{j}", 1, 2)
-            put(at64, f"position{j}", 1, 2)
-        self._at32 = {name: offset for name, (offset, _) in at32.items()}
-        self._at64 = {name: offset for name, (offset, _) in at64.items()}
-        size32 = max(offset + length for offset, length in at32.values())
-        size64 = max(offset + length for offset, length in at64.values())
-        pinned = device.type == "cuda"
-        self._host32 = torch.zeros(size32, dtype=torch.int32, pin_memory=pinned)
-        self._host64 = torch.zeros(size64, dtype=torch.int64, pin_memory=pinned)
-        self._np32, self._np64 = self._host32.numpy(), self._host64.numpy()
-        self._np32[self._at32["one_row"] + 1] = 1
-        self._dev32 = torch.zeros(size32, dtype=torch.int32, device=device)
-        self._dev64 = torch.zeros(size64, dtype=torch.int64, device=device)
+        self._host = RoundBuffers.allocate(rows, self.max_pages, chained, torch.device("cpu"),
+                                           pinned=device.type == "cuda")
+        self._host.one_row[1] = 1
+        self._dev = RoundBuffers.allocate(rows, self.max_pages, chained, device)
         self.out = torch.zeros(max(1, num_tokens), dtype=torch.int64, device=device)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._fill_padding(rows, 0)
@@ -165,80 +137,115 @@ class RoundGraphs:
 
     def _fill(self, pages: Sequence[int], start: int, ids: Sequence[int],
               target_slots: Sequence[int], rows: int, drafts: int) -> None:
-        n, size = len(ids), self.page_size
-        np32, np64, at32, at64 = self._np32, self._np64, self._at32, self._at64
-        table = at32["page_table"]
-        np32[table:table + self.max_pages] = 0
-        np32[table:table + len(pages)] = pages
-        np32[at32["query_starts"] + 1] = n
-        np32[at32["seq_len"]] = start + n
+        n, size, host = len(ids), self.page_size, self._host
+        table = host.page_table.numpy()[0]
+        table[:] = 0
+        table[:len(pages)] = pages
+        host.query_starts[1] = n
+        host.seq_len[0] = start + n
         last = start + n - 1
+        chain_lens = host.chain_seq_lens.numpy()
+        chain_slots, chain_positions = host.chain_slots.numpy(), host.chain_positions.numpy()
         for j in range(drafts - 1):                         # chained row j: position last+j+1
-            np32[at32[f"seq_len{j}"]] = last + j + 2
-            np64[at64[f"slot{j}"]] = kv_slot(pages, last + j + 1, size)
-            np64[at64[f"position{j}"]] = last + j + 1
-        ids_at, positions_at = at64["ids"], at64["positions"]
-        slots_at, rows_at = at64["slots"], at64["target_rows"]
-        np64[ids_at:ids_at + n] = ids
-        np64[positions_at:positions_at + n] = range(start, start + n)
-        np64[slots_at:slots_at + n] = [kv_slot(pages, p, size) for p in range(start, start + n)]
-        np64[rows_at:rows_at + n] = target_slots
-        np64[at64["last"]] = n - 1
+            chain_lens[j, 0] = last + j + 2
+            chain_slots[j, 0] = kv_slot(pages, last + j + 1, size)
+            chain_positions[j, 0] = last + j + 1
+        host.ids.numpy()[:n] = ids
+        host.positions.numpy()[:n] = range(start, start + n)
+        host.slots.numpy()[:n] = [kv_slot(pages, p, size) for p in range(start, start + n)]
+        host.target_rows.numpy()[:n] = target_slots
+        host.last[0] = n - 1
         self._fill_padding(rows, n)
 
     def _fill_padding(self, rows: int, n: int) -> None:
         """Padding rows n..rows-1 of the catch-up (module doc); n = 0 (capture): every row
         padding and no chained row writes KV."""
-        np64, at64 = self._np64, self._at64
-        for name, value in (("ids", 0), ("positions", 0), ("slots", -1),
-                            ("target_rows", self.store.padding_row)):
-            np64[at64[name] + n:at64[name] + rows] = value
+        host = self._host
+        for field, value in ((host.ids, 0), (host.positions, 0), (host.slots, -1),
+                             (host.target_rows, self.store.padding_row)):
+            field.numpy()[n:rows] = value
         if n == 0:
-            for j in range(max(0, self.num_tokens - 1)):
-                np64[at64[f"slot{j}"]] = -1
+            host.chain_slots.numpy()[:, 0] = -1
 
     def _upload(self) -> None:
         blocking = self.stream is None
-        self._dev32.copy_(self._host32, non_blocking=not blocking)
-        self._dev64.copy_(self._host64, non_blocking=not blocking)
+        self._dev.int32.copy_(self._host.int32, non_blocking=not blocking)
+        self._dev.int64.copy_(self._host.int64, non_blocking=not blocking)
 
     @torch.inference_mode()
     def _body(self, rows: int, drafts: int) -> None:
         """The round on the static buffers: the catch-up forward of `rows` rows, the draft
         from its last real row, then `drafts` - 1 chained forwards; drafts into `out`."""
-        d32, d64, at32, at64 = self._dev32, self._dev64, self._at32, self._at64
-
-        def i32(name: str, size: int = 1) -> torch.Tensor:
-            return d32[at32[name]:at32[name] + size]
-
-        def i64(name: str, size: int = 1) -> torch.Tensor:
-            return d64[at64[name]:at64[name] + size]
-
+        dev = self._dev
         max_positions = self.head.max_positions
-        page_table = i32("page_table", self.max_pages).view(1, self.max_pages)
-        meta = AttentionMetadata(query_start_loc=i32("query_starts", 2),
-                                 seq_lens=i32("seq_len"), page_table=page_table,
-                                 slot_mapping=i64("slots", rows), max_query_len=rows,
-                                 max_seq_len=max_positions)
-        hidden = self.store.rows.index_select(0, i64("target_rows", rows))
-        normed, prenorm = self.head(self.embedding(i64("ids", rows)), hidden,
-                                    i64("positions", rows), self.kv, meta)
-        last = i64("last")
-        normed, prenorm = normed.index_select(0, last), prenorm.index_select(0, last)
-        draft = self._greedy(normed)
+        meta = AttentionMetadata(query_start_loc=dev.query_starts, seq_lens=dev.seq_len,
+                                 page_table=dev.page_table, slot_mapping=dev.slots[:rows],
+                                 max_query_len=rows, max_seq_len=max_positions)
+        hidden = self.store.rows.index_select(0, dev.target_rows[:rows])
+        normed, prenorm = self.head(self.embedding(dev.ids[:rows]), hidden,
+                                    dev.positions[:rows], self.kv, meta)
+        normed, prenorm = normed.index_select(0, dev.last), prenorm.index_select(0, dev.last)
+        draft = greedy_draft(self.head, normed, self.beyond)
         self.out[0:1].copy_(draft)
         for j in range(drafts - 1):
-            meta = AttentionMetadata(query_start_loc=i32("one_row", 2),
-                                     seq_lens=i32(f"seq_len{j}"), page_table=page_table,
-                                     slot_mapping=i64(f"slot{j}"), max_query_len=1,
+            meta = AttentionMetadata(query_start_loc=dev.one_row,
+                                     seq_lens=dev.chain_seq_lens[j, :1],
+                                     page_table=dev.page_table,
+                                     slot_mapping=dev.chain_slots[j, :1], max_query_len=1,
                                      max_seq_len=max_positions)
-            normed, prenorm = self.head(self.embedding(draft), prenorm, i64(f"position{j}"),
-                                        self.kv, meta)
-            draft = self._greedy(normed)
+            normed, prenorm = self.head(self.embedding(draft), prenorm,
+                                        dev.chain_positions[j, :1], self.kv, meta)
+            draft = greedy_draft(self.head, normed, self.beyond)
             self.out[j + 1:j + 2].copy_(draft)
 
-    def _greedy(self, normed: torch.Tensor) -> torch.Tensor:
-        """The draft's target id, int64 [1] on the device (no host read)."""
-        logits = self.head.logits(normed).masked_fill_(self.beyond, float("-inf"))
-        return self.head.draft_to_target.index_select(0, logits.argmax(dim=-1))
 
+def greedy_draft(head: Eagle3Head, normed: torch.Tensor, beyond: torch.Tensor) -> torch.Tensor:
+    """normed [1, H] -> the greedy draft's target id, int64 [1] on the device (no host read;
+    draft ids in `beyond`, bool [draft_vocab], are never proposed)."""
+    logits = head.logits(normed).masked_fill_(beyond, float("-inf"))
+    return head.draft_to_target.index_select(0, logits.argmax(dim=-1))
+
+
+@dataclass(frozen=True, slots=True)
+class RoundBuffers:
+    """A round's inputs: views into one int32 and one int64 tensor (on the device, or the
+    pinned host copy the round fills), each field on a 16-byte boundary and each chained
+    row's value at the start of a 16-byte cell of its own (an unaligned view compiles other
+    kernel variants)."""
+
+    int32: torch.Tensor
+    int64: torch.Tensor
+    page_table: torch.Tensor       # int32 [1, max_pages]: the entry's pages, then zeros
+    query_starts: torch.Tensor     # int32 [2]: the catch-up's [0, n]
+    seq_len: torch.Tensor          # int32 [1]: its KV length
+    one_row: torch.Tensor          # int32 [2]: a chained row's [0, 1]
+    chain_seq_lens: torch.Tensor   # int32 [chained, 4]: [j, 0] chained row j's KV length
+    ids: torch.Tensor              # int64 [rows]: the catch-up's fed tokens
+    positions: torch.Tensor        # int64 [rows]
+    slots: torch.Tensor            # int64 [rows]: KV slots (-1: padding, nothing written)
+    target_rows: torch.Tensor      # int64 [rows]: the target-state store's rows
+    last: torch.Tensor             # int64 [1]: the catch-up's last real row
+    chain_slots: torch.Tensor      # int64 [chained, 2]: [j, 0] chained row j's KV slot
+    chain_positions: torch.Tensor  # int64 [chained, 2]: [j, 0] its position
+
+    @classmethod
+    def allocate(cls, rows: int, max_pages: int, chained: int, device: torch.device, *,
+                 pinned: bool = False) -> RoundBuffers:
+        table = -(-max_pages // 4) * 4
+        rows64 = -(-rows // 2) * 2
+        int32 = torch.zeros(table + 12 + 4 * chained, dtype=torch.int32, device=device,
+                            pin_memory=pinned)
+        int64 = torch.zeros(4 * rows64 + 2 + 4 * chained, dtype=torch.int64, device=device,
+                            pin_memory=pinned)
+        c64 = 4 * rows64 + 2
+        return cls(
+            int32, int64, page_table=int32[:max_pages].view(1, max_pages),
+            query_starts=int32[table:table + 2], seq_len=int32[table + 4:table + 5],
+            one_row=int32[table + 8:table + 10],
+            chain_seq_lens=int32[table + 12:].view(chained, 4),
+            ids=int64[:rows], positions=int64[rows64:rows64 + rows],
+            slots=int64[2 * rows64:2 * rows64 + rows],
+            target_rows=int64[3 * rows64:3 * rows64 + rows],
+            last=int64[4 * rows64:4 * rows64 + 1],
+            chain_slots=int64[c64:c64 + 2 * chained].view(chained, 2),
+            chain_positions=int64[c64 + 2 * chained:].view(chained, 2))
