@@ -205,7 +205,7 @@ def _serve(engine, requests) -> tuple[dict[str, list[int]], float, float]:
         engine.scheduler.admit(request)
     scheduler, runner = engine.scheduler, engine.runner
     tokens: dict[str, list[int]] = {}
-    host = _HOST[id(engine)] = dict.fromkeys(("plan_s", "submit_s", "wait_s", "complete_s",
+    host = _meter(engine).host = dict.fromkeys(("plan_s", "submit_s", "wait_s", "complete_s",
                                               "steps", "followed"), 0.0)
     clock = time.perf_counter
     started = clock()
@@ -283,7 +283,7 @@ def _row(name: str, engine, tokens: dict[str, list[int]], decode_s: float, base_
                                                    "graphs", None), "rounds", None),
            # device seconds by step kind (the rest of the run's time is the host's)
            "device_s": _device_seconds(engine),
-           "host_s": {k: round(v, 4) for k, v in _HOST.get(id(engine), {}).items()},
+           "host_s": {k: round(v, 4) for k, v in _meter(engine).host.items()},
            # the cost model's measured device ms per step shape (the policy's inputs)
            "step_ms": {f"{kind} {label}": round(1e3 * stats.estimate_s(), 3)
                        for (kind, label), stats in engine.scheduler.state.costs.shapes.items()
@@ -293,10 +293,21 @@ def _row(name: str, engine, tokens: dict[str, list[int]], decode_s: float, base_
     return row
 
 
-_DEVICE_AT_RESET: dict[int, dict[str, float]] = {}
-# the last _serve's host seconds by phase (plan includes the proposer's drafting), its steps
-# and the steps that followed an in-flight one (two-frame overlap)
-_HOST: dict[int, dict[str, float]] = {}
+@dataclasses.dataclass(slots=True)
+class _RowMeter:
+    """What a row measures besides the engine's counters: the device seconds by step kind
+    when the row was reset, and the last _serve's host seconds by phase (plan includes the
+    proposer's drafting), its steps and those that followed an in-flight one (overlap)."""
+
+    device_at_reset: dict[str, float] = dataclasses.field(default_factory=dict)
+    host: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+_METERS: dict[int, _RowMeter] = {}        # by id(engine): the script's engines
+
+
+def _meter(engine) -> _RowMeter:
+    return _METERS.setdefault(id(engine), _RowMeter())
 
 
 def _reset(engine) -> None:
@@ -306,7 +317,7 @@ def _reset(engine) -> None:
     graphs = getattr(engine.scheduler.state.config.proposer, "graphs", None)
     if graphs is not None:                       # an EAGLE-3 head's round graphs
         graphs.rounds = 0
-    _DEVICE_AT_RESET[id(engine)] = _device_totals(engine)
+    _meter(engine).device_at_reset = _device_totals(engine)
 
 
 def _device_totals(engine) -> dict[str, float]:
@@ -318,7 +329,7 @@ def _device_totals(engine) -> dict[str, float]:
 
 def _device_seconds(engine) -> dict[str, float]:
     """Measured device seconds by step kind since the row's reset."""
-    base = _DEVICE_AT_RESET.get(id(engine), {})
+    base = _meter(engine).device_at_reset
     return {kind: round(total - base.get(kind, 0.0), 4)
             for kind, total in _device_totals(engine).items() if total > base.get(kind, 0.0)}
 
