@@ -35,7 +35,6 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -47,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from benchmarks.bench_kernels import capture_graph, replay_seconds  # noqa: E402
+from benchmarks.bench_kernels import capture_graph, kernel_table, replay_seconds  # noqa: E402
 from benchmarks.model_shapes import SHAPES  # noqa: E402
 
 L2_BYTES = 60 * 2**20
@@ -90,27 +89,11 @@ def graph_time(fn: Callable[[], Any], replays: int) -> tuple[float, torch.cuda.C
 
 def profile_graph(graph: torch.cuda.CUDAGraph, replays: int = 3) -> tuple[int, list[dict]]:
     """Kernels per replay and the kernels by total time (torch.profiler over `replays`)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    def run() -> None:
         for _ in range(replays):
             graph.replay()
-        torch.cuda.synchronize()
-    by_name: dict[str, list[float]] = {}
-    count = 0
-    for event in prof.events():
-        if event.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        name = event.name
-        if name.startswith(("Memcpy", "Memset")) or "cudaGraph" in name:
-            continue
-        count += 1
-        by_name.setdefault(name, []).append(event.device_time)
-    rows = [{"kernel": name[:90], "per_step": len(t) / replays, "us_per_step": sum(t) / replays,
-             "median_us": statistics.median(t)} for name, t in by_name.items()]
-    rows.sort(key=lambda r: -r["us_per_step"])
-    return round(count / replays), rows
+
+    return kernel_table(run, replays)
 
 
 class DecodeStep:

@@ -72,6 +72,37 @@ def replay_seconds(graph: torch.cuda.CUDAGraph, replays: int) -> float:
     return statistics.median(times)
 
 
+def kernel_table(run: Callable[[], Any], per: float = 1.0) -> tuple[int, list[dict]]:
+    """CUDA kernels of one `run()` under torch.profiler (graph replays included), by total
+    time: (kernels per `per`, rows of kernel name, launches per `per`, us per `per`, median
+    us each), `per` being what `run` did (replays, steps) so the rows read per unit."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    return kernel_rows(prof, per)
+
+
+def kernel_rows(prof: Any, per: float = 1.0) -> tuple[int, list[dict]]:
+    """kernel_table's grouping of a finished torch.profiler session's CUDA kernels."""
+    by_name: dict[str, list[float]] = {}
+    count = 0
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = event.name
+        if name.startswith(("Memcpy", "Memset")) or "cudaGraph" in name:
+            continue
+        count += 1
+        by_name.setdefault(name, []).append(event.device_time)
+    rows = [{"kernel": name[:90], "per_step": len(t) / per, "us_per_step": sum(t) / per,
+             "median_us": statistics.median(t)} for name, t in by_name.items()]
+    rows.sort(key=lambda r: -r["us_per_step"])
+    return round(count / per), rows
+
+
 class Timer:
     """Median seconds per call of `fn` (which makes `calls` calls): CUDA graph replays timed
     with events on the GPU; wall clock around one run elsewhere (smoke runs only)."""

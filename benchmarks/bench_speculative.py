@@ -198,9 +198,9 @@ def _build(model_dir: Path, args, **overrides):
                         open_model(model_dir, allow_missing_weights=True))
 
 
-def _serve(engine, requests) -> tuple[dict[str, list[int]], float, float]:
+def _serve(engine, requests, on_first=None) -> tuple[dict[str, list[int]], float, float]:
     """Drive like the engine loop: tokens per request, seconds from the first token to the
-    last (decode), and seconds in all."""
+    last (decode), and seconds in all. `on_first()` runs when the first token arrives."""
     for request in requests:
         engine.scheduler.admit(request)
     scheduler, runner = engine.scheduler, engine.runner
@@ -235,6 +235,9 @@ def _serve(engine, requests) -> tuple[dict[str, list[int]], float, float]:
                 for delta in update.deltas:
                     if delta.token_ids and first is None:
                         first = time.perf_counter()
+                        host["steps_before_first"] = host["steps"]
+                        if on_first is not None:
+                            on_first()
                     tokens.setdefault(update.request_id, []).extend(delta.token_ids)
     end = time.perf_counter()
     return tokens, end - (first or started), end - started
@@ -249,6 +252,38 @@ def _request(request_id: str, prompt: list[int], max_tokens: int):
     return EngineRequest(request_id=request_id, prompt_token_ids=tuple(prompt),
                          sampling=params, stop=StopRules(max_tokens=max_tokens,
                                                          ignore_eos=True), seed=0)
+
+
+def _profile(engine, name: str, proposer, prompt: list[int], output_len: int) -> dict:
+    """One more run of a row under torch.profiler from its first token on (prefill left out):
+    the GPU kernels per step by time, printed and returned."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.bench_kernels import kernel_rows
+
+    _reset(engine)
+    _with_proposer(engine, proposer)
+    prof = profile(activities=[ProfilerActivity.CUDA])
+
+    def start() -> None:
+        torch.cuda.synchronize()
+        prof.start()
+
+    _serve(engine, [_request("p", prompt, output_len)], on_first=start)
+    torch.cuda.synchronize()
+    prof.stop()
+    host = _meter(engine).host
+    steps = host["steps"] - host["steps_before_first"]
+    kernels, rows = kernel_rows(prof, steps)
+    total = sum(r["us_per_step"] for r in rows)
+    print(f"\n{name}: {steps:.0f} steps after the first token, {kernels} kernels and "
+          f"{total:.0f} us of kernel time per step; the kernels by time per step:")
+    for r in rows[:24]:
+        print(f"  {r['us_per_step']:8.1f} us  x{r['per_step']:6.1f}  {r['median_us']:7.2f} us "
+              f"each  {r['kernel']}")
+    return {"name": name, "steps": steps, "kernels": kernels, "us_per_step": total,
+            "top": rows[:40]}
 
 
 def _agree(a: list[int], b: list[int]) -> int:
@@ -352,6 +387,9 @@ def main() -> int:
     parser.add_argument("--no-eagle3", dest="eagle3", action="store_false",
                         help="skip the EAGLE-3 head rows")
     parser.add_argument("--smoke", action="store_true", help="CPU check: a tiny shape")
+    parser.add_argument("--profile", action="store_true",
+                        help="GPU kernels per step of the plain and a=0.7 k=4 rows, one more "
+                             "run each under torch.profiler (profile.json)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = parser.parse_args()
     import torch
@@ -370,6 +408,7 @@ def main() -> int:
         args.max_num_seqs, args.max_model_len = 8, 256
     rng = random.Random(0)
     results: list[dict] = []
+    profiles: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_shape(args.shape, Path(tmp) / args.shape)
         (model_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -404,6 +443,11 @@ def main() -> int:
                 oracle = Oracle({tuple(prompt): reference}, acceptance, width, vocab, seed=width)
                 results.append(oracle_row(f"oracle a={acceptance} k={width}", oracle,
                                           acceptance, width))
+        if args.profile and not args.smoke:
+            profiled = Oracle({tuple(prompt): reference}, 0.7, 4, vocab, seed=4)
+            profiles += [_profile(engine, "off", None, prompt, args.output_len),
+                         _profile(engine, "oracle a=0.7 k=4", profiled, prompt,
+                                  args.output_len)]
         # copy proposals on a prompt that repeats a block (this target repeats its last
         # token, so every copy is right: the real proposer's ceiling)
         block = [rng.randrange(vocab) for _ in range(args.input_len // 4)]
@@ -462,6 +506,8 @@ def main() -> int:
             _free()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "speculative.json").write_text(json.dumps(results, indent=2) + "\n")
+    if args.profile:
+        (args.out / "profile.json").write_text(json.dumps(profiles, indent=2) + "\n")
     print(f"{'run':<32}{'tok/s':>9}{'speedup':>9}{'tok/round':>10}{'accept':>8}"
           f"{'width':>7}{'ideal':>7}{'fwd ms':>8}{'off':>5}{'same':>6}")
     for r in results:
