@@ -15,7 +15,7 @@ replays with CUDA events, under four variants:
 
 For each variant: ms per step, tok/s, kernels per step, and (with --profile) the kernels by
 total time from torch.profiler over a few replays. Then a sweep of the skinny kernel's tilings
-at each of the shape's projections (M = 1, 2, 4, 8 rows) against cuBLAS (+ the unfused norm
+at each of the shape's projections (M = 1, 2, 4, 5, 8, 16 rows: --linear-rows) against cuBLAS (+ the unfused norm
 and activation where the fused kernel replaces them), each call reading its weights from HBM
 (rotating weight sets larger than the L2). Prints tables; writes decode_step.json under --out.
 
@@ -231,24 +231,26 @@ def bench_linear(shape: str, device: torch.device, args) -> list[dict]:
         sets = max(1, min(16, -(-3 * L2_BYTES // weight_bytes)))
         weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
                    for _ in range(sets)]
-        for m in (1, 2, 4, 8):
+        for m in args.rows:
             case = LinearCase(device, n, k, kind, m, weights)
             base, _ = graph_time(case.cublas, args.replays)
             row: dict[str, Any] = {"shape": shape, "proj": name, "m": m, "n": n, "k": k,
                                    "sets": sets, "cublas_us": base / sets * 1e6,
                                    "cublas_gb_s": weight_bytes / (base / sets) / 1e9}
             default = plan_linear(n // 2 if case.silu else n, k, m, sms, case.silu)
-            plans = {default} if m > 1 else {default, *(
-                LinearPlan(bn, bk, w) for bn, bk, w in args.plans)}
+            plans = {default, *(LinearPlan(bn, bk, w) for bn, bk, w in args.plans)} if m == 1 \
+                else {default, *(LinearPlan(bn, bk, w, 16, st) for bn, bk, w, st in args.row_plans)}
             best: tuple[str, float] | None = None
             for plan in sorted(plans, key=lambda p: (p.block_n, p.block_k, p.num_warps)):
-                for use_pdl in (False, True):
+                # PDL on and off for the default tiling, on (the engine's setting) for the rest
+                for use_pdl in (False, True) if plan == default else (True,):
                     os.environ["HELIOS_PDL"] = "1" if use_pdl else "0"
                     pdl.switched_off.cache_clear()
                     seconds, _ = graph_time(lambda plan=plan, case=case: case.skinny(plan),
                                             args.replays)
                     us = seconds / sets * 1e6
                     key = (f"{plan.block_n}x{plan.block_k}w{plan.num_warps}"
+                           + (f"m{plan.block_m}s{plan.num_stages}" if plan.block_m > 1 else "")
                            + ("+pdl" if use_pdl else ""))
                     row[key] = us
                     if plan == default:
@@ -345,9 +347,15 @@ def main() -> int:
     parser.add_argument("--sections", default="step,linear")
     parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "out"))
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--linear-rows", default="1,2,4,5,8,16",
+                        help="token rows M of the linear sweep")
     args = parser.parse_args()
     args.plans = [(4, 512, 4), (8, 256, 4), (8, 512, 4), (16, 256, 4), (16, 512, 4),
                   (16, 512, 8), (32, 256, 4), (32, 512, 8), (16, 1024, 8)]
+    # the tl.dot kernel's tilings (16 token rows per program) for M > 1
+    args.row_plans = [(bn, bk, 4, st) for bn in (16, 32, 64) for bk in (64, 128, 256)
+                      for st in (3, 5)] + [(16, 128, 8, 4), (32, 128, 8, 4)]
+    args.rows = [int(m) for m in args.linear_rows.split(",")]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda" and not args.smoke:
         print("no CUDA device: running the smoke shapes (the step timings need a GPU)")

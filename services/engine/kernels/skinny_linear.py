@@ -32,6 +32,7 @@ kernels). `plan=` and the kernel itself still take any row count (the benchmark'
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +54,7 @@ from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
 
 # Above this many rows the fused skinny path hands over to cuBLAS (see the module docstring;
 # benchmarks/bench_decode_step.py sweeps the crossover).
-MAX_ROWS = 1
+MAX_ROWS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,13 @@ class LinearPlan:
     block_n: int       # output features per program
     block_k: int       # reduction elements per step
     num_warps: int
+    block_m: int = 1   # token rows per program: 1 (_skinny_linear_kernel) or >= 16 (tl.dot)
+    num_stages: int = 3  # the tl.dot kernel's weight pipeline depth
+
+    def __post_init__(self) -> None:
+        if self.block_m != 1 and (self.block_m < 16 or self.block_n < 16 or self.block_k < 16):
+            raise ValidationError(f"{self}: a tl.dot plan (block_m > 1) needs block_m, block_n "
+                                  f"and block_k of at least 16")
 
 
 def plan_linear(n_out: int, k: int, rows: int, num_sms: int, gated: bool = False
@@ -80,7 +88,11 @@ def plan_linear(n_out: int, k: int, rows: int, num_sms: int, gated: bool = False
       per multiprocessor: 8B qkv 21.5 us (cuBLAS with the norm 25.1), o_proj 12.7 (15.7),
       down 32.3 (35.0); 0.6B qkv 5.2 (9.3).
 
-    The fp32 accumulator is tile-shaped (one reduction at the end); no tiling here spills."""
+    The fp32 accumulator is tile-shaped (one reduction at the end); no tiling here spills.
+
+    More than one row: the tl.dot kernel, 16 rows per program (`plan_rows`)."""
+    if rows > 1:
+        return plan_rows(n_out, k, gated)
     if gated:
         return LinearPlan(block_n=8, block_k=min(next_power_of_2(k), 512 if k <= 1024 else 256),
                           num_warps=4)
@@ -93,6 +105,12 @@ def plan_linear(n_out: int, k: int, rows: int, num_sms: int, gated: bool = False
     while block_n > 4 and cdiv(n_out, block_n) * rows < 2 * num_sms:
         block_n //= 2
     return LinearPlan(block_n=block_n, block_k=block_k, num_warps=4)
+
+
+def plan_rows(n_out: int, k: int, gated: bool) -> LinearPlan:
+    """The tl.dot kernel's tiling for 2-16 rows (provisional: not yet swept on the H200)."""
+    block_k = max(16, min(next_power_of_2(k), 128 if gated else 256))
+    return LinearPlan(block_n=16, block_k=block_k, num_warps=4, block_m=16)
 
 
 @triton.jit
@@ -169,6 +187,86 @@ def _skinny_linear_kernel(
     tl.store(out_ptr + row * stride_o + n, y.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
+@triton.jit
+def _skinny_rows_kernel(
+    x_ptr, res_ptr, norm_w_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
+    rows, n_out, k_dim, up_offset, eps,
+    stride_x, stride_r, stride_w, stride_o, stride_ro,
+    NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+):
+    # The few-rows twin of _skinny_linear_kernel: each program streams its BLOCK_N weight rows
+    # once for BLOCK_M token rows, tl.dot of the weight tile with the transposed row tile (the
+    # weights are the MMA's wide side), the weight tiles pipelined NUM_STAGES deep by Triton
+    # (asynchronous copies into shared memory); the same roundings, fp32 accumulation
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = m < rows
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < n_out
+    kk = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w               # [BN, 1]
+    up_rows = w_rows + up_offset * stride_w
+    wait_for_previous_grids(PDL)
+    act_dtype = x_ptr.dtype.element_ty
+    m64 = m.to(tl.int64)[:, None]                                      # [BM, 1]
+    x_rows = x_ptr + m64 * stride_x
+    r_rows = res_ptr + m64 * stride_r
+    rstd = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    if NORM:
+        sum_sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, k_dim, BLOCK_K):
+            k = (k0 + kk)[None, :]
+            mk_mask = m_mask[:, None] & (k < k_dim)
+            h = tl.load(x_rows + k, mask=mk_mask, other=0.0).to(tl.float32)
+            if RESIDUAL:
+                r = tl.load(r_rows + k, mask=mk_mask, other=0.0).to(tl.float32)
+                s = (h + r).to(act_dtype)
+                if pid_n == 0:
+                    tl.store(res_out_ptr + m64 * stride_ro + k, s, mask=mk_mask)
+                h = s.to(tl.float32)
+            sum_sq += h * h
+        rstd = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=1) / k_dim + eps)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in tl.range(0, k_dim, BLOCK_K, num_stages=NUM_STAGES):
+        k = k0 + kk
+        k_mask = k < k_dim
+        mk_mask = m_mask[:, None] & k_mask[None, :]
+        w_mask = n_mask[:, None] & k_mask[None, :]
+        a = tl.load(x_rows + k[None, :], mask=mk_mask, other=0.0)
+        if NORM:
+            a = a.to(tl.float32)
+            if RESIDUAL:
+                r = tl.load(r_rows + k[None, :], mask=mk_mask, other=0.0).to(tl.float32)
+                a = (a + r).to(act_dtype).to(tl.float32)
+            g = tl.load(norm_w_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+            a = (a * rstd[:, None] * g[None, :]).to(act_dtype)
+        a_t = tl.trans(a)                                              # [BK, BM]
+        w = tl.load(w_rows + k[None, :], mask=w_mask, other=0.0)
+        if DOT_PRECISION == "ieee":  # fp32 operands (exact products of 16-bit ones)
+            w = w.to(tl.float32)
+            a_t = a_t.to(tl.float32)
+        acc = tl.dot(w, a_t, acc, input_precision=DOT_PRECISION)
+        if ACTIVATION != "none":
+            u = tl.load(up_rows + k[None, :], mask=w_mask, other=0.0)
+            if DOT_PRECISION == "ieee":
+                u = u.to(tl.float32)
+            acc_up = tl.dot(u, a_t, acc_up, input_precision=DOT_PRECISION)
+    y = acc                                                            # [BN, BM]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    if ACTIVATION != "none":
+        up = acc_up
+        if HAS_BIAS:
+            up += tl.load(b_ptr + up_offset + n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        y = gated_activation(y.to(act_dtype).to(tl.float32), up.to(act_dtype).to(tl.float32),
+                             ACTIVATION)
+    out = out_ptr + m.to(tl.int64)[None, :] * stride_o + n[:, None]
+    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
+
+
 def _check_matrix(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     check_rank("x", x, 2)
     check_rank("weight", weight, 2)
@@ -213,15 +311,25 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
     plan = plan or plan_linear(n_out, k_dim, rows, sm_count(x.device), activation is not None)
     res = residual if residual is not None else x
     res_out = residual_out if residual_out is not None else x
-    _skinny_linear_kernel[(cdiv(n_out, plan.block_n), rows)](
-        x, res, norm_weight if norm_weight is not None else weight, weight,
-        bias if bias is not None else weight, out, res_out,
-        n_out, k_dim, n_out if activation else 0, float(eps),
-        x.stride(0), res.stride(0), weight.stride(0), out.stride(0), res_out.stride(0),
-        NORM=norm_weight is not None, RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
-        ACTIVATION=activation or "none", BLOCK_N=plan.block_n, BLOCK_K=plan.block_k,
-        num_warps=plan.num_warps, **launch_options(x.device, rows),
-    )
+    pointers = (x, res, norm_weight if norm_weight is not None else weight, weight,
+                bias if bias is not None else weight, out, res_out)
+    sizes = (n_out, k_dim, n_out if activation else 0, float(eps),
+             x.stride(0), res.stride(0), weight.stride(0), out.stride(0), res_out.stride(0))
+    flags = dict(NORM=norm_weight is not None, RESIDUAL=residual is not None,
+                 HAS_BIAS=bias is not None, ACTIVATION=activation or "none",
+                 BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, num_warps=plan.num_warps,
+                 **launch_options(x.device, rows))
+    if plan.block_m == 1:
+        _skinny_linear_kernel[(cdiv(n_out, plan.block_n), rows)](*pointers, *sizes, **flags)
+    else:
+        # "ieee": fp32 operands, fp32 products. fp32 inputs need it (tf32 would round them),
+        # and so does Triton's interpreter, whose tl.dot misreads bf16 operands (raw bits);
+        # on CUDA 16-bit operands go to the MMA as they are (fp32 accumulation either way)
+        interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+        precision = "ieee" if x.dtype == torch.float32 or interpreted else "tf32"
+        _skinny_rows_kernel[(cdiv(n_out, plan.block_n), cdiv(rows, plan.block_m))](
+            *pointers, rows, *sizes, BLOCK_M=plan.block_m, NUM_STAGES=plan.num_stages,
+            DOT_PRECISION=precision, **flags)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
