@@ -221,6 +221,8 @@ class LinearCase:
 
 
 def bench_linear(shape: str, device: torch.device, args) -> list[dict]:
+    from triton.runtime.errors import OutOfResources
+
     from services.engine.kernels import pdl
     from services.engine.kernels.skinny_linear import LinearPlan, plan_linear
 
@@ -246,8 +248,12 @@ def bench_linear(shape: str, device: torch.device, args) -> list[dict]:
                 for use_pdl in (False, True) if plan == default else (True,):
                     os.environ["HELIOS_PDL"] = "1" if use_pdl else "0"
                     pdl.switched_off.cache_clear()
-                    seconds, _ = graph_time(lambda plan=plan, case=case: case.skinny(plan),
-                                            args.replays)
+                    try:
+                        seconds, _ = graph_time(lambda plan=plan, case=case: case.skinny(plan),
+                                                args.replays)
+                    except OutOfResources:      # a tiling past the shared memory
+                        torch.cuda.synchronize()
+                        continue
                     us = seconds / sets * 1e6
                     key = (f"{plan.block_n}x{plan.block_k}w{plan.num_warps}"
                            + (f"m{plan.block_m}s{plan.num_stages}" if plan.block_m > 1 else "")
