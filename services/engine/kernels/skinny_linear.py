@@ -199,7 +199,10 @@ def _skinny_rows_kernel(
     # The few-rows twin of _skinny_linear_kernel: each program streams its BLOCK_N weight rows
     # once for BLOCK_M token rows, tl.dot of the weight tile with the transposed row tile (the
     # weights are the MMA's wide side), the weight tiles pipelined NUM_STAGES deep by Triton
-    # (asynchronous copies into shared memory); the same roundings, fp32 accumulation
+    # (asynchronous copies into shared memory). One pass over K: the norm's 1/rms, known only
+    # at the end, scales the fp32 sums, so the MMA takes (x [+ residual]) * g rounded to the
+    # input dtype where the unfused norm rounds (x [+ residual]) * g / rms: the same rounding
+    # step, at a different point (the residual sum and gate / up round as unfused)
     pid_n = tl.program_id(0)
     m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = m < rows
@@ -213,21 +216,7 @@ def _skinny_rows_kernel(
     m64 = m.to(tl.int64)[:, None]                                      # [BM, 1]
     x_rows = x_ptr + m64 * stride_x
     r_rows = res_ptr + m64 * stride_r
-    rstd = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
-    if NORM:
-        sum_sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, k_dim, BLOCK_K):
-            k = (k0 + kk)[None, :]
-            mk_mask = m_mask[:, None] & (k < k_dim)
-            h = tl.load(x_rows + k, mask=mk_mask, other=0.0).to(tl.float32)
-            if RESIDUAL:
-                r = tl.load(r_rows + k, mask=mk_mask, other=0.0).to(tl.float32)
-                s = (h + r).to(act_dtype)
-                if pid_n == 0:
-                    tl.store(res_out_ptr + m64 * stride_ro + k, s, mask=mk_mask)
-                h = s.to(tl.float32)
-            sum_sq += h * h
-        rstd = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=1) / k_dim + eps)
+    sum_sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in tl.range(0, k_dim, BLOCK_K, num_stages=NUM_STAGES):
@@ -240,9 +229,13 @@ def _skinny_rows_kernel(
             a = a.to(tl.float32)
             if RESIDUAL:
                 r = tl.load(r_rows + k[None, :], mask=mk_mask, other=0.0).to(tl.float32)
-                a = (a + r).to(act_dtype).to(tl.float32)
+                a = (a + r).to(act_dtype)
+                if pid_n == 0:
+                    tl.store(res_out_ptr + m64 * stride_ro + k[None, :], a, mask=mk_mask)
+                a = a.to(tl.float32)
+            sum_sq += a * a
             g = tl.load(norm_w_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
-            a = (a * rstd[:, None] * g[None, :]).to(act_dtype)
+            a = (a * g[None, :]).to(act_dtype)        # the row's 1/rms scales the sums below
         a_t = tl.trans(a)                                              # [BK, BM]
         w = tl.load(w_rows + k[None, :], mask=w_mask, other=0.0)
         if DOT_PRECISION == "ieee":  # fp32 operands (exact products of 16-bit ones)
@@ -254,6 +247,10 @@ def _skinny_rows_kernel(
             if DOT_PRECISION == "ieee":
                 u = u.to(tl.float32)
             acc_up = tl.dot(u, a_t, acc_up, input_precision=DOT_PRECISION)
+    if NORM:
+        rstd = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=1) / k_dim + eps)   # [BM]
+        acc = acc * rstd[None, :]
+        acc_up = acc_up * rstd[None, :]
     y = acc                                                            # [BN, BM]
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
