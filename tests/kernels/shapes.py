@@ -83,6 +83,15 @@ def qwen3_8b_calls() -> list[str]:
     names.append("linear down M=1")
     linear(row, torch.randn(151936, HIDDEN, dtype=bf16), out_dtype=torch.float32)
     names.append("linear lm_head fp32 M=1")
+    rows = x[:5]   # a verification's rows (the 2-16-row tl.dot kernel)
+    norm_linear(rows, rows.clone(), w, 1e-6, torch.randn(qkv.shape[1], HIDDEN, dtype=bf16))
+    names.append("norm_linear qkv M=5")
+    norm_linear(rows, rows.clone(), w, 1e-6, gate_up, activation="silu")
+    names.append("norm_linear gate_up silu M=5")
+    linear(torch.randn(5, INTERMEDIATE, dtype=bf16), torch.randn(HIDDEN, INTERMEDIATE, dtype=bf16))
+    names.append("linear down M=5")
+    linear(rows, torch.randn(151936, HIDDEN, dtype=bf16), out_dtype=torch.float32)
+    names.append("linear lm_head fp32 M=5")
     return names
 
 

@@ -129,6 +129,8 @@ LINEAR_CASES = [
     (4, 100, 70, True),
     (5, 100, 70, True),
     (9, 1030, 40, False),
+    (16, 100, 70, True),      # MAX_ROWS: the last tl.dot step
+    (17, 100, 70, True),      # cuBLAS above it
 ]
 
 
@@ -161,6 +163,8 @@ NORM_CASES = [
     (8, 64, 48, False, False, "silu"),
     (3, 100, 70, True, True, "gelu_tanh"),
     (6, 64, 48, False, False, "gelu_tanh"),
+    (16, 1030, 40, True, True, "silu"),
+    (17, 100, 70, True, True, None),
 ]
 
 
@@ -177,6 +181,10 @@ PLANS = [
     (100, 70, LinearPlan(block_n=128, block_k=32, num_warps=8)),
     (1030, 38, LinearPlan(block_n=32, block_k=128, num_warps=4)),
     (100, 38, LinearPlan(block_n=4, block_k=16, num_warps=1)),
+    # the 2-16-row tl.dot kernel's tilings (any row count through plan=)
+    (100, 70, LinearPlan(block_n=16, block_k=16, num_warps=4, block_m=16, num_stages=2)),
+    (1030, 38, LinearPlan(block_n=64, block_k=256, num_warps=4, block_m=16, num_stages=3)),
+    (100, 70, LinearPlan(block_n=32, block_k=64, num_warps=8, block_m=32, num_stages=5)),
 ]
 
 
@@ -193,11 +201,19 @@ def test_explicit_plans(k, n, plan, device, gen, monkeypatch) -> None:
     for activation in ("silu", "gelu_tanh"):
         _norm_case(gen, device, dtype, 1, k, n, bias=True, residual=True, activation=activation,
                    plan=plan)
-    # the kernel itself takes any row count (one row per program; the wrappers send it one)
-    rows = _rand(gen, 3, k, dtype=dtype, device=device, scale=2.0)
-    out = torch.full((3, n), float("nan"), dtype=dtype, device=device)
-    skinny_linear._launch(rows, None, None, 0.0, w, b, out, None, None, plan)
-    _check(out, _ref_linear(rows, w, b), dtype)
+    # either kernel takes any row count, more rows than one program's too (grid axis 1)
+    for count in (3, 20):
+        rows = _rand(gen, count, k, dtype=dtype, device=device, scale=2.0)
+        out = torch.full((count, n), float("nan"), dtype=dtype, device=device)
+        skinny_linear._launch(rows, None, None, 0.0, w, b, out, None, None, plan)
+        _check(out, _ref_linear(rows, w, b), dtype)
+    _norm_case(gen, device, dtype, 20, k, n - n % 2, bias=True, residual=True,
+               activation="silu", plan=plan)
+
+
+def test_plan_rejects_a_small_dot_tile() -> None:
+    with pytest.raises(ValidationError, match="at least 16"):
+        LinearPlan(block_n=8, block_k=64, num_warps=4, block_m=16)
 
 
 @pytest.mark.parametrize(("n", "k", "rows", "gated"), [
@@ -209,6 +225,13 @@ def test_plan_linear(n, k, rows, gated) -> None:
     plan: power-of-two blocks (tl.arange), a reduction step covering K when K is small."""
     num_sms = 132
     plan = plan_linear(n, k, rows, num_sms, gated)
+    if rows > 1:       # the tl.dot kernel: 16 rows and 64 features per program (plan_rows)
+        assert (plan.block_m, plan.block_n, plan.num_warps) == (16, 64, 4)
+        assert plan.block_k & (plan.block_k - 1) == 0 and 16 <= plan.block_k <= 256
+        assert plan.block_k >= min(k, 64) and plan.num_stages in (3, 5)
+        assert plan_linear(n, k, rows, num_sms, gated, normed=True).num_stages == (
+            3 if not gated else 5)
+        return
     for size in (plan.block_n, plan.block_k):
         assert size & (size - 1) == 0
     assert plan.block_k <= 1024 and plan.block_k >= min(k, 256)

@@ -24,10 +24,16 @@ Rounding matches the unfused kernels: the residual sum rounded to the input dtyp
 row rounded to it before the product (as the rms_norm kernel's output), gate and up rounded to
 it before the activation (as cuBLAS's output into the activation kernel); fp32 accumulation.
 
-Rows: each program handles one row (grid axis 1), so the weights are read once per row: at
-two rows the Qwen3-8B projections already ran slower than cuBLAS (bench_decode_step.py), so
-above `MAX_ROWS` rows the wrappers take the unfused path (cuBLAS GEMM + the norm / activation
-kernels). `plan=` and the kernel itself still take any row count (the benchmark's sweep).
+Rows: `_skinny_linear_kernel` handles one row per program (grid axis 1), so it reads the
+weights once per row; it serves one-row steps (batch-1 decode). Steps of 2 to `MAX_ROWS` rows
+(a verification's pending token and drafts, small decode batches) take `_skinny_rows_kernel`:
+16 rows per program through tl.dot, the weight tiles streamed once through Triton's
+pipelined copies, the same norm, residual and activation fused in. On the H200 it beats
+cuBLAS with the separate norm and activation kernels at every Qwen3-8B projection from 2 to 16
+rows (`plan_rows`; the first version, which prefetched the weights into registers, ran
+1.1-1.8x slower than cuBLAS). Above `MAX_ROWS` the wrappers take the unfused path (cuBLAS
+GEMM + the norm / activation kernels). `plan=` takes either kernel at any row count (the
+benchmark's sweep).
 """
 
 from __future__ import annotations
@@ -71,8 +77,8 @@ class LinearPlan:
                                   f"and block_k of at least 16")
 
 
-def plan_linear(n_out: int, k: int, rows: int, num_sms: int, gated: bool = False
-                ) -> LinearPlan:
+def plan_linear(n_out: int, k: int, rows: int, num_sms: int, gated: bool = False,
+                normed: bool = False) -> LinearPlan:
     """The tiling, from the H200 sweep of bench_decode_step.py at the Qwen3-0.6B and -8B
     projections, batch 1, with PDL (RESULTS.md 2026-11-29; the best of 9 tilings each):
 
@@ -92,7 +98,7 @@ def plan_linear(n_out: int, k: int, rows: int, num_sms: int, gated: bool = False
 
     More than one row: the tl.dot kernel, 16 rows per program (`plan_rows`)."""
     if rows > 1:
-        return plan_rows(n_out, k, gated)
+        return plan_rows(n_out, k, gated, normed)
     if gated:
         return LinearPlan(block_n=8, block_k=min(next_power_of_2(k), 512 if k <= 1024 else 256),
                           num_warps=4)
@@ -107,10 +113,27 @@ def plan_linear(n_out: int, k: int, rows: int, num_sms: int, gated: bool = False
     return LinearPlan(block_n=block_n, block_k=block_k, num_warps=4)
 
 
-def plan_rows(n_out: int, k: int, gated: bool) -> LinearPlan:
-    """The tl.dot kernel's tiling for 2-16 rows (provisional: not yet swept on the H200)."""
-    block_k = max(16, min(next_power_of_2(k), 128 if gated else 256))
-    return LinearPlan(block_n=16, block_k=block_k, num_warps=4, block_m=16)
+def plan_rows(n_out: int, k: int, gated: bool, normed: bool) -> LinearPlan:
+    """The tl.dot kernel's tiling for 2-16 rows, from the H200 sweep of bench_decode_step.py
+    at the Qwen3-8B projections, M = 2, 5, 8 and 16 (RESULTS.md 2026-12-04, later session; 20
+    tilings each). 64 output features per program everywhere: a normed projection re-reads
+    its rows (and residual) in every program, so fewer, wider programs win there (qkv at 5
+    rows: 17.9 us with 64 x 256, 55.6 with 32 x 256, cuBLAS with the norm kernel 20.7).
+
+    - gate + up (`gated`): 64 x 64, 5 stages: 56.6-59.9 us (cuBLAS + norm + activation 58.8-64.0)
+    - the vocabulary projection (>= 32768 features): 64 x 128, 3 stages: 282-291 us (cuBLAS
+      with the fp32 cast 307-316)
+    - other normed ones (qkv): 64 x 256, 3 stages (5 stages pass the shared memory there)
+    - the rest (o_proj, down): 64 x 256, 5 stages: o_proj 11.3-11.6 us (cuBLAS 13.8-14.0),
+      down 28.5 (30.6-32.3)."""
+    if gated:
+        block_k, stages = 64, 5
+    elif n_out >= 32768:
+        block_k, stages = 128, 3
+    else:
+        block_k, stages = 256, 3 if normed else 5
+    return LinearPlan(block_n=64, block_k=min(block_k, max(16, next_power_of_2(k))),
+                      num_warps=4, block_m=16, num_stages=stages)
 
 
 @triton.jit
@@ -305,7 +328,8 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
     n_out = out.shape[1]
     if rows == 0 or n_out == 0:
         return
-    plan = plan or plan_linear(n_out, k_dim, rows, sm_count(x.device), activation is not None)
+    plan = plan or plan_linear(n_out, k_dim, rows, sm_count(x.device), activation is not None,
+                               norm_weight is not None)
     res = residual if residual is not None else x
     res_out = residual_out if residual_out is not None else x
     pointers = (x, res, norm_weight if norm_weight is not None else weight, weight,
