@@ -219,6 +219,7 @@ def test_plan_rejects_a_small_dot_tile() -> None:
 @pytest.mark.parametrize(("n", "k", "rows", "gated"), [
     (70, 100, 1, False), (4096, 1024, 1, False), (6144, 4096, 1, False), (4096, 12288, 1, False),
     (6144, 1024, 4, False), (151936, 1024, 2, False), (12, 3, 4, False), (1, 4096, 1, False),
+    (4096, 4096, 5, False), (4096, 12288, 16, False), (12288, 4096, 5, True),
     (3072, 1024, 1, True), (12288, 4096, 1, True), (35, 64, 2, True)])
 def test_plan_linear(n, k, rows, gated) -> None:
     """The measured tiling rules (plan_linear's docstring) and what the kernel needs of any
@@ -231,6 +232,11 @@ def test_plan_linear(n, k, rows, gated) -> None:
         assert plan.block_k >= min(k, 64) and plan.num_stages in (3, 5)
         assert plan_linear(n, k, rows, num_sms, gated, normed=True).num_stages == (
             3 if not gated else 5)
+        # fp32 tiles fit the shared memory (a 5-stage 64 x 256 fp32 tiling asked for 320 KiB)
+        for normed in (False, True):
+            wide = plan_linear(n, k, rows, num_sms, gated, normed, elem_bytes=4)
+            per_k = 4 * (wide.block_n * (2 if gated else 1) + wide.block_m * (1 + normed))
+            assert wide.num_stages * wide.block_k * per_k <= skinny_linear.SHARED_BYTES
         return
     for size in (plan.block_n, plan.block_k):
         assert size & (size - 1) == 0

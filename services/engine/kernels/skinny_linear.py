@@ -61,6 +61,9 @@ from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
 # Above this many rows the fused skinny path hands over to cuBLAS (see the module docstring;
 # benchmarks/bench_decode_step.py sweeps the crossover).
 MAX_ROWS = 16
+# the rows kernel's pipelined tiles must fit a multiprocessor's shared memory (227 KiB on
+# sm_90; a 5-stage fp32 64 x 256 tiling asked for 320 KiB)
+SHARED_BYTES = 224 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +81,7 @@ class LinearPlan:
 
 
 def plan_linear(n_out: int, k: int, rows: int, num_sms: int, gated: bool = False,
-                normed: bool = False) -> LinearPlan:
+                normed: bool = False, elem_bytes: int = 2) -> LinearPlan:
     """The tiling, from the H200 sweep of bench_decode_step.py at the Qwen3-0.6B and -8B
     projections, batch 1, with PDL (RESULTS.md 2026-11-29; the best of 9 tilings each):
 
@@ -98,7 +101,7 @@ def plan_linear(n_out: int, k: int, rows: int, num_sms: int, gated: bool = False
 
     More than one row: the tl.dot kernel, 16 rows per program (`plan_rows`)."""
     if rows > 1:
-        return plan_rows(n_out, k, gated, normed)
+        return plan_rows(n_out, k, gated, normed, elem_bytes)
     if gated:
         return LinearPlan(block_n=8, block_k=min(next_power_of_2(k), 512 if k <= 1024 else 256),
                           num_warps=4)
@@ -113,7 +116,8 @@ def plan_linear(n_out: int, k: int, rows: int, num_sms: int, gated: bool = False
     return LinearPlan(block_n=block_n, block_k=block_k, num_warps=4)
 
 
-def plan_rows(n_out: int, k: int, gated: bool, normed: bool) -> LinearPlan:
+def plan_rows(n_out: int, k: int, gated: bool, normed: bool, elem_bytes: int = 2
+              ) -> LinearPlan:
     """The tl.dot kernel's tiling for 2-16 rows, from the H200 sweep of bench_decode_step.py
     at the Qwen3-8B projections, M = 2, 5, 8 and 16 (RESULTS.md 2026-12-04, later session; 20
     tilings each). 64 output features per program everywhere: a normed projection re-reads
@@ -132,8 +136,18 @@ def plan_rows(n_out: int, k: int, gated: bool, normed: bool) -> LinearPlan:
         block_k, stages = 128, 3
     else:
         block_k, stages = 256, 3 if normed else 5
-    return LinearPlan(block_n=64, block_k=min(block_k, max(16, next_power_of_2(k))),
-                      num_warps=4, block_m=16, num_stages=stages)
+    block_n, block_m = 64, 16
+    block_k = min(block_k, max(16, next_power_of_2(k)))
+    # wider elements (fp32) fit the shared memory with fewer stages, then narrower steps:
+    # each stage holds the weight tile(s) and the rows (and residual) of one step
+    per_k = elem_bytes * (block_n * (2 if gated else 1) + block_m * (2 if normed else 1))
+    while stages * block_k * per_k > SHARED_BYTES and block_k > 16:
+        if stages > 3:
+            stages = 3
+        else:
+            block_k //= 2
+    return LinearPlan(block_n=block_n, block_k=block_k, num_warps=4, block_m=block_m,
+                      num_stages=stages)
 
 
 @triton.jit
@@ -329,7 +343,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
     if rows == 0 or n_out == 0:
         return
     plan = plan or plan_linear(n_out, k_dim, rows, sm_count(x.device), activation is not None,
-                               norm_weight is not None)
+                               norm_weight is not None, x.element_size())
     res = residual if residual is not None else x
     res_out = residual_out if residual_out is not None else x
     pointers = (x, res, norm_weight if norm_weight is not None else weight, weight,
