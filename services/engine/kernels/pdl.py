@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-MAX_ROWS = 1  # steps of at most this many token rows launch with PDL
+MAX_ROWS = 16  # steps of at most this many token rows launch with PDL
 
 
 @triton.jit
@@ -43,6 +43,21 @@ def wait_for_previous_grids(PDL: tl.constexpr):
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
+
+
+@triton.jit
+def wait_only(PDL: tl.constexpr):
+    """The wait of `wait_for_previous_grids` without letting the next kernel launch yet (a
+    kernel whose programs hold much shared memory calls `let_next_launch` at its end)."""
+    if PDL:
+        gdc_wait()
+
+
+@triton.jit
+def let_next_launch(PDL: tl.constexpr):
+    """Let the next kernel launch (after this program's main work)."""
+    if PDL:
+        gdc_launch_dependents()
 
 
 @functools.cache

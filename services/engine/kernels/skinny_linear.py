@@ -56,7 +56,12 @@ from services.engine.kernels.common import (
     next_power_of_2,
     sm_count,
 )
-from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
+from services.engine.kernels.pdl import (
+    launch_options,
+    let_next_launch,
+    wait_for_previous_grids,
+    wait_only,
+)
 
 # Above this many rows the fused skinny path hands over to cuBLAS (see the module docstring;
 # benchmarks/bench_decode_step.py sweeps the crossover).
@@ -248,7 +253,7 @@ def _skinny_rows_kernel(
     kk = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w               # [BN, 1]
     up_rows = w_rows + up_offset * stride_w
-    wait_for_previous_grids(PDL)
+    wait_only(PDL)   # the next kernel launches only after this one's sums (let_next_launch)
     act_dtype = x_ptr.dtype.element_ty
     m64 = m.to(tl.int64)[:, None]                                      # [BM, 1]
     x_rows = x_ptr + m64 * stride_x
@@ -284,6 +289,7 @@ def _skinny_rows_kernel(
             if DOT_PRECISION == "ieee":
                 u = u.to(tl.float32)
             acc_up = tl.dot(u, a_t, acc_up, input_precision=DOT_PRECISION)
+    let_next_launch(PDL)
     if NORM:
         rstd = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=1) / k_dim + eps)   # [BM]
         acc = acc * rstd[None, :]
