@@ -8,14 +8,15 @@ CUDA graph (stream capture keeps the launch attribute as a programmatic edge). W
 next kernel's programs are already resident when the previous one drains; the skinny linear
 kernels also start streaming their weights (which no earlier kernel writes) before the wait.
 
-PDL is used only in one-row steps (`MAX_ROWS`, batch-1 decode): there every projection runs
-through the one-row skinny kernel, so the whole layer chain waits on griddepcontrol. Behind a
-cuBLAS GEMM (which neither triggers nor waits) it bought nothing, and at the Qwen3-0.6B
-shape the batch-1 step was 10% slower with PDL on the norm / attention kernels alone
-(bench_decode_step.py, RESULTS.md 2026-11-29). Steps of 2-16 rows take the tl.dot rows
-kernel, whose programs hold up to 200 KiB of shared memory: launched early they crowd the
-kernel still running, and the Qwen3-8B batch-4 step took 5.50 ms with PDL against 4.93
-without (RESULTS.md 2026-12-04, later session).
+PDL is used only in steps of at most `skinny_linear.MAX_ROWS` (16) token rows: there every
+projection runs through a skinny kernel, so the whole layer chain waits on griddepcontrol.
+Behind a cuBLAS GEMM (which neither triggers nor waits) it bought nothing, and at the
+Qwen3-0.6B shape the batch-1 step was 10% slower with PDL on the norm / attention kernels
+alone (bench_decode_step.py, RESULTS.md 2026-11-29). The 2-16-row tl.dot kernel waits first
+and lets the next kernel launch only after its sums (`wait_only`, `let_next_launch`): its
+programs hold up to 200 KiB of shared memory, and launched early they crowded the kernel
+still running (the Qwen3-8B batch-4 step: 5.50 ms with the early trigger, 4.93 without PDL,
+4.68 with the late trigger; RESULTS.md 2026-12-04, later session).
 
 The contract every PDL kernel keeps: before `wait_for_previous_grids` it reads only memory no
 kernel of the step writes (weights), and writes nothing; every program executes the wait
@@ -32,8 +33,6 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-MAX_ROWS = 16  # steps of at most this many token rows launch with PDL
 
 
 @triton.jit
@@ -82,5 +81,7 @@ def pdl_enabled(device: torch.device) -> bool:
 def launch_options(device: torch.device, rows: int) -> dict[str, bool]:
     """Launch keywords for a PDL-capable kernel (its PDL constexpr, and the launch attribute
     when on) in a step of `rows` token rows: `kernel[grid](..., **launch_options(d, rows))`."""
+    from services.engine.kernels.skinny_linear import MAX_ROWS
+
     enabled = rows <= MAX_ROWS and pdl_enabled(device)
     return {"PDL": enabled, "launch_pdl": True} if enabled else {"PDL": False}
