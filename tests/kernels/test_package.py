@@ -134,7 +134,10 @@ def test_pdl_kernels_compile_for_sm90_with_the_wait() -> None:
         "    pdl = dataclasses.replace(launch, kwargs={**launch.kwargs, 'PDL': True})\n"
         "    compiled = compile_launch(pdl)\n"
         "    r = report(name, compiled)\n"
-        "    rows.append([name, r.registers, r.local_loads, 'griddepcontrol.wait' in compiled.asm['ptx']])\n"
+        "    ptx = compiled.asm['ptx']\n"
+    "    trigger = ptx.find('griddepcontrol.launch_dependents')\n"
+    "    rows.append([name, r.registers, r.local_loads, 'griddepcontrol.wait' in ptx,\n"
+    "                 trigger > ptx.rfind('mma') if trigger >= 0 else None])\n"
         "print(json.dumps(rows))\n"
     )
     rows = compiled_json(code)
@@ -144,6 +147,11 @@ def test_pdl_kernels_compile_for_sm90_with_the_wait() -> None:
             "norm_linear gate_up gelu_tanh M=1",
             "linear down M=1", "linear lm_head fp32 M=1", "norm_linear qkv M=5",
             "norm_linear gate_up silu M=5", "linear down M=5", "linear lm_head fp32 M=5"} <= names
-    for name, registers, local_loads, waits in rows:
+    for name, registers, local_loads, waits, trigger_after_mma in rows:
         assert local_loads == 0 and registers <= 255, f"{name}: spills ({registers} regs)"
         assert waits, f"{name}: no griddepcontrol.wait in the PTX"
+        assert trigger_after_mma is not None, f"{name}: never lets the next kernel launch"
+        if name.endswith("M=5"):
+            # the rows kernel lets the next kernel launch only after its sums (kernels/pdl.py:
+            # launched early, the next kernel's programs crowded this one's shared memory)
+            assert trigger_after_mma, f"{name}: launch_dependents before the last MMA"
