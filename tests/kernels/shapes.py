@@ -103,18 +103,12 @@ def eager_step_variants(count: int = 60, seed: int = 1, windows: tuple[int, ...]
     (0: full attention; Gemma 3 runs both). Run with kernels compiled (not interpreted):
     launches are recorded, nothing runs. Returns the counts by kernel name for all launches
     ("all") and for those of the full-attention calls and the other ops alone ("full")."""
-    import dataclasses
     import random
 
-    from services.engine.kernels.attention import paged_attention
-    from services.engine.kernels.norm import fused_add_rms_norm
-    from services.engine.kernels.prologue import qkv_prologue
-    from tests.kernels.batch import make_batch
-    from tests.kernels.sm90_compile import capture_launches, compile_key
+    from tests.kernels.sm90_compile import compile_key
 
     rng = random.Random(seed)
-    max_len, page = 2304, PAGE_SIZE
-    width = max_len // page + 1
+    max_len = 2304
     steps = []
     for _ in range(count):
         num_seqs = rng.choice([1, 2, 3, 8, 17, 64, 130])
@@ -126,6 +120,32 @@ def eager_step_variants(count: int = 60, seed: int = 1, windows: tuple[int, ...]
             q_lens.append(q)
             left = max(1, left - q)
         steps.append((q_lens, [q + rng.randint(0, max_len - q) for q in q_lens]))
+    launches, of_windows = record_eager_steps(steps, max_len, windows)
+    variants: dict[str, dict[str, set]] = {"all": {}, "full": {}}
+    for index, launch in enumerate(launches):
+        key = compile_key(launch)
+        for part in ("all",) if index in of_windows else ("all", "full"):
+            variants[part].setdefault(key[0], set()).add(key)
+    return {part: {name: len(keys) for name, keys in counts.items()}
+            for part, counts in variants.items()}
+
+
+def record_eager_steps(steps: list[tuple[list[int], list[int]]], max_len: int,
+                       windows: tuple[int, ...] = (0,)) -> tuple[list, set[int]]:
+    """The attention (once per window in `windows`), residual norm and QKV prologue launches
+    of eager steps given as (query lengths, KV lengths), with the engine's fixed page-table
+    width for `max_len`, recorded (`capture_launches`), not run; and the indices of the
+    windowed attention launches."""
+    import dataclasses
+
+    from services.engine.kernels.attention import paged_attention
+    from services.engine.kernels.norm import fused_add_rms_norm
+    from services.engine.kernels.prologue import qkv_prologue
+    from tests.kernels.batch import make_batch
+    from tests.kernels.sm90_compile import capture_launches
+
+    page = PAGE_SIZE
+    width = max_len // page + 1
     bf16 = torch.bfloat16
     windowed = []  # (first, end) launch indices of the windowed attention calls
     with capture_launches() as launches:
@@ -149,11 +169,4 @@ def eager_step_variants(count: int = 60, seed: int = 1, windows: tuple[int, ...]
                          1e-6, torch.arange(tokens), torch.randn(4096, HEAD_DIM), True,
                          batch.k_cache, batch.v_cache, meta.slot_mapping, NUM_Q_HEADS,
                          NUM_KV_HEADS)
-    of_windows = {i for first, end in windowed for i in range(first, end)}
-    variants: dict[str, dict[str, set]] = {"all": {}, "full": {}}
-    for index, launch in enumerate(launches):
-        key = compile_key(launch)
-        for part in ("all",) if index in of_windows else ("all", "full"):
-            variants[part].setdefault(key[0], set()).add(key)
-    return {part: {name: len(keys) for name, keys in counts.items()}
-            for part, counts in variants.items()}
+    return launches, {i for first, end in windowed for i in range(first, end)}

@@ -29,3 +29,32 @@ def test_eager_steps_share_a_few_compilations() -> None:
     # reductions are shared
     assert both["_paged_attention"] <= 2 * full["_paged_attention"], both
     assert both["_reduce_splits_kernel"] <= full["_reduce_splits_kernel"] + 1, (full, both)
+
+
+def test_warm_up_covers_small_eager_steps_under_pdl() -> None:
+    """Eager steps of at most skinny_linear.MAX_ROWS rows launch their kernels with PDL on an
+    H200 (a variant of its own): the warm-up's shapes (runner/warm_up.py) must meet every
+    attention, norm and prologue compilation such a step needs, short chunks continuing long
+    prompts and decodes beside a short chunk included. PDL is switched on for the CPU tensors
+    here, as sm_90 has it."""
+    missing = compiled_json(
+        "import json, random\n"
+        "from services.engine.kernels import pdl, skinny_linear\n"
+        "pdl.pdl_enabled = lambda device: True\n"
+        "from services.engine.runner.warm_up import eager_shapes\n"
+        "from tests.kernels.sm90_compile import compile_key\n"
+        "from tests.kernels.shapes import record_eager_steps\n"
+        "limit, max_len = skinny_linear.MAX_ROWS, 4096\n"
+        "warm = [(q, k) for q, k in eager_shapes(1024, 32, max_len, 4096, 16) if sum(q) <= limit]\n"
+        "rng = random.Random(3)\n"
+        "steps = []\n"
+        "for _ in range(60):\n"
+        "    seqs = rng.randint(1, limit)\n"
+        "    q = [1] * (seqs - 1) + [rng.randint(1, limit - seqs + 1)]\n"
+        "    steps.append((q, [n + rng.randint(0, max_len - n) for n in q]))\n"
+        "def keys(shapes):\n"
+        "    return {compile_key(l) for l in record_eager_steps(shapes, max_len)[0]}\n"
+        "needed, met = keys(steps), keys(warm)\n"
+        "assert any(('PDL', True) in k[1] for k in needed if k[0].startswith('_paged'))\n"
+        "print(json.dumps(sorted(str(k) for k in needed - met)))\n")
+    assert missing == [], missing
