@@ -118,12 +118,14 @@ def plan_attention(
     num_splits: int | None = None,
     max_splits: int = MAX_SPLITS,
     sliding_window: int = 0,
+    query_tile: int | None = None,
 ) -> AttentionPlan:
     """Pick tile sizes and the split count. Decode-only steps (max_query_len == 1) put one
     token's query-head group in a tile and split long KV ranges until the grid fills the
     device; prefill and mixed steps use wide tiles and split only when the grid is small.
     With a sliding window the KV range a block reads is at most W + its rows - 1 positions,
-    whatever the context, and the splits are sized for that."""
+    whatever the context, and the splits are sized for that. `query_tile` overrides the query
+    tokens per program (one tile of that many tokens' groups; benchmarks sweep it)."""
     group = num_q_heads // num_kv_heads
     # the narrow tile: one decode token's query-head group, padded to the 16-row MMA minimum
     small_block_m = max(16, next_power_of_2(group))
@@ -142,6 +144,10 @@ def plan_attention(
         num_warps, num_stages = 4, 2
         if small_block_q >= block_q:
             small_block_q, small_block_m = block_q, block_m
+    if query_tile is not None:
+        block_q = query_tile
+        block_m = max(16, next_power_of_2(block_q * group))
+        small_block_q, small_block_m = block_q, block_m
     num_blocks = num_tokens if block_q == 1 else cdiv(num_tokens, block_q) + num_seqs
     kv_span = max(1, max_seq_len)
     if sliding_window > 0:

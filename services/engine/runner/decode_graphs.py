@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -97,6 +97,9 @@ class DecodeGraphs:
     pool: Any = None              # torch's graph pool handle (one pool for all)
     capture_seconds: float = 0.0
     page_size: int = 16           # KV page size (a verification graph's page-table updates)
+    # verify_width_for's answers, for the graphs as they were (`_widths_tag`)
+    _widths: dict[tuple[int, int, SamplingMode, bool, bool], int] = field(default_factory=dict)
+    _widths_tag: tuple[int, int] | None = None
 
     @property
     def is_cuda(self) -> bool:
@@ -148,9 +151,17 @@ class DecodeGraphs:
         """The width of the graph a verification of `width` rows runs in: the narrowest
         captured one at least that wide for the capacity and mode (a wider graph serves
         every mix of narrower rows), else `width` itself (captured on first use)."""
-        captured = [w for (c, w, m, lp, g) in (self.graphs or {})
-                    if c == capacity and w >= width and (m, lp, g) == (mode, logprobs, grammar)]
-        return min(captured, default=width)
+        key = (capacity, width, mode, logprobs, grammar)
+        tag = (id(self.graphs), len(self.graphs or ()))     # graphs are only ever added
+        if tag != self._widths_tag:
+            self._widths.clear()
+            self._widths_tag = tag
+        chosen = self._widths.get(key)
+        if chosen is None:            # a scan of every graph: once per key and capture
+            captured = [w for (c, w, m, lp, g) in (self.graphs or {}) if c == capacity and
+                        w >= width and (m, lp, g) == (mode, logprobs, grammar)]
+            chosen = self._widths[key] = min(captured, default=width)
+        return chosen
 
     def replay(self, packed: PackedStep, capacity: int, mode: SamplingMode, logprobs: bool,
                grammar: bool = False, width: int = 1) -> bool:

@@ -18,19 +18,21 @@ does not fit a bound (large sampling inits) goes through `BulkStaging` instead.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from services.engine.runner.step_inputs import (
+    ALIGN_VALUES,
     F32,
     FIELDS,
     I32,
     I64,
     KINDS,
     GraphPacking,
+    GraphPads,
     StepInputs,
     StepLimits,
     aligned,
@@ -58,6 +60,19 @@ def _host_frame(index: int, sizes: dict[str, int], pin: bool) -> HostFrame:
 
 
 @dataclass(frozen=True, slots=True)
+class _GraphLayout:
+    """A graph's packing of the fields it reads: per dtype, (name, start, capacity, pad) of
+    each field with a capacity; every field's capacity in order; the values used per dtype
+    and the device views of a step that has no eager-only values (the usual graph step)."""
+
+    regions: tuple[tuple[str, tuple[tuple[str, int, int, Callable[[GraphPads, int], float]],
+                                    ...]], ...]
+    capacities: tuple[int, ...]
+    used: dict[str, int]
+    views: StepInputs[torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
 class PackedStep:
     frame: HostFrame
     used: dict[str, int]                    # dtype -> values packed
@@ -79,6 +94,15 @@ class InputFrames:
                         for kind, size in self.sizes.items()}
         self._next = 0
         self._view_cache: dict[tuple[int, ...], StepInputs[torch.Tensor]] = {}
+        self._copy_pairs: dict[tuple[int, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        # fields a graph reads come first (step_inputs.py); a graph step packs them at its
+        # capacities' fixed offsets, computed once per graph
+        self._graph_read = [name for name, spec in FIELDS if spec.graph is not None]
+        assert all(spec.graph is not None for _, spec in FIELDS[:len(self._graph_read)])
+        self._graph_layouts: dict[GraphPacking, _GraphLayout] = {}
+        self._all = [(name, spec.kind, ALIGN_VALUES[spec.kind], bound)
+                     for (name, spec), bound in zip(FIELDS, self.bounds, strict=True)]
+        self._eager_only = self._all[len(self._graph_read):]
 
     @property
     def num_bytes(self) -> int:
@@ -93,30 +117,79 @@ class InputFrames:
         else:
             frame = self.frames[self._next]
             self._next ^= 1
-        used = dict.fromkeys(KINDS, 0)
-        capacities: list[int] = []
-        count = len(values.input_ids)            # real rows (padding sequences start there)
-        for (name, spec), bound in zip(FIELDS, self.bounds, strict=True):
+        arrays = frame.arrays
+        if graph is None:
+            used = dict.fromkeys(KINDS, 0)
+            capacities: list[int] = []
+            rest = self._all
+        else:
+            layout = self._graph_layouts.get(graph)
+            if layout is None:
+                layout = self._graph_layouts[graph] = self._graph_layout(graph)
+            count = len(values.input_ids)        # real rows (padding sequences start there)
+            # one list per dtype, padded and aligned as the graph reads it, converted by one
+            # numpy assignment (per-field assignments cost about 3 us each mid-serving)
+            for kind, fields in layout.regions:
+                flat: list[int | float] = []
+                for name, start, capacity, pad in fields:
+                    data = getattr(values, name)
+                    length = len(data)
+                    if length > capacity:
+                        raise OverflowError(f"step input {name}: {length} values exceed its "
+                                            f"graph capacity of {capacity}")
+                    if len(flat) < start:            # the alignment gap before the field
+                        flat.extend([0] * (start - len(flat)))
+                    flat.extend(data)
+                    if capacity > length:
+                        flat.extend([pad(graph.pads, count)] * (capacity - length))
+                arrays[kind][:len(flat)] = flat
+            if not self._any_values(values, self._eager_only):
+                packed = PackedStep(frame, layout.used, layout.views)
+                self.copy(packed)
+                return packed
+            used = dict(layout.used)
+            capacities = list(layout.capacities)
+            rest = self._eager_only
+        # fields no graph reads: each as long as its values, from a 16-byte boundary
+        for name, kind, align, bound in rest:
             data = getattr(values, name)
             length = len(data)
-            capacity = length
-            if graph is not None and spec.graph is not None:
-                capacity = spec.graph(graph)
-            if length > capacity or capacity > bound:
-                raise OverflowError(f"step input {name}: {length} values (capacity "
-                                    f"{capacity}) exceed its bound of {bound}")
-            start = aligned(used[spec.kind], spec.kind)
+            start = -(-used[kind] // align) * align
             if length:
-                frame.arrays[spec.kind][start:start + length] = data
-            if capacity > length:
-                assert graph is not None
-                frame.arrays[spec.kind][start + length:start + capacity] = \
-                    spec.pad(graph.pads, count)
-            capacities.append(capacity)
-            used[spec.kind] = start + capacity
+                if length > bound:
+                    raise OverflowError(f"step input {name}: {length} values exceed its bound "
+                                        f"of {bound}")
+                arrays[kind][start:start + length] = data
+            capacities.append(length)
+            used[kind] = start + length
         packed = PackedStep(frame, used, self._views(tuple(capacities)))
         self.copy(packed)
         return packed
+
+    @staticmethod
+    def _any_values(values: StepInputs, fields: list[tuple[str, str, int, int]]) -> bool:
+        return any(len(getattr(values, name)) for name, _, _, _ in fields)
+
+    def _graph_layout(self, graph: GraphPacking) -> _GraphLayout:
+        """Where a graph step's graph-read fields sit (fixed by the graph's capacities)."""
+        used = dict.fromkeys(KINDS, 0)
+        regions: dict[str, list[tuple[str, int, int, Callable[[GraphPads, int], float]]]] = {}
+        capacities: list[int] = []
+        for (name, spec), bound in zip(FIELDS[:len(self._graph_read)], self.bounds,
+                                       strict=False):
+            assert spec.graph is not None
+            capacity = spec.graph(graph)
+            if capacity > bound:
+                raise OverflowError(f"step input {name}: a graph capacity of {capacity} "
+                                    f"exceeds its bound of {bound}")
+            start = aligned(used[spec.kind], spec.kind)
+            if capacity:
+                regions.setdefault(spec.kind, []).append((name, start, capacity, spec.pad))
+            capacities.append(capacity)
+            used[spec.kind] = start + capacity
+        views = self._views(tuple(capacities) + (0,) * len(self._eager_only))
+        return _GraphLayout(tuple((kind, tuple(fields)) for kind, fields in regions.items()),
+                            tuple(capacities), used, views)
 
     def _views(self, capacities: tuple[int, ...]) -> StepInputs[torch.Tensor]:
         """Device views for fields of these capacities, in order (cached: steps of one shape
@@ -136,10 +209,16 @@ class InputFrames:
 
     def copy(self, packed: PackedStep) -> None:
         """Upload a packed frame's bytes (again, e.g. after a graph capture used the buffers)."""
+        index = packed.frame.index
         for kind, used in packed.used.items():
             if used:
-                self.buffers[kind][:used].copy_(packed.frame.tensors[kind][:used],
-                                                non_blocking=True)
+                pair = self._copy_pairs.get((index, kind, used))
+                if pair is None:     # slicing costs about as much as the copy's launch
+                    if len(self._copy_pairs) >= VIEW_CACHE_SIZE:
+                        self._copy_pairs.clear()
+                    pair = self._copy_pairs[(index, kind, used)] = (
+                        self.buffers[kind][:used], packed.frame.tensors[kind][:used])
+                pair[0].copy_(pair[1], non_blocking=True)
 
 
 class BulkStaging:

@@ -8,7 +8,7 @@ import math
 import time
 
 from services.engine.scheduler.costs import capacity
-from services.engine.scheduler.plan import Completion, SeqResult, SeqStep, Step, check
+from services.engine.scheduler.plan import Completion, SeqResult, SeqStep, Step, check, fail
 from services.engine.scheduler.publication import begin_terminal_capture, publish
 from services.engine.scheduler.requests import (
     ChoiceDelta,
@@ -23,34 +23,40 @@ from services.engine.scheduler.state import SchedulerState
 
 
 def validate(state: SchedulerState, completion: Completion) -> Step:
-    """Check a completion against the committed step before anything is mutated."""
-    check(bool(state.in_flight), f"fence {completion.fence} completed but nothing is in flight")
+    """Check a completion against the committed step before anything is mutated (each
+    message is formatted only when its check fails: this runs on every step's critical
+    path)."""
+    if not state.in_flight:
+        fail(f"fence {completion.fence} completed but nothing is in flight")
     oldest = min(state.in_flight)
-    check(completion.fence == oldest,
-          f"fence {completion.fence} completed before the oldest outstanding fence {oldest}")
+    if completion.fence != oldest:
+        fail(f"fence {completion.fence} completed before the oldest outstanding fence {oldest}")
     step = state.in_flight[oldest]
-    check(len(completion.results) == len(step.seqs),
-          f"{len(completion.results)} results for a step of {len(step.seqs)} sequences")
+    if len(completion.results) != len(step.seqs):
+        fail(f"{len(completion.results)} results for a step of {len(step.seqs)} sequences")
     vocab = state.config.vocab_size
     for result, planned in zip(completion.results, step.seqs, strict=True):
-        check(result.handle == planned.handle,
-              f"result for slot {result.handle}, the step ran {planned.handle}")
+        if result.handle != planned.handle:
+            fail(f"result for slot {result.handle}, the step ran {planned.handle}")
         emitted = len(result.token_ids)
         if planned.sample:
-            check(1 <= emitted <= planned.max_emit,
-                  f"slot {planned.handle} emitted {emitted} tokens, the step may emit "
-                  f"1..{planned.max_emit}")
+            if not 1 <= emitted <= planned.max_emit:
+                fail(f"slot {planned.handle} emitted {emitted} tokens, the step may emit "
+                     f"1..{planned.max_emit}")
             expected = planned.sample_from + emitted
         else:
-            check(not emitted, f"slot {planned.handle}: {emitted} tokens from a step that "
-                               "samples nothing")
+            if emitted:
+                fail(f"slot {planned.handle}: {emitted} tokens from a step that samples "
+                     "nothing")
             expected = planned.end
-        check(result.consumed == expected,
-              f"slot {planned.handle} consumed {result.consumed}, expected {expected}")
-        check(all(0 <= t < vocab for t in result.token_ids),
-              f"slot {planned.handle}: a token outside the vocabulary in {result.token_ids}")
-        check(not result.logprobs or len(result.logprobs) == emitted,
-              f"slot {planned.handle}: {len(result.logprobs)} logprobs for {emitted} tokens")
+        if result.consumed != expected:
+            fail(f"slot {planned.handle} consumed {result.consumed}, expected {expected}")
+        if emitted and not (min(result.token_ids) >= 0 and max(result.token_ids) < vocab):
+            fail(f"slot {planned.handle}: a token outside the vocabulary in "
+                 f"{result.token_ids}")
+        if result.logprobs and len(result.logprobs) != emitted:
+            fail(f"slot {planned.handle}: {len(result.logprobs)} logprobs for {emitted} "
+                 "tokens")
         if planned.score_targets or result.prompt_logprobs:
             check(len(result.prompt_logprobs) == len(planned.score_targets) and
                   all(e.token_id == t for e, t in zip(result.prompt_logprobs,

@@ -41,7 +41,7 @@ for the slot (on the GPU straight from device memory).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from services.common.errors import InternalError
 from services.engine.scheduler.costs import capacity
@@ -260,4 +260,8 @@ class Completion:
 
 def check(condition: bool, message: str) -> None:
     if not condition:
-        raise InternalError(f"invalid completion: {message}")
+        fail(message)
+
+
+def fail(message: str) -> NoReturn:
+    raise InternalError(f"invalid completion: {message}")

@@ -29,10 +29,11 @@ a decode may be planned behind a sequence's in-flight step (`can_follow`).
 from __future__ import annotations
 
 import time
+from typing import cast
 
 from services.engine.scheduler.costs import capacity, chunk_budget, shape_label
 from services.engine.scheduler.plan import PlannedSeq
-from services.engine.scheduler.proposals import SequenceProposer
+from services.engine.scheduler.proposals import Proposer, choice_drafter
 from services.engine.scheduler.residency import drop_waiting_pins, preempt
 from services.engine.scheduler.sequence import Phase, Sequence
 from services.engine.scheduler.speculation import (
@@ -205,10 +206,11 @@ def _with_drafts(state: SchedulerState, seq: Sequence, planned: PlannedSeq,
         return planned
     stats = seq.speculation
     source = getattr(proposer, "source", COPY)
-    if isinstance(proposer, SequenceProposer):
+    drafter = choice_drafter(proposer)
+    if drafter is not None:
         # a draft model's forwards cost time: the width first, then only that many drafts
         stats.proposed = True
-        width = plan_width(stats, source, min(room, proposer.num_tokens), row_cost)
+        width = plan_width(stats, source, min(room, drafter.num_tokens), row_cost)
         drafts = _proposals(state, seq, width) if width else ()
     else:
         drafts = _proposals(state, seq, room)
@@ -229,12 +231,13 @@ def _proposals(state: SchedulerState, seq: Sequence, room: int) -> tuple[int, ..
     if left <= 0:
         return ()
     tokens = seq.tokens(0, seq.total_len)
-    if isinstance(proposer, SequenceProposer):       # a draft model: per-choice KV
+    drafter = choice_drafter(proposer)
+    if drafter is not None:                          # a draft model: per-choice KV
         assert seq.handle is not None
-        drafts, forwards = proposer.propose_for(seq.handle, tokens, left, seq.page_ids)
+        drafts, forwards = drafter.propose_for(seq.handle, tokens, left, seq.page_ids)
         state.counters.spec_drafter_steps += forwards
     else:
-        drafts = tuple(proposer.propose(tokens, left))
+        drafts = tuple(cast(Proposer, proposer).propose(tokens, left))
     drafts = drafts[:left]
     if drafts and seq.matcher is not None:       # never a draft the grammar rejects
         drafts = drafts[:seq.matcher.valid_prefix(drafts)]

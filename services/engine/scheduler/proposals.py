@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from services.engine.scheduler.plan import SlotHandle
 
@@ -47,6 +47,15 @@ class SequenceProposer(Protocol):
     # EAGLE-3 head reads the target's hidden states stored by page: runner/eagle3_drafter.py)
     def propose_for(self, handle: SlotHandle, tokens: Sequence[int], limit: int,
                     target_pages: Sequence[int] = ()) -> tuple[tuple[int, ...], int]: ...
+
+
+def choice_drafter(proposer: object) -> SequenceProposer | None:
+    """`proposer` as a `SequenceProposer` when it drafts per live choice (`propose_for`),
+    else None (a `Proposer`: drafts from the token list alone). An attribute probe: the
+    runtime Protocol check walks every member, about 10 us on each round's planning."""
+    if callable(getattr(proposer, "propose_for", None)):
+        return cast(SequenceProposer, proposer)
+    return None
 
 
 @dataclass(frozen=True, slots=True)

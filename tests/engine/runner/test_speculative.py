@@ -305,6 +305,7 @@ def test_the_narrowest_captured_verification_width_serves_a_step():
     from services.engine.runner.slot_state import SamplingMode
 
     graphs = DecodeGraphs.__new__(DecodeGraphs)
+    graphs._widths, graphs._widths_tag = {}, None     # the fields __init__ would set
     greedy, sampled = SamplingMode.GREEDY, SamplingMode.RANDOM
     graphs.graphs = {(1, 3, greedy, False, False): None, (1, 5, greedy, False, False): None,
                      (4, 5, greedy, False, False): None, (1, 2, sampled, False, False): None}

@@ -94,3 +94,48 @@ def test_a_field_past_its_bound_is_named():
     values.resume_ids = list(range(LIMITS.resumes + 1))
     with pytest.raises(OverflowError, match="resume_ids"):
         frames.upload(values)
+
+
+@pytest.mark.parametrize("eager_values", [False, True])
+@pytest.mark.parametrize("width", [1, 3])
+def test_a_graph_step_reads_its_values_then_the_pads(width: int, eager_values: bool):
+    """Every field of a graph step, read back through its device view: the values packed,
+    then its padding up to the graph's capacity; eager-only fields as long as their values
+    (none, the usual graph step, or a slot's init beside it). Two frames alternate, so each
+    step is packed into the frame the one before last used."""
+    limits = StepLimits.for_runner(num_slots=4, max_num_batched_tokens=64, max_graph_batch=4,
+                                   table_width=9, vocab_size=100, init_ints=6, init_floats=6,
+                                   width=3)
+    frames = InputFrames(limits, torch.device("cpu"))
+    graph = GraphPacking(4, PADS, width, 8 if width > 1 else 0)
+    for n in (3, 1, 2):
+        values = StepInputs.empty()
+        rows = n * width
+        values.input_ids = list(range(10, 10 + rows))
+        values.positions = list(range(rows))
+        values.slot_mapping = list(range(100, 100 + rows))
+        values.pending_slot = [7] * rows
+        values.seq_slots = list(range(n))
+        values.update_index = [5, 6][:n]
+        values.update_value = [50, 60][:n]
+        values.query_start_loc = [width * i for i in range(n + 1)]
+        values.seq_lens = [20 + i for i in range(n)]
+        if width > 1:
+            values.sample_slots = [i // width for i in range(rows)]
+            values.sample_drafts = list(range(200, 200 + rows))
+        if eager_values:
+            values.init_slots = [1]
+            values.init_floats = [0.25] * 6
+        views = frames.upload(values, graph).views
+        for name, spec in FIELDS:
+            got = getattr(views, name).tolist()
+            given = list(getattr(values, name))
+            if spec.graph is None:
+                assert got == given, name
+                continue
+            capacity = spec.graph(graph)
+            pad = spec.pad(PADS, rows)
+            assert got == given + [pad] * (capacity - len(given)), (n, name)
+    values.input_ids = list(range(graph.tokens + 1))
+    with pytest.raises(OverflowError, match="input_ids"):
+        frames.upload(values, graph)
