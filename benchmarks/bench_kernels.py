@@ -44,16 +44,20 @@ BF16 = torch.bfloat16
 
 
 def capture_graph(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
-    """`fn` captured in a CUDA graph, after two runs on a side stream (kernels compile there)."""
+    """`fn` captured in a CUDA graph, after two runs on a side stream (kernels compile there),
+    with PDL where the engine's graphs use it (kernels/pdl.py `graph_launches`)."""
+    from services.engine.kernels.pdl import graph_launches
+
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    with graph_launches():
+        with torch.cuda.stream(stream):
+            fn()
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
     graph.replay()
     torch.cuda.synchronize()
     return graph

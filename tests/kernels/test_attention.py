@@ -13,6 +13,7 @@ import torch
 
 from services.common.errors import ValidationError
 from services.engine.kernels.attention import AttentionScratch, paged_attention, plan_attention
+from services.engine.kernels.pdl import graph_launches
 from tests.kernels import reference
 from tests.kernels.batch import PagedBatch, make_batch
 from tests.kernels.conftest import HAS_CUDA, INTERPRETED
@@ -342,12 +343,13 @@ def test_cuda_graph_replay_with_new_lengths(window, device, gen) -> None:
     assert plan.num_splits > 1  # the split-K path (kernel + reduction) is what gets captured
     load(first)
     stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        paged_attention(q, k_cache, v_cache, meta, scale, window, out=out, scratch=scratch)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        paged_attention(q, k_cache, v_cache, meta, scale, window, out=out, scratch=scratch)
+    with graph_launches():                   # PDL, as in the engine's decode graphs
+        with torch.cuda.stream(stream):
+            paged_attention(q, k_cache, v_cache, meta, scale, window, out=out, scratch=scratch)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            paged_attention(q, k_cache, v_cache, meta, scale, window, out=out, scratch=scratch)
     for b in (first, static):
         load(b)
         out.fill_(float("nan"))

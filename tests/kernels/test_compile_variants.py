@@ -31,30 +31,30 @@ def test_eager_steps_share_a_few_compilations() -> None:
     assert both["_reduce_splits_kernel"] <= full["_reduce_splits_kernel"] + 1, (full, both)
 
 
-def test_warm_up_covers_small_eager_steps_under_pdl() -> None:
-    """Eager steps of at most skinny_linear.MAX_ROWS rows launch their kernels with PDL on an
-    H200 (a variant of its own): the warm-up's shapes (runner/warm_up.py) must meet every
-    attention, norm and prologue compilation such a step needs, short chunks continuing long
-    prompts and decodes beside a short chunk included. PDL is switched on for the CPU tensors
-    here, as sm_90 has it."""
-    missing = compiled_json(
-        "import json, random\n"
-        "from services.engine.kernels import pdl, skinny_linear\n"
+def test_eager_steps_launch_without_pdl_and_graphs_with_it() -> None:
+    """PDL is a launch option that is part of a compilation's key. Eager steps launch without
+    it, so no short eager step (a prompt's tail beside decodes, over any context) needs a PDL
+    variant of its own that the warm-up would have to meet; with PDL on them,
+    tests/engine/gpu/test_gpu_compiles.py saw one compile while serving. The graphs' capture
+    and its warm-up run (`pdl.graph_launches`) launch with it. PDL is switched on for the CPU
+    tensors here, as sm_90 has it."""
+    flags = compiled_json(
+        "import json\n"
+        "from services.engine.kernels import pdl\n"
         "pdl.pdl_enabled = lambda device: True\n"
-        "from services.engine.runner.warm_up import eager_shapes\n"
         "from tests.kernels.sm90_compile import compile_key\n"
         "from tests.kernels.shapes import record_eager_steps\n"
-        "limit, max_len = skinny_linear.MAX_ROWS, 4096\n"
-        "warm = [(q, k) for q, k in eager_shapes(1024, 32, max_len, 4096, 16) if sum(q) <= limit]\n"
-        "rng = random.Random(3)\n"
-        "steps = []\n"
-        "for _ in range(60):\n"
-        "    seqs = rng.randint(1, limit)\n"
-        "    q = [1] * (seqs - 1) + [rng.randint(1, limit - seqs + 1)]\n"
-        "    steps.append((q, [n + rng.randint(0, max_len - n) for n in q]))\n"
-        "def keys(shapes):\n"
-        "    return {compile_key(l) for l in record_eager_steps(shapes, max_len)[0]}\n"
-        "needed, met = keys(steps), keys(warm)\n"
-        "assert any(('PDL', True) in k[1] for k in needed if k[0].startswith('_paged'))\n"
-        "print(json.dumps(sorted(str(k) for k in needed - met)))\n")
-    assert missing == [], missing
+        "steps = [([2], [300]), ([1, 1, 1, 2], [700] * 4), ([5], [5]), ([1], [4000]),\n"
+        "         ([16], [9000]), ([17], [9000])]\n"
+        "def with_pdl():\n"
+        "    launches = record_eager_steps(steps, 16384)[0]\n"
+        "    return sorted({str(compile_key(l)[0]) for l in launches\n"
+        "                   if ('PDL', True) in compile_key(l)[1]})\n"
+        "eager = with_pdl()\n"
+        "with pdl.graph_launches():\n"
+        "    graph = with_pdl()\n"
+        "print(json.dumps([eager, graph]))\n")
+    eager, graph = flags
+    assert eager == [], eager
+    # attention, its split reduction, the norm and the prologue: each has a PDL variant
+    assert len(graph) == 4, graph

@@ -461,12 +461,13 @@ def test_graph_replay(rows, activation, pdl, device, gen) -> None:
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # compiles outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    with pdl_mod.graph_launches():           # PDL (when on), as in the engine's graphs
+        with torch.cuda.stream(stream):
+            step()  # compiles outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
     captured = dict(outs)
     for _ in range(2):
         x.copy_(torch.randn(x.shape, generator=gen).to(bf16))

@@ -8,7 +8,9 @@ CUDA graph (stream capture keeps the launch attribute as a programmatic edge). W
 next kernel's programs are already resident when the previous one drains; the skinny linear
 kernels also start streaming their weights (which no earlier kernel writes) before the wait.
 
-PDL is used only in steps of at most `skinny_linear.MAX_ROWS` (16) token rows: there every
+PDL is used only inside CUDA graphs (`graph_launches`: the decode, verification and EAGLE-3
+round graphs, captured at start-up) and only in steps of at most `skinny_linear.MAX_ROWS`
+(16) token rows: there every
 projection runs through a skinny kernel, so the whole layer chain waits on griddepcontrol.
 Behind a cuBLAS GEMM (which neither triggers nor waits) it bought nothing, and at the
 Qwen3-0.6B shape the batch-1 step was 10% slower with PDL on the norm / attention kernels
@@ -26,8 +28,10 @@ which keeps ordering transitive down the chain.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
 
 import torch
 import triton
@@ -78,10 +82,30 @@ def pdl_enabled(device: torch.device) -> bool:
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 
 
+_graph_depth = 0      # graph_launches() contexts entered and not left
+
+
+@contextlib.contextmanager
+def graph_launches() -> Iterator[None]:
+    """Kernels launched inside may use PDL: a CUDA graph's capture and the eager run before
+    it that compiles the variants the capture meets (capturing cannot compile). Eager steps
+    launch outside it, without PDL: a host that launches kernels one by one gains nothing
+    from an early launch, and every short eager step shape (a prompt's tail beside decodes,
+    over any context) would otherwise be a PDL variant the warm-up has to meet, or compile
+    while serving (tests/engine/gpu/test_gpu_compiles.py caught one)."""
+    global _graph_depth
+    _graph_depth += 1
+    try:
+        yield
+    finally:
+        _graph_depth -= 1
+
+
 def launch_options(device: torch.device, rows: int) -> dict[str, bool]:
     """Launch keywords for a PDL-capable kernel (its PDL constexpr, and the launch attribute
-    when on) in a step of `rows` token rows: `kernel[grid](..., **launch_options(d, rows))`."""
+    when on) in a step of `rows` token rows: `kernel[grid](..., **launch_options(d, rows))`.
+    On only inside `graph_launches()`."""
     from services.engine.kernels.skinny_linear import MAX_ROWS
 
-    enabled = rows <= MAX_ROWS and pdl_enabled(device)
+    enabled = _graph_depth > 0 and rows <= MAX_ROWS and pdl_enabled(device)
     return {"PDL": enabled, "launch_pdl": True} if enabled else {"PDL": False}

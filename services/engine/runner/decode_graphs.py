@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from services.engine.kernels.pdl import graph_launches
 from services.engine.runner.cuda_driver import GraphLauncher
 from services.engine.runner.eager_pack import pack_rows
 from services.engine.runner.frames import GraphPacking, InputFrames, PackedStep
@@ -190,17 +191,18 @@ class DecodeGraphs:
             self.graphs = {}
             self.pool = torch.cuda.graph_pool_handle()
         torch.cuda.synchronize()
-        with torch.cuda.stream(self.stream):
-            packing = self.packing(capacity, width)
-            views = padding_step(self.frames, capacity, self.mirror, self.pads, width,
-                                 packing.cells).views
-            shape = self.shape(capacity, width)
-            self.body.run(views, shape, mode, logprobs, grammar)   # warm-up
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
-            self.body.run(views, shape, mode, logprobs, grammar)
-        torch.cuda.synchronize()
+        with graph_launches():             # PDL, compiled by the warm-up run
+            with torch.cuda.stream(self.stream):
+                packing = self.packing(capacity, width)
+                views = padding_step(self.frames, capacity, self.mirror, self.pads, width,
+                                     packing.cells).views
+                shape = self.shape(capacity, width)
+                self.body.run(views, shape, mode, logprobs, grammar)   # warm-up
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+                self.body.run(views, shape, mode, logprobs, grammar)
+            torch.cuda.synchronize()
         launcher = self.graphs[(capacity, width, mode, logprobs, grammar)] = GraphLauncher(
             graph, self.stream)
         elapsed = time.perf_counter() - started

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from services.engine.kernels.pdl import graph_launches
 from services.engine.model import KVCache
 from services.engine.model.attention import AttentionMetadata, kv_slot
 from services.engine.model.eagle3 import Eagle3Head
@@ -101,12 +102,13 @@ class RoundGraphs:
         torch.cuda.synchronize()
         for rows in reversed(self.row_capacities):
             for drafts in range(self.num_tokens, 0, -1):
-                with torch.cuda.stream(self.stream):
-                    self._body(rows, drafts)               # warm-up (compiles kernels)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
-                    self._body(rows, drafts)
+                with graph_launches():         # PDL, compiled by the warm-up run
+                    with torch.cuda.stream(self.stream):
+                        self._body(rows, drafts)               # warm-up (compiles kernels)
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+                        self._body(rows, drafts)
                 self.graphs[(rows, drafts)] = graph
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - started
