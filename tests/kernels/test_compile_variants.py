@@ -58,3 +58,31 @@ def test_eager_steps_launch_without_pdl_and_graphs_with_it() -> None:
     assert eager == [], eager
     # attention, its split reduction, the norm and the prologue: each has a PDL variant
     assert len(graph) == 4, graph
+
+
+def test_warm_up_covers_short_eager_steps() -> None:
+    """Eager steps of at most skinny_linear.MAX_ROWS rows (a prompt's tail, alone or beside
+    decodes, continuing a long prompt; a verification that no graph serves): the warm-up's
+    shapes (runner/warm_up.py) must meet every attention, reduction, norm and prologue
+    compilation they need. Short steps split the KV range the most (few programs), so they
+    meet every power-of-two tier of the reduction's split count; without the warm-up's short
+    steps over 2^n and 1.5 x 2^n contexts one tier compiled while serving on the H200
+    (tests/engine/gpu/test_gpu_compiles.py)."""
+    missing = compiled_json(
+        "import json, random\n"
+        "from services.engine.kernels import skinny_linear\n"
+        "from services.engine.runner.warm_up import eager_shapes\n"
+        "from tests.kernels.sm90_compile import compile_key\n"
+        "from tests.kernels.shapes import record_eager_steps\n"
+        "limit, max_len = skinny_linear.MAX_ROWS, 4096\n"
+        "warm = [(q, k) for q, k in eager_shapes(1024, 32, max_len, 4096, 16) if sum(q) <= limit]\n"
+        "rng = random.Random(3)\n"
+        "steps = []\n"
+        "for _ in range(60):\n"
+        "    seqs = rng.randint(1, limit)\n"
+        "    q = [1] * (seqs - 1) + [rng.randint(1, limit - seqs + 1)]\n"
+        "    steps.append((q, [n + rng.randint(0, max_len - n) for n in q]))\n"
+        "def keys(shapes):\n"
+        "    return {compile_key(l) for l in record_eager_steps(shapes, max_len)[0]}\n"
+        "print(json.dumps(sorted(str(k) for k in keys(steps) - keys(warm))))\n")
+    assert missing == [], missing

@@ -44,6 +44,16 @@ def eager_shapes(max_tokens: int, max_seqs: int, max_model_len: int, pages: int,
             continue
         for q in (1, 64, min(512, max_tokens)):           # a chunk (or decode) late in a prompt
             shapes.append(([q], [context]))
+    # short steps (a prompt's tail alone or beside decodes) have the fewest programs and so
+    # split the KV range the most: over contexts of 2^n and 1.5 x 2^n positions they meet
+    # each power-of-two tier of the reduction's split count (its BLOCK_S), and the split
+    # attention, at counts that are multiples of 16 and counts that are not
+    context = 256
+    while context <= max_model_len:
+        for length in (context, min(max_model_len, context * 3 // 2)):
+            shapes.append(([2], [length]))
+            shapes.append(([1, 1, 1, 2], [length] * 4))
+        context *= 2
     for seqs in MIXED:
         if seqs > max_seqs or seqs > max_tokens:
             continue
