@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
-import random
 import sys
 import tempfile
 from pathlib import Path
@@ -36,9 +35,9 @@ def variant_keys() -> dict[str, set[str]]:
 
 def main() -> int:
     from services.common.core import open_model
-    from tests.engine.gpu.test_gpu_compiles import CONFIG, _prompt
+    from tests.engine.gpu.test_gpu_compiles import CONFIG, serving_rounds
     from tests.engine.model.checkpoints import write_tokenizer
-    from tests.engine.runner.conftest import greedy_request, make_engine, serve
+    from tests.engine.runner.conftest import make_engine, serve
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp)
@@ -49,16 +48,7 @@ def main() -> int:
                              max_num_seqs=32, prefill_chunk_size=512,
                              max_num_batched_tokens=1024, kv_cache_bytes=1 << 30)
         before = variant_keys()
-        lengths = (1, 2, 3, 5, 16, 17, 63, 64, 65, 100, 127, 128, 200, 257, 511, 512, 513,
-                   700, 1023, 1500, 2047, 3000)
-        rng = random.Random(0)
-        rounds = [
-            [greedy_request(f"a{i}", _prompt(n, i), rng.randrange(2, 12))
-             for i, n in enumerate(lengths * 2)],
-            [greedy_request(f"b{i}", _prompt(n, 100 + i), 24)
-             for i, n in enumerate((6000, 9000, 12000, 15000))],
-            *([greedy_request(f"c{n}", _prompt(n, 200 + n), 3)] for n in (7, 90, 600, 4000)),
-        ]
+        rounds = serving_rounds()
         for index, requests in enumerate(rounds):
             serve(engine, requests)
             after = variant_keys()

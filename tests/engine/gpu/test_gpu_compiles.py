@@ -26,11 +26,31 @@ def _prompt(length: int, seed: int) -> list[int]:
     return [rng.randrange(320) for _ in range(length)]
 
 
+def serving_rounds() -> list[list]:
+    """The requests served, round by round (benchmarks/gpu/diag_compile_variants.py prints
+    the keys of what they compile)."""
+    from tests.engine.runner.conftest import greedy_request
+
+    lengths = (1, 2, 3, 5, 16, 17, 63, 64, 65, 100, 127, 128, 200, 257, 511, 512, 513, 700,
+               1023, 1500, 2047, 3000)
+    rng = random.Random(0)
+    return [
+        # more requests than slots, short and long, each a few tokens: prefill, mixed, decode
+        [greedy_request(f"a{i}", _prompt(n, i), rng.randrange(2, 12))
+         for i, n in enumerate(lengths * 2)],
+        # long prompts: chunked prefill late in a prompt, decodes over long contexts
+        [greedy_request(f"b{i}", _prompt(n, 100 + i), 24)
+         for i, n in enumerate((6000, 9000, 12000, 15000))],
+        # a single request at a time (batch-1 steps of each length)
+        *([greedy_request(f"c{n}", _prompt(n, 200 + n), 3)] for n in (7, 90, 600, 4000)),
+    ]
+
+
 def test_serving_compiles_no_kernel_variant(tmp_path):
     from services.common.core import open_model
     from services.engine.kernels.variants import compiled_variants, new_variants
     from tests.engine.model.checkpoints import write_tokenizer
-    from tests.engine.runner.conftest import greedy_request, make_engine, serve
+    from tests.engine.runner.conftest import make_engine, serve
 
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
     write_tokenizer(tmp_path)
@@ -41,19 +61,7 @@ def test_serving_compiles_no_kernel_variant(tmp_path):
     after_start = compiled_variants()
     assert after_start["attention_kernel._paged_attention_kernel"] > 0     # graphs captured
     assert after_start["attention_kernel._paged_attention_any_size_kernel"] > 0   # warmed up
-    lengths = (1, 2, 3, 5, 16, 17, 63, 64, 65, 100, 127, 128, 200, 257, 511, 512, 513, 700,
-               1023, 1500, 2047, 3000)
-    rng = random.Random(0)
-    rounds = [
-        # more requests than slots, short and long, each a few tokens: prefill, mixed, decode
-        [greedy_request(f"a{i}", _prompt(n, i), rng.randrange(2, 12))
-         for i, n in enumerate(lengths * 2)],
-        # long prompts: chunked prefill late in a prompt, decodes over long contexts
-        [greedy_request(f"b{i}", _prompt(n, 100 + i), 24)
-         for i, n in enumerate((6000, 9000, 12000, 15000))],
-        # a single request at a time (batch-1 steps of each length)
-        *([greedy_request(f"c{n}", _prompt(n, 200 + n), 3)] for n in (7, 90, 600, 4000)),
-    ]
+    rounds = serving_rounds()
     for requests in rounds:
         tokens, _, _ = serve(engine, requests)
         assert all(len(tokens[r.request_id]) == r.stop.max_tokens for r in requests)
