@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.engine.kernels.pdl import graph_launches
 from services.engine.model.fp8 import quantize_activation
 from tests.kernels.test_fp8 import SCHEMES, act64, dequant64, make_weight, rel
 
@@ -105,11 +106,12 @@ def test_graph_replay_matches_eager(gen):
             y, _ = fp8_norm_linear(x, x, g, 1e-6, qkv)
             return y, fp8_linear(act, down)
 
-        eager = step()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = step()
+        with graph_launches():              # PDL, as in the engine's graphs
+            eager = step()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = step()
         x.copy_(torch.randn(rows, H, generator=gen).to(torch.bfloat16))
         graph.replay()
         torch.cuda.synchronize()
