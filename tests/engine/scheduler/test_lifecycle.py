@@ -129,6 +129,10 @@ def test_completions_are_validated_before_they_mutate_state():
         dataclasses.replace(good, results=(dataclasses.replace(result, consumed=19),)),
         dataclasses.replace(good, results=(dataclasses.replace(result, token_ids=()),)),
         dataclasses.replace(good, results=(dataclasses.replace(result, token_ids=(VOCAB,)),)),
+        dataclasses.replace(good, results=(dataclasses.replace(result, token_ids=(-1,)),)),
+        # logprobs for more tokens than it emitted
+        dataclasses.replace(good, results=(dataclasses.replace(
+            result, logprobs=(None, None)),)),
         # two tokens from a step that may emit one (consumed would say so too)
         dataclasses.replace(good, results=(dataclasses.replace(
             result, token_ids=(1, 2), consumed=result.consumed + 1),)),
