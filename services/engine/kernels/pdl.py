@@ -82,7 +82,7 @@ def pdl_enabled(device: torch.device) -> bool:
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 
 
-_graph_depth = 0      # graph_launches() contexts entered and not left
+_in_graph_launches = False      # inside graph_launches()
 
 
 @contextlib.contextmanager
@@ -92,13 +92,16 @@ def graph_launches() -> Iterator[None]:
     launch outside it, without PDL: a host that launches kernels one by one gains nothing
     from an early launch, and every short eager step shape (a prompt's tail beside decodes,
     over any context) would otherwise be a PDL variant the warm-up has to meet, or compile
-    while serving (tests/engine/gpu/test_gpu_compiles.py caught one)."""
-    global _graph_depth
-    _graph_depth += 1
+    while serving (tests/engine/gpu/test_gpu_compiles.py caught one). It refuses nesting:
+    each capture says where its own PDL launches begin and end."""
+    global _in_graph_launches
+    if _in_graph_launches:
+        raise RuntimeError("graph_launches() is already active (it does not nest)")
+    _in_graph_launches = True
     try:
         yield
     finally:
-        _graph_depth -= 1
+        _in_graph_launches = False
 
 
 def launch_options(device: torch.device, rows: int) -> dict[str, bool]:
@@ -107,5 +110,5 @@ def launch_options(device: torch.device, rows: int) -> dict[str, bool]:
     On only inside `graph_launches()`."""
     from services.engine.kernels.skinny_linear import MAX_ROWS
 
-    enabled = _graph_depth > 0 and rows <= MAX_ROWS and pdl_enabled(device)
+    enabled = _in_graph_launches and rows <= MAX_ROWS and pdl_enabled(device)
     return {"PDL": enabled, "launch_pdl": True} if enabled else {"PDL": False}

@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from services.engine.runner.step_inputs import (
-    ALIGN_VALUES,
     F32,
     FIELDS,
     I32,
@@ -97,12 +96,12 @@ class InputFrames:
         self._copy_pairs: dict[tuple[int, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
         # fields a graph reads come first (step_inputs.py); a graph step packs them at its
         # capacities' fixed offsets, computed once per graph
-        self._graph_read = [name for name, spec in FIELDS if spec.graph is not None]
-        assert all(spec.graph is not None for _, spec in FIELDS[:len(self._graph_read)])
+        self._graph_fields = sum(spec.graph is not None for _, spec in FIELDS)
+        assert all(spec.graph is not None for _, spec in FIELDS[:self._graph_fields])
         self._graph_layouts: dict[GraphPacking, _GraphLayout] = {}
-        self._all = [(name, spec.kind, ALIGN_VALUES[spec.kind], bound)
+        self._all = [(name, spec.kind, bound)
                      for (name, spec), bound in zip(FIELDS, self.bounds, strict=True)]
-        self._eager_only = self._all[len(self._graph_read):]
+        self._eager_only = self._all[self._graph_fields:]
 
     @property
     def num_bytes(self) -> int:
@@ -151,10 +150,10 @@ class InputFrames:
             capacities = list(layout.capacities)
             rest = self._eager_only
         # fields no graph reads: each as long as its values, from a 16-byte boundary
-        for name, kind, align, bound in rest:
+        for name, kind, bound in rest:
             data = getattr(values, name)
             length = len(data)
-            start = -(-used[kind] // align) * align
+            start = aligned(used[kind], kind)
             if length:
                 if length > bound:
                     raise OverflowError(f"step input {name}: {length} values exceed its bound "
@@ -167,15 +166,15 @@ class InputFrames:
         return packed
 
     @staticmethod
-    def _any_values(values: StepInputs, fields: list[tuple[str, str, int, int]]) -> bool:
-        return any(len(getattr(values, name)) for name, _, _, _ in fields)
+    def _any_values(values: StepInputs, fields: list[tuple[str, str, int]]) -> bool:
+        return any(len(getattr(values, name)) for name, _, _ in fields)
 
     def _graph_layout(self, graph: GraphPacking) -> _GraphLayout:
         """Where a graph step's graph-read fields sit (fixed by the graph's capacities)."""
         used = dict.fromkeys(KINDS, 0)
         regions: dict[str, list[tuple[str, int, int, Callable[[GraphPads, int], float]]]] = {}
         capacities: list[int] = []
-        for (name, spec), bound in zip(FIELDS[:len(self._graph_read)], self.bounds,
+        for (name, spec), bound in zip(FIELDS[:self._graph_fields], self.bounds,
                                        strict=False):
             assert spec.graph is not None
             capacity = spec.graph(graph)
