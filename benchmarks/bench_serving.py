@@ -208,10 +208,10 @@ def summarize(target: str, concurrency: int, input_len: int, output_len: int,
 
 
 def print_table(summaries: list[RunSummary]) -> None:
-    print(f"\n{'target':<8}{'C':>5}{'reqs':>6}{'fail':>5}{'out tok/s':>11}{'tot tok/s':>11}"
+    print(f"\n{'target':<8}{'in':>6}{'C':>5}{'reqs':>6}{'fail':>5}{'out tok/s':>11}{'tot tok/s':>11}"
           f"{'TTFT p50':>10}{'p99':>9}{'TPOT p50':>10}{'p99':>9}{'ITL p50':>9}{'p99':>9}")
     for s in summaries:
-        print(f"{s.target:<8}{s.concurrency:>5}{s.requests:>6}{s.failed:>5}{s.output_tok_s:>11.1f}"
+        print(f"{s.target:<8}{s.input_len:>6}{s.concurrency:>5}{s.requests:>6}{s.failed:>5}{s.output_tok_s:>11.1f}"
               f"{s.total_tok_s:>11.1f}{s.ttft_ms['p50']:>10.1f}{s.ttft_ms['p99']:>9.1f}"
               f"{s.tpot_ms['p50']:>10.2f}{s.tpot_ms['p99']:>9.2f}{s.itl_ms['p50']:>9.2f}"
               f"{s.itl_ms['p99']:>9.2f}")
@@ -256,6 +256,15 @@ async def main_async(args: argparse.Namespace) -> list[RunSummary]:
             random_prompt(rng, args.input_len, args.vocab_limit) for _ in range(width)])
         if not all(r.ok for r in warm):
             raise SystemExit(f"{name}: warm-up failed: {[r.error for r in warm][:3]}")
+        ttft_len = getattr(args, "ttft_input_len", 0)
+        if ttft_len:    # one request at a time: time to the first token of a short prompt
+            prompts = [random_prompt(rng, ttft_len, args.vocab_limit)
+                       for _ in range(args.ttft_prompts)]
+            results, duration = await run_level(send_warm, 1, prompts)
+            summary = summarize(name, 1, ttft_len, warm_len, results, duration)
+            summaries.append(summary)
+            print(f"{name} c=1 {ttft_len}-token prompts: TTFT p50 {summary.ttft_ms['p50']:.1f} ms",
+                  flush=True)
         levels = args.concurrency
         if name == "http" and getattr(args, "http_concurrency", None):
             levels = args.http_concurrency
@@ -429,6 +438,10 @@ def main() -> int:
                         help="which paths to measure: engine, http or both")
     parser.add_argument("--http-concurrency", type=lambda s: [int(x) for x in s.split(",")],
                         help="concurrency levels for the HTTP path (default: --concurrency)")
+    parser.add_argument("--ttft-input-len", type=int, default=0,
+                        help="first, per target: requests of this many prompt tokens one at a "
+                             "time (16 output tokens), for TTFT at c=1 (0: none)")
+    parser.add_argument("--ttft-prompts", type=int, default=20)
     parser.add_argument("--startup-timeout", type=float, default=900.0)
     parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                         help="warm up with max(--concurrency) short requests per target "

@@ -224,8 +224,7 @@ def main() -> int:
             # replay on the capture's own inputs (an all-padding step): the served request's
             # slots and pages are released by now
             with torch.cuda.stream(graphs.stream):
-                padding_step(graphs.frames, 1, graphs.mirror, graphs.pads, 5,
-                             graphs.packing(1, 5).cells)
+                padding_step(graphs.frames, graphs.packing(1, 5), graphs.mirror)
             torch.cuda.synchronize()
             result["launch"] = time_launches(graphs.graphs[key].launch, graphs.stream)
             kernels = int(os.environ.get("CHAIN_KERNELS", "281"))

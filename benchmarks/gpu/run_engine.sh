@@ -13,7 +13,9 @@
 #      SKIP_HOST_TIER=1, HOST_TIER_ARGS, HOST_GPU_KV_BYTES, HOST_TIER_GIB (the agents workload),
 #      SKIP_COLD_START=0 (bench_cold_start.py, off by default), COLD_TIMEOUT_S,
 #      BENCHES (more benchmarks, one per line: "name timeout_s command ..."), BENCH_TAIL,
-#      SERVING_BASELINE=1 (the serving levels again with prefix_block_reuse off).
+#      SERVING_BASELINE=1 (the serving levels again with prefix_block_reuse off),
+#      SERVING_EAGER_PREFILL=1 (the serving levels again with cuda_graph_prefill off: the
+#      same run's before of the prefill graphs).
 # Prints the machine, the test summary and the benchmark tables last.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -135,6 +137,11 @@ if [ "${SKIP_SERVING:-0}" != 1 ]; then
     block_reuse_off /tmp/helios-serving.yaml > /tmp/helios-serving-off.yaml
     serving_levels /tmp/helios-serving-off.yaml serving_off || serving_rc=$?
   fi
+  if [ "${SERVING_EAGER_PREFILL:-0}" = 1 ]; then   # prefill and mixed steps eagerly
+    with_engine /tmp/helios-serving.yaml "cuda_graph_prefill: off" \
+      > /tmp/helios-serving-eager.yaml
+    serving_levels /tmp/helios-serving-eager.yaml serving_eager_prefill || serving_rc=$?
+  fi
   echo "== serving benchmark: rc=$serving_rc in $(( $(date +%s) - start )) s"
 fi
 
@@ -203,6 +210,7 @@ done <<< "${BENCHES:-}"
 [ -f "$OUT/decode.log" ] && { grep -E "^(shape|qwen|llama|poll|  error)" "$OUT/decode.log" || tail -n 20 "$OUT/decode.log"; }
 [ -f "$OUT/serving.log" ] && { grep -A 12 -E "^target" "$OUT/serving.log" || tail -n 25 "$OUT/serving.log"; }
 [ -f "$OUT/serving_off.log" ] && { echo "prefix block reuse off:"; grep -A 4 -E "^target" "$OUT/serving_off.log"; }
+[ -f "$OUT/serving_eager_prefill.log" ] && { echo "prefill graphs off:"; grep -A 12 -E "^target" "$OUT/serving_eager_prefill.log"; }
 [ -f "$OUT/prefix_reuse.log" ] && tail -n 8 "$OUT/prefix_reuse.log"
 [ -f "$OUT/prefix_reuse_off.log" ] && { echo "block reuse off:"; tail -n 4 "$OUT/prefix_reuse_off.log"; }
 [ -f "$OUT/host_copies.log" ] && cat "$OUT/host_copies.log"

@@ -62,6 +62,10 @@ class EngineConfig(ServiceConfig):
     cuda_graph_max_batch: int = option(0, "largest decode batch captured as a CUDA graph "
                                           "(power-of-two capacities up to it; 0: max_num_seqs, "
                                           "-1: no graphs)")
+    cuda_graph_prefill: str = option("auto", "CUDA graphs for prefill and mixed steps, one "
+                                             "per power-of-two token capacity up to "
+                                             "max_num_batched_tokens (auto: on wherever decode "
+                                             "graphs are; off: those steps run eagerly)")
     overlap: str = option("auto", "two-frame execution: plan step N+1 while step N runs "
                                   "(auto: on with the graph runner)")
     cost_model: str = option("auto", "size prefill chunks by measured per-shape step durations "
@@ -149,6 +153,7 @@ class EngineConfig(ServiceConfig):
                                   param="kv_cache_dtype")
         for name, allowed in (("load_format", LOAD_FORMATS), ("runner", RUNNERS),
                               ("overlap", SWITCHES), ("cost_model", SWITCHES),
+                              ("cuda_graph_prefill", SWITCHES),
                               ("structured_outputs", STRUCTURED_OUTPUTS),
                               ("speculative_method", SPECULATIVE_METHODS)):
             if getattr(self, name) not in allowed:

@@ -178,6 +178,7 @@ class RunnerChoice:
     graph_max_batch: int      # largest captured decode capacity (0: none; CUDA only)
     overlap: bool             # two-frame execution
     cost_model: bool          # measured step durations size prefill chunks
+    prefill_graphs: bool = False   # graphs for prefill and mixed steps (with decode graphs)
 
 
 def resolve_runner(config: EngineConfig, device: torch.device) -> RunnerChoice:
@@ -189,7 +190,9 @@ def resolve_runner(config: EngineConfig, device: torch.device) -> RunnerChoice:
         max(0, config.cuda_graph_max_batch)
     overlap = graph and (config.overlap == "on" or (config.overlap == "auto" and cuda))
     cost_model = config.cost_model == "on" or (config.cost_model == "auto" and cuda)
-    return RunnerChoice(graph, max_batch if graph else 0, overlap, cost_model)
+    graph_batch = max_batch if graph else 0
+    prefill_graphs = bool(graph_batch) and config.cuda_graph_prefill != "off"
+    return RunnerChoice(graph, graph_batch, overlap, cost_model, prefill_graphs)
 
 
 def build_engine(config: EngineConfig, source: ModelSource,
@@ -261,7 +264,8 @@ def build_engine(config: EngineConfig, source: ModelSource,
             eos_token_ids=eos, token_vocab=token_vocab,
             max_drafts=config.num_speculative_tokens
             if config.speculative_method != "none" else 0,
-            max_image_tokens=max_image_tokens), host_kv=host_kv, vision=vision)
+            max_image_tokens=max_image_tokens, prefill_graphs=choice.prefill_graphs),
+            host_kv=host_kv, vision=vision)
         phases.start("capture CUDA graphs")
         graph_runner.capture()
         if isinstance(draft_proposer, Eagle3Proposer) and choice.graph_max_batch:  # its rounds'

@@ -18,8 +18,20 @@ context limit, so one graph serves every mix of widths up to w and every context
 Every packed row samples with the per-row inputs (`StepInputs.sample_*`), and the sampler
 advances each slot by its emitted prefix on the device (slot_sampler.VerifyRows).
 
-The greedy mode without logprobs is captured for every decode capacity at startup; other
-modes and every verification shape on first use (one synchronisation, logged). Replays go straight to `cuGraphLaunch`
+A prefill graph (`prefill_packing`: prefill and mixed steps, issue 19) of r token rows
+serves a step that feeds at most r rows of at most `prefill_seqs(r)` sequences, each any
+number of rows (a prefill chunk, a decode), each sampling at most its last row; token
+capacities are powers of two from MIN_PREFILL_ROWS up to the step budget, the ones the cost
+model's chunk sizes fill (scheduler/costs.chunk_budget). Padding rows write no KV and belong
+to no sequence, padding sequences are empty, and padding samples (the sampled rows a step
+lacks) read row 0 into the padding state row; attention runs the mixed plan over r rows with
+the context limit, so one graph serves every mix of lengths. Like eager steps it keeps each
+fed sequence's last hidden state per slot, so a checkpoint captured at its end reads it after
+the replay (`GraphRunner._captures`).
+
+The greedy mode without logprobs is captured for every decode capacity and prefill token
+capacity at startup; other modes and every verification shape on first use (one
+synchronisation, logged). Replays go straight to `cuGraphLaunch`
 (cuda_driver.GraphLauncher: torch's replay prologue is RNG bookkeeping these graphs never use). On the CPU there are no graphs: `replay` runs the same
 body eagerly on the same padded views, so the CPU tests exercise the padding and offsets.
 """
@@ -49,6 +61,8 @@ log = logging.getLogger(__name__)
 # verification graphs of every width are captured at start-up up to this capacity, only the
 # widest above it (capture_startup)
 EXACT_WIDTHS_UP_TO = 8
+# the smallest prefill graph's token rows (a shorter prefill or mixed step pads to it)
+MIN_PREFILL_ROWS = 16
 
 
 def capacities(max_batch: int) -> tuple[int, ...]:
@@ -71,12 +85,21 @@ def pack_decode(values: StepInputs, step: Step | None, layout: StepLayout | None
     pack_rows(values, step, layout, mirror)
 
 
-def padding_step(frames: InputFrames, capacity: int, mirror: PageTableMirror,
-                 pads: GraphPads, width: int = 1, cells: int = 0) -> PackedStep:
-    """Upload an all-padding step of `capacity` (warm-up and capture inputs)."""
+def prefill_capacities(max_tokens: int) -> tuple[int, ...]:
+    """Token capacities of the prefill graphs: powers of two from MIN_PREFILL_ROWS up to
+    `max_tokens` (a step's token budget) rounded up to a power of two."""
+    if max_tokens < 1:
+        return ()
+    top = max(MIN_PREFILL_ROWS, 1 << (max_tokens - 1).bit_length())
+    return tuple(1 << i for i in range(MIN_PREFILL_ROWS.bit_length() - 1, top.bit_length()))
+
+
+def padding_step(frames: InputFrames, packing: GraphPacking, mirror: PageTableMirror
+                 ) -> PackedStep:
+    """Upload an all-padding step of a graph's packing (warm-up and capture inputs)."""
     values = StepInputs.empty()
     pack_decode(values, None, None, mirror)
-    return frames.upload(values, GraphPacking(capacity, pads, width, cells), scratch=True)
+    return frames.upload(values, packing, scratch=True)
 
 
 def verify_cells(capacity: int, width: int, page_size: int) -> int:
@@ -98,6 +121,14 @@ class DecodeGraphs:
     pool: Any = None              # torch's graph pool handle (one pool for all)
     capture_seconds: float = 0.0
     page_size: int = 16           # KV page size (a verification graph's page-table updates)
+    # prefill graphs: token capacities (empty: prefill and mixed steps run eagerly), the
+    # most sequences one holds, a page table's width; graphs by (rows, mode, logprobs,
+    # grammar)
+    prefill_rows: tuple[int, ...] = ()
+    max_prefill_seqs: int = 0
+    table_width: int = 0
+    prefill: dict[tuple[int, SamplingMode, bool, bool], GraphLauncher] = field(
+        default_factory=dict)
     # verify_width_for's answers, for the graphs as they were (`_widths_tag`)
     _widths: dict[tuple[int, int, SamplingMode, bool, bool], int] = field(default_factory=dict)
     _widths_tag: tuple[int, int] | None = None
@@ -112,6 +143,29 @@ class DecodeGraphs:
 
     def capacity_for(self, num_seqs: int) -> int | None:
         return next((c for c in self.capacities if c >= num_seqs), None)
+
+    def prefill_rows_for(self, num_tokens: int) -> int | None:
+        """The smallest prefill graph's token capacity that holds `num_tokens` rows."""
+        return next((r for r in self.prefill_rows if r >= num_tokens), None)
+
+    def prefill_seqs(self, rows: int) -> int:
+        """Sequences a prefill graph of `rows` token rows holds (each feeds a row at least)."""
+        return min(rows, self.max_prefill_seqs)
+
+    def prefill_packing(self, rows: int) -> GraphPacking:
+        """A prefill graph's packing: its page-table update entries cover one sequence's
+        whole table (a new sequence behind a cached prefix uploads it all) plus a cell per
+        fed row; a step that needs more runs eagerly."""
+        return GraphPacking(self.prefill_seqs(rows), self.pads, cells=rows + self.table_width,
+                            rows=rows)
+
+    def shape_of(self, packing: GraphPacking) -> StepShape:
+        """The launch shape of the graph that `packing` packs for."""
+        if packing.is_prefill:
+            return StepShape(num_tokens=packing.rows, num_seqs=packing.capacity,
+                             max_query_len=packing.rows, max_seq_len=self.max_seq_len,
+                             is_decode_graph=False)
+        return self.shape(packing.capacity, packing.width)
 
     def shape(self, capacity: int, width: int = 1) -> StepShape:
         if width > 1:
@@ -136,8 +190,10 @@ class DecodeGraphs:
         verification captures while serving (`verify_width_for`)."""
         if not self.is_cuda:
             return
+        for rows in reversed(self.prefill_rows):      # the largest activations first
+            self._capture(self.prefill_packing(rows), SamplingMode.GREEDY, False, False)
         for capacity in reversed(self.capacities):
-            self._capture(capacity, SamplingMode.GREEDY, False, False)
+            self._capture(self.packing(capacity), SamplingMode.GREEDY, False, False)
         if verify_width < 2:
             return
         for capacity in reversed(self.capacities):
@@ -145,7 +201,8 @@ class DecodeGraphs:
                 (verify_width,)
             for width in widths:
                 if capacity * width <= self.frames.limits.tokens:
-                    self._capture(capacity, SamplingMode.GREEDY, False, False, width)
+                    self._capture(self.packing(capacity, width), SamplingMode.GREEDY, False,
+                                  False)
 
     def verify_width_for(self, capacity: int, width: int, mode: SamplingMode, logprobs: bool,
                          grammar: bool) -> int:
@@ -164,52 +221,68 @@ class DecodeGraphs:
             chosen = self._widths[key] = min(captured, default=width)
         return chosen
 
-    def replay(self, packed: PackedStep, capacity: int, mode: SamplingMode, logprobs: bool,
-               grammar: bool = False, width: int = 1) -> bool:
-        """Run the capacity's decode (or, width > 1, verification) on the step just uploaded
-        (`packed`: its offsets are the capture's, `packing(capacity, width)`). A graph
-        missing for this mode is captured first (synchronising once), then the step's inputs
-        are uploaded again; True when it was (the step's GPU time then spans the capture:
-        not a measurement of the graph)."""
+    def replay(self, packed: PackedStep, packing: GraphPacking, mode: SamplingMode,
+               logprobs: bool, grammar: bool = False) -> bool:
+        """Run the graph of `packing` (a decode, verification or prefill graph) on the step
+        just uploaded with it (its offsets are the capture's). A graph missing for this mode
+        is captured first (synchronising once), then the step's inputs are uploaded again;
+        True when it was (the step's GPU time then spans the capture: not a measurement of
+        the graph)."""
         if not self.is_cuda:
-            self.body.run(packed.views, self.shape(capacity, width), mode, logprobs, grammar)
+            self.body.run(packed.views, self.shape_of(packing), mode, logprobs, grammar)
             return False
-        graph = (self.graphs or {}).get((capacity, width, mode, logprobs, grammar))
+        graph = self._graphs_of(packing).get(self._key(packing, mode, logprobs, grammar))
         captured = graph is None
         if graph is None:
-            graph = self._capture(capacity, mode, logprobs, grammar, width)
+            graph = self._capture(packing, mode, logprobs, grammar)
             with torch.cuda.stream(self.stream):
                 self.frames.copy(packed)
         graph.launch()
         return captured
 
-    def _capture(self, capacity: int, mode: SamplingMode, logprobs: bool,
-                 grammar: bool, width: int = 1) -> GraphLauncher:
-        assert self.stream is not None
-        started = time.perf_counter()
+    def _graphs_of(self, packing: GraphPacking) -> dict:
+        if packing.is_prefill:
+            return self.prefill
         if self.graphs is None:
             self.graphs = {}
+        return self.graphs
+
+    @staticmethod
+    def _key(packing: GraphPacking, mode: SamplingMode, logprobs: bool, grammar: bool
+             ) -> tuple:
+        if packing.is_prefill:
+            return (packing.rows, mode, logprobs, grammar)
+        return (packing.capacity, packing.width, mode, logprobs, grammar)
+
+    def _capture(self, packing: GraphPacking, mode: SamplingMode, logprobs: bool,
+                 grammar: bool) -> GraphLauncher:
+        assert self.stream is not None
+        started = time.perf_counter()
+        graphs = self._graphs_of(packing)
+        if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         torch.cuda.synchronize()
         with graph_launches():             # PDL, compiled by the warm-up run
             with torch.cuda.stream(self.stream):
-                packing = self.packing(capacity, width)
-                views = padding_step(self.frames, capacity, self.mirror, self.pads, width,
-                                     packing.cells).views
-                shape = self.shape(capacity, width)
+                views = padding_step(self.frames, packing, self.mirror).views
+                shape = self.shape_of(packing)
                 self.body.run(views, shape, mode, logprobs, grammar)   # warm-up
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
                 self.body.run(views, shape, mode, logprobs, grammar)
             torch.cuda.synchronize()
-        launcher = self.graphs[(capacity, width, mode, logprobs, grammar)] = GraphLauncher(
+        launcher = graphs[self._key(packing, mode, logprobs, grammar)] = GraphLauncher(
             graph, self.stream)
         elapsed = time.perf_counter() - started
         self.capture_seconds += elapsed
-        log.info("captured the %s graph b%d%s %s%s%s in %.2f s (%s replay)",
-                 "verification" if width > 1 else "decode", capacity,
-                 f" w{width}" if width > 1 else "",
+        if packing.is_prefill:
+            name = f"prefill t{packing.rows} b{packing.capacity}"
+        elif packing.width > 1:
+            name = f"verification b{packing.capacity} w{packing.width}"
+        else:
+            name = f"decode b{packing.capacity}"
+        log.info("captured the %s graph %s%s%s in %.2f s (%s replay)", name,
                  mode.name.lower(), " +logprobs" if logprobs else "",
                  " +grammar" if grammar else "", elapsed,
                  "raw" if launcher.is_raw else "torch")

@@ -10,8 +10,11 @@ that capacity's graph; a verification step (speculative decoding: sequences feed
 pending token plus drafts, beside plain decodes) replays the verification graph of its
 capacity and width (captured on first use), sampling every row with per-row inputs and
 advancing each slot by its emitted prefix on the device; its emitted tokens are recomputed
-on the host from the sampled ids (`verified_tokens`, the same rule). Prefill, mixed, resume
-and snapshot steps, and verifications no graph serves, run the same body eagerly.
+on the host from the sampled ids (`verified_tokens`, the same rule). A prefill or mixed step
+(prompt chunks beside decodes) replays the prefill graph of the smallest token capacity that
+holds it (decode_graphs.py), restores and checkpoints at its sequences' ends included.
+Resumes from snapshots, prompt scoring, image rows, verifications beside a prefill chunk and
+steps past every graph run the same body eagerly.
 Sampling happens on the device from per-slot state (`SlotState`); the sampled ids travel back
 through a completion frame on the copy stream. A step that samples choices with a grammar
 uploads their allowed-token bitmasks with its frame into the slots' persistent bitmask rows,
@@ -48,6 +51,7 @@ from services.engine.runner.decode_graphs import (
     DecodeGraphs,
     capacities,
     pack_decode,
+    prefill_capacities,
     verify_cells,
 )
 from services.engine.runner.eager_pack import pack_eager, pack_verify
@@ -88,6 +92,7 @@ class GraphRunnerConfig:
     token_vocab: int | None = None   # the tokenizer's ids (logits past it masked; None: all)
     max_drafts: int = 0              # drafts a verification step feeds per sequence at most
     max_image_tokens: int = 0        # an image span a step may feed whole past the budget
+    prefill_graphs: bool = True      # graphs for prefill and mixed steps (with decode graphs)
 
 
 @dataclass(slots=True)
@@ -144,9 +149,15 @@ class GraphRunner:
         self.body = StepBody(model, kv, snapshots, self.state, self.page_table, self.outputs)
         self.pads = GraphPads(padding_row=self.state.padding_row,
                               trash_cell=self.mirror.trash_cell)
+        prefill_rows = prefill_capacities(min(config.max_num_batched_tokens,
+                                              self.frames.limits.tokens)) \
+            if caps and config.prefill_graphs else ()
         self.graphs = DecodeGraphs(self.body, self.frames, self.mirror, caps,
                                    config.max_model_len, self.model_stream,
-                                   self.pads, page_size=self.page_size)
+                                   self.pads, page_size=self.page_size,
+                                   prefill_rows=prefill_rows,
+                                   max_prefill_seqs=self.frames.limits.seqs,
+                                   table_width=width)
         self.completions = CompletionFrames(self.outputs, device, self.model_stream,
                                             self.copy_stream)
         self._in_flight: deque[_InFlight] = deque()
@@ -154,6 +165,7 @@ class GraphRunner:
         self.graph_steps = 0
         self.eager_steps = 0
         self.verify_graph_steps = 0      # verification steps a graph served (of graph_steps)
+        self.prefill_graph_steps = 0     # prefill and mixed steps a graph served (likewise)
         # why verification steps ran eagerly (no graph serves them), by reason: diagnostics
         self.eager_verify_reasons: Counter[str] = Counter()
 
@@ -253,9 +265,12 @@ class GraphRunner:
         if self.mrope and offsets is None:
             graph = None                   # image rows (or unequal mRoPE rows): eager
         if graph is not None:
-            pack_decode(values, step, layout, self.mirror)
-            if graph.width > 1:
-                pack_verify(values, step, layout, state.padding_row)
+            if graph.is_prefill:
+                pack_eager(values, step, layout, self.mirror, state.padding_row)
+            else:
+                pack_decode(values, step, layout, self.mirror)
+                if graph.width > 1:
+                    pack_verify(values, step, layout, state.padding_row)
             values.rope_offsets = offsets or []
             shape = None
         else:
@@ -284,12 +299,14 @@ class GraphRunner:
             scores = StepScores()
             captured = False
             if graph is not None:
-                captured = self.graphs.replay(packed, graph.capacity, mode, logprobs, grammar,
-                                              graph.width)
-                self._captures(step, layout, None)   # zero-token terminal captures ride along
+                captured = self.graphs.replay(packed, graph, mode, logprobs, grammar)
+                # zero-token terminal captures ride along; a prefill graph's fed sequences
+                # capture at their ends, from the hidden state the graph kept per slot
+                self._captures(step, layout, None)
                 self.graph_steps += 1
                 self.verify_graph_steps += graph.width > 1
-                rows = graph.tokens
+                self.prefill_graph_steps += graph.is_prefill
+                rows = graph.sampled_rows
             else:
                 assert shape is not None
                 images = step_embeds(step, layout, self._multimodal, self.vision) \
@@ -325,7 +342,37 @@ class GraphRunner:
         if any(seq.max_emit > 1 for seq in step.seqs):
             return self._verify_graph(step, mode, logprobs, grammar)
         capacity = self._graph_capacity(step)
-        return self.graphs.packing(capacity) if capacity is not None else None
+        if capacity is not None:
+            return self.graphs.packing(capacity)
+        return self._prefill_graph(step)
+
+    def _prefill_graph(self, step: Step) -> GraphPacking | None:
+        """The prefill graph that serves a prefill or mixed step, or None (run it eagerly):
+        its fed rows and sequences fit a token capacity, every fed sequence samples at most
+        its last row and captures only at its end, and nothing resumes from a snapshot or
+        scores the prompt."""
+        graphs = self.graphs
+        if not graphs.prefill_rows:
+            return None
+        tokens = fed = cells = 0
+        for seq in step.seqs:
+            count = len(seq.token_ids)
+            if not count:         # a finished choice's terminal capture rides along
+                if (seq.sample or seq.capture is None or seq.restore is not None or
+                        seq.resume_snapshot is not None):
+                    return None
+                continue
+            if seq.scores or seq.max_emit > 1 or (
+                    seq.capture is not None and seq.capture.endpoint != seq.end):
+                return None
+            tokens += count
+            fed += 1
+            cells += self.mirror.pending(seq.handle, seq.page_ids)
+        rows = graphs.prefill_rows_for(tokens)
+        if rows is None or not fed or fed > graphs.prefill_seqs(rows):
+            return None
+        packing = graphs.prefill_packing(rows)
+        return packing if cells <= packing.update_cells else None
 
     def _verify_graph(self, step: Step, mode: SamplingMode, logprobs: bool,
                       grammar: bool) -> GraphPacking | None:
@@ -391,7 +438,8 @@ class GraphRunner:
     def _captures(self, step: Step, layout: StepLayout, hidden: torch.Tensor | None) -> None:
         if all(seq.capture is None for seq in step.seqs):
             return                   # the usual step (the dict below costs ~10 us a round)
-        last_rows = dict(zip(layout.forward_seqs, layout.last_rows, strict=True))
+        last_rows = dict(zip(layout.forward_seqs, layout.last_rows, strict=True)) \
+            if hidden is not None else {}
         for index, seq in enumerate(step.seqs):
             capture = seq.capture
             if capture is None:
@@ -399,7 +447,7 @@ class GraphRunner:
             if index in last_rows:
                 assert hidden is not None
                 saved = hidden[last_rows[index]]
-            else:
+            else:    # kept per slot: a terminal state, or a graph's last fed row
                 cell = seq.handle.slot * 2 + (capture.endpoint - 1) % 2
                 saved = self.state.last_hidden[cell]
             self.snapshots.capture(capture.snapshot_id, capture.page_id, capture.num_tokens,

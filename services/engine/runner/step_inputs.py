@@ -10,10 +10,11 @@ is looked up by name.
 
 `StepInputs` is generic in its values: host sequences while packing, device tensors
 (`packed.views`) when the step body reads them. Fields are laid out in declaration order,
-each dtype in its own buffer; the fields a decode graph reads come first and, in a graph
-step, each is padded to its capacity at that graph's batch capacity (`graph`), so every
-step of capacity c lands at the offsets its graph was captured with. The fields after them
-(eager-only rows, sampling inits, grammar rows) are read outside the graphs.
+each dtype in its own buffer; the fields a graph reads come first and, in a graph step, each
+is padded to its capacity in that graph (`graph`: a decode, verification or prefill graph's
+packing), so every step of one graph lands at the offsets the graph was captured with. The
+fields after them (resumed snapshots, mRoPE rows, sampling inits, grammar rows) are read
+outside the graphs.
 """
 
 from __future__ import annotations
@@ -76,21 +77,34 @@ class GraphPacking:
 
     A decode graph: `capacity` sequences of one row each. A verification graph (`width` > 1):
     `capacity` sequences of up to `width` rows, packed back to back (tokens = capacity x
-    width), every row sampling, with `cells` page-table update entries."""
+    width), every row sampling, with `cells` page-table update entries. A prefill graph
+    (`rows` > 0: prefill and mixed steps): up to `capacity` sequences feeding `rows` token
+    rows in all, any number each, each sampling at most its last row."""
 
     capacity: int
     pads: GraphPads
     width: int = 1
     cells: int = 0                 # page-table update entries (0: one per sequence)
+    rows: int = 0                  # a prefill graph's token rows (0: a decode/verification)
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.rows > 0
 
     @property
     def tokens(self) -> int:
-        return self.capacity * self.width
+        return self.rows or self.capacity * self.width
 
     @property
     def samples(self) -> int:
-        """Sampled rows a graph reads per-row fields for (a decode graph reads none)."""
+        """Sampled rows a graph reads per-row verification fields for (only a verification
+        graph reads them)."""
         return self.capacity * self.width if self.width > 1 else 0
+
+    @property
+    def sampled_rows(self) -> int:
+        """Rows of sampler output a step of this graph writes (padding rows included)."""
+        return self.capacity if self.is_prefill else self.tokens
 
     @property
     def update_cells(self) -> int:
@@ -128,6 +142,16 @@ def _samples(g: GraphPacking) -> int:
     return g.samples
 
 
+def _sample_slots(g: GraphPacking) -> int:
+    return g.capacity if g.is_prefill else g.samples
+
+
+def _prefill_seqs(g: GraphPacking) -> int:
+    """Per-sequence rows only a prefill graph reads (its fed sequences' last rows, the
+    sampled rows)."""
+    return g.capacity if g.is_prefill else 0
+
+
 @dataclass(slots=True)
 class StepInputs(Generic[V]):
     # -- read by decode graphs (fixed offsets at each capacity) -----------------------------
@@ -148,20 +172,24 @@ class StepInputs(Generic[V]):
                                 lambda pads, count: count)
     seq_lens: V = _input(I32, lambda lim: lim.seqs, _seqs)             # [B] KV length after
     update_value: V = _input(I32, lambda lim: lim.table_cells, _cells)  # [U] page ids
-    # -- sampled rows: per-row verification inputs (a verification graph reads them; eager
-    # steps that verify fill them; nothing else does) ----------------------------------------
-    sample_slots: V = _input(I64, lambda lim: lim.samples, _samples,    # [S] slot of each row
-                             lambda pads, count: pads.padding_row)
+    # -- sampled rows: their slots (every step but a decode graph's), then the per-row
+    # verification inputs (a verification graph reads them; eager steps that verify fill
+    # them; nothing else does) -------------------------------------------------------------
+    sample_slots: V = _input(I64, lambda lim: lim.samples, _sample_slots,  # [S] slot of each
+                             lambda pads, count: pads.padding_row)        # row
     sample_offsets: V = _input(I64, lambda lim: lim.samples, _samples)  # [S] offset in its seq
     sample_drafts: V = _input(I64, lambda lim: lim.samples, _samples,   # [S] the draft row o
                               lambda pads, count: -1)                   # checks (-1: none)
     sample_first: V = _input(I64, lambda lim: lim.samples, _samples)    # [S] its seq's first row
     sample_cells: V = _input(I64, lambda lim: lim.samples, _samples,    # [S] hidden cell of the
                              lambda pads, count: pads.padding_row * 2)  # row's position
+    # -- eager steps and prefill graphs (padding: row 0 into the padding cell) -------------
+    hidden_rows: V = _input(I64, lambda lim: lim.seqs, _prefill_seqs)   # [F] last fed row
+    hidden_cells: V = _input(I64, lambda lim: lim.seqs, _prefill_seqs,  # [F] slot * 2 + parity
+                             lambda pads, count: pads.padding_row * 2)
+    sample_rows: V = _input(I64, lambda lim: lim.samples, _prefill_seqs)  # [S] row (T + k:
+                                                                          # resumed)
     # -- eager steps only -------------------------------------------------------------------
-    hidden_rows: V = _input(I64, lambda lim: lim.seqs)                  # [F] last fed row
-    hidden_cells: V = _input(I64, lambda lim: lim.seqs)                 # [F] slot * 2 + parity
-    sample_rows: V = _input(I64, lambda lim: lim.samples)               # [S] row (T + k: resumed)
     resume_ids: V = _input(I64, lambda lim: lim.resumes)                # [Z] snapshot rows
     resume_cells: V = _input(I64, lambda lim: lim.resumes)              # [Z] slot * 2 + parity
     mrope_rows: V = _input(I64, lambda lim: 3 * lim.tokens)             # [3 * T] mRoPE models:

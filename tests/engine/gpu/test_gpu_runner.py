@@ -20,6 +20,7 @@ import torch
 from services.common.core import open_model
 from services.engine.runner.cuda_driver import driver_available, driver_event_done, event_done
 from services.engine.runner.graph_runner import GraphRunner
+from services.engine.runner.slot_state import SamplingMode
 from tests.engine.model.checkpoints import SPECS, VOCAB_SIZE, build_checkpoint
 from tests.engine.runner.conftest import greedy_request, make_engine, serve
 
@@ -86,7 +87,7 @@ def _check_float32_matches_the_cpu(checkpoint):
     for rid in want:
         for a, b in zip(got_lp[rid], want_lp[rid], strict=True):
             assert abs(a.logprob - b.logprob) < 1e-2
-    assert engine.runner.graph_steps > 10 and engine.runner.eager_steps > 0
+    assert engine.runner.graph_steps > 10 and engine.runner.prefill_graph_steps > 0
     shapes = engine.scheduler.state.costs.shapes
     # CUDA-event timing; a shape seen only in a step that captured its graph is untimed
     decode = [s for (kind, _), s in shapes.items() if kind == "decode"]
@@ -102,6 +103,27 @@ def test_graph_replay_equals_eager_execution_on_the_gpu(checkpoint):
     graphs = _engine(checkpoint, "cuda", "float32")
     got, _ = _run(graphs, _requests(logprobs=False))
     assert got == want and graphs.runner.graph_steps > 10
+
+
+def test_prefill_graphs_equal_eager_prefill_on_the_gpu(checkpoint):
+    """Greedy output with prefill and mixed steps replayed in their graphs equals the same
+    steps run eagerly (`cuda_graph_prefill` off), float32 and bf16; the greedy prefill graphs
+    are captured at start-up, so serving captures none."""
+    for dtype in ("float32", "bfloat16"):
+        eager = _engine(checkpoint, "cuda", dtype, cuda_graph_prefill="off")
+        assert eager.runner.graphs.prefill_rows == ()
+        want, _ = _run(eager, _requests(logprobs=False))
+        assert eager.runner.prefill_graph_steps == 0
+        graphed = _engine(checkpoint, "cuda", dtype)
+        graphs = graphed.runner.graphs
+        assert graphs.prefill_rows == (16, 32, 64, 128)
+        assert set(graphs.prefill) == {(rows, SamplingMode.GREEDY, False, False)
+                                       for rows in graphs.prefill_rows}
+        got, _ = _run(graphed, _requests(logprobs=False))
+        assert got == want, dtype
+        kinds = graphed.scheduler.state.counters.launches_by_kind
+        assert graphed.runner.prefill_graph_steps == kinds["prefill"] + kinds["mixed"] > 0
+        assert len(graphs.prefill) == len(graphs.prefill_rows)   # none captured serving
 
 
 def test_seeded_sampling_on_the_gpu_is_reproducible(checkpoint):

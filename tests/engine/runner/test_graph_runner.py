@@ -212,9 +212,9 @@ def test_a_step_that_captured_its_graph_is_untimed(source, monkeypatch):
     engine = _engine(source, "graph")
     replay, seen = DecodeGraphs.replay, set()
 
-    def first_replay_captures(self, packed, capacity, mode, logprobs, grammar=False, width=1):
-        replay(self, packed, capacity, mode, logprobs, grammar, width)
-        key = (capacity, width, mode, logprobs, grammar)
+    def first_replay_captures(self, packed, packing, mode, logprobs, grammar=False):
+        replay(self, packed, packing, mode, logprobs, grammar)
+        key = (packing, mode, logprobs, grammar)
         captured = key not in seen
         seen.add(key)
         return captured
@@ -230,7 +230,90 @@ def test_a_step_that_captured_its_graph_is_untimed(source, monkeypatch):
 
     monkeypatch.setattr(GraphRunner, "_complete", recorded)
     _run(engine, [greedy_request("a", _prompt(9, 1), 6)])
-    assert len(seen) == 1 and engine.runner.graph_steps == 5
-    assert [d for d in durations if d < 0] == [-1.0]
+    # the prompt in the 16-row prefill graph, then five decodes in the b1 decode graph
+    assert len(seen) == 2 and engine.runner.graph_steps == 6
+    assert engine.runner.prefill_graph_steps == 1
+    # eagerly: only the terminal checkpoint after the last token (a step that feeds nothing)
+    assert engine.runner.eager_steps == 1
+    assert engine.scheduler.state.counters.launches_by_kind["snapshot"] == 1
+    assert [d for d in durations if d < 0] == [-1.0, -1.0]
     stats = engine.scheduler.state.costs.shapes[("decode", "b1 t1")]
     assert stats.untimed == 1 and len(stats.recent) == 4
+
+
+def test_prefill_graphs_serve_prefill_and_mixed_steps_like_eager_steps(source):
+    """Prefill chunks, last chunks that sample, and chunks beside decodes run in the prefill
+    graphs of their token capacities (16 .. 128 at an 80-token budget) and give exactly the
+    tokens and logprobs of the same steps run eagerly (`cuda_graph_prefill` off); what still
+    runs eagerly is only what no graph serves (here the terminal checkpoint steps that feed
+    nothing)."""
+    shapes = [(5, 1, 9), (40, 2, 14), (3, 3, 6), (70, 4, 11), (17, 5, 20), (1, 6, 3),
+              (77, 7, 4)]
+
+    def requests():
+        return [greedy_request(f"r{i}", _prompt(n, s), m, logprobs=True, top_logprobs=3)
+                for i, (n, s, m) in enumerate(shapes)]
+    eager = _engine(source, "graph", True, cuda_graph_prefill="off")
+    assert eager.runner.graphs.prefill_rows == ()
+    want = _run(eager, requests())
+    assert eager.runner.prefill_graph_steps == 0
+    graphed = _engine(source, "graph", True)
+    runner = graphed.runner
+    assert runner.graphs.prefill_rows == (16, 32, 64, 128)
+    got = _run(graphed, requests())
+    assert got == want
+    kinds = graphed.scheduler.state.counters.launches_by_kind
+    assert kinds["prefill"] + kinds["mixed"] == runner.prefill_graph_steps >= 3
+    assert runner.eager_steps == kinds["snapshot"]
+
+
+def test_steps_no_prefill_graph_serves_run_eagerly(source):
+    """Prompt scoring, a resume from a snapshot (a full prefix hit) and a step past every
+    token capacity run eagerly, with the same results as the torch runner."""
+    from dataclasses import replace
+
+    prompt = _prompt(37, 9)
+
+    def run(engine):
+        def eager_steps() -> int:            # the torch runner: every step is eager
+            return getattr(engine.runner, "eager_steps", 0)
+
+        outs = _run(engine, [greedy_request("first", prompt, 4)])
+        before = eager_steps()
+        outs |= _run(engine, [greedy_request("again", prompt, 4)])      # resumes
+        resumed = eager_steps() - before
+        scored = replace(greedy_request("scored", _prompt(12, 3), 2), prompt_logprobs=2)
+        engine.scheduler.admit(scored)
+        entries = []
+        while engine.scheduler.has_work:
+            if engine.runner.outstanding:
+                updates = engine.scheduler.complete(engine.runner.wait())
+            else:
+                plan = engine.scheduler.plan()
+                fence = engine.scheduler.state.resources.fences.next_fence
+                engine.runner.submit(engine.scheduler.commit(plan, fence))
+                continue
+            for update in updates:
+                for delta in update.deltas:
+                    entries.extend((e.position, round(e.logprob, 4)) for e in
+                                   delta.prompt_logprobs)
+        return outs, resumed, entries
+
+    want, _, want_scores = run(_engine(source, "torch"))
+    engine = _engine(source, "graph")
+    got, resumed, got_scores = run(engine)
+    assert got == want and got_scores == want_scores and len(got_scores) == 11
+    assert resumed >= 1                               # the resume ran eagerly
+    # a step of more rows than the largest prefill graph: at a 64-token budget the graphs
+    # hold 16, 32 and 64 rows, and a decode beside the oldest prefill's 64-token minimum
+    # chunk makes 65
+    small = _engine(source, "graph", max_num_batched_tokens=64, prefill_chunk_size=64)
+    assert small.runner.graphs.prefill_rows == (16, 32, 64)
+
+    def pair():
+        return [greedy_request("short", _prompt(6, 4), 12),
+                greedy_request("long", _prompt(150, 5), 3)]
+    assert _run(small, pair()) == _run(_engine(source, "torch", max_num_batched_tokens=64,
+                                               prefill_chunk_size=64), pair())
+    kinds = small.scheduler.state.counters.launches_by_kind
+    assert 0 < small.runner.prefill_graph_steps < kinds["prefill"] + kinds["mixed"]

@@ -139,3 +139,58 @@ def test_a_graph_step_reads_its_values_then_the_pads(width: int, eager_values: b
     values.input_ids = list(range(graph.tokens + 1))
     with pytest.raises(OverflowError, match="input_ids"):
         frames.upload(values, graph)
+
+
+@pytest.mark.parametrize("eager_values", [False, True])
+def test_a_prefill_graph_step_reads_its_values_then_the_pads(eager_values: bool):
+    """A prefill graph's packing (ragged sequences in `rows` token rows): the fed rows, the
+    sequences' fields, the sampled rows' slots and rows and the last-row cells each read back
+    as packed, then padded to the graph's capacities (rows, sequences, update cells); the
+    verification-only fields are absent. Steps of several mixes land at the same offsets."""
+    limits = StepLimits.for_runner(num_slots=4, max_num_batched_tokens=64, max_graph_batch=4,
+                                   table_width=9, vocab_size=100, init_ints=6, init_floats=6)
+    frames = InputFrames(limits, torch.device("cpu"))
+    graph = GraphPacking(4, PADS, cells=16 + 9, rows=16)
+    assert graph.is_prefill and graph.tokens == 16 and graph.sampled_rows == 4
+    offsets = None
+    for lengths in ((5, 1, 1), (11,), (2, 3, 4, 1), (16,)):
+        values = StepInputs.empty()
+        rows = sum(lengths)
+        values.input_ids = list(range(10, 10 + rows))
+        values.positions = list(range(rows))
+        values.slot_mapping = list(range(100, 100 + rows))
+        values.pending_slot = [-1] * rows
+        values.seq_slots = list(range(len(lengths)))
+        values.update_index = list(range(rows // 2))
+        values.update_value = list(range(50, 50 + rows // 2))
+        starts = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+        values.query_start_loc = starts
+        values.seq_lens = [30 + n for n in lengths]
+        values.hidden_rows = [s - 1 for s in starts[1:]]
+        values.hidden_cells = [2 * i + 1 for i in range(len(lengths))]
+        values.sample_rows = values.hidden_rows[1:]          # the first is a middle chunk
+        values.sample_slots = values.seq_slots[1:]
+        if eager_values:
+            values.init_slots = [1]
+            values.init_floats = [0.25] * 6
+        views = frames.upload(values, graph).views
+        here = {name: getattr(views, name).data_ptr() for name, _ in FIELDS
+                if getattr(views, name).numel()}
+        assert offsets is None or {k: v for k, v in here.items() if k in offsets} == \
+            {k: v for k, v in offsets.items() if k in here}
+        offsets = offsets or here
+        for name, spec in FIELDS:
+            got = getattr(views, name).tolist()
+            given = list(getattr(values, name))
+            if spec.graph is None:
+                assert got == given, name
+                continue
+            capacity = spec.graph(graph)
+            pad = spec.pad(PADS, rows)
+            assert got == given + [pad] * (capacity - len(given)), (lengths, name)
+        assert len(views.input_ids) == 16 and len(views.seq_slots) == 4
+        assert len(views.sample_slots) == len(views.sample_rows) == 4
+        assert len(views.hidden_cells) == 4 and len(views.update_index) == 25
+        assert len(views.sample_drafts) == 0 and len(views.sample_offsets) == 0
+        assert views.hidden_cells.tolist()[len(lengths):] == [PADS.padding_row * 2] * \
+            (4 - len(lengths))
