@@ -138,7 +138,7 @@ if [ "${SKIP_SERVING:-0}" != 1 ]; then
     serving_levels /tmp/helios-serving-off.yaml serving_off || serving_rc=$?
   fi
   if [ "${SERVING_EAGER_PREFILL:-0}" = 1 ]; then   # prefill and mixed steps eagerly
-    with_engine /tmp/helios-serving.yaml "cuda_graph_prefill: off" \
+    with_engine /tmp/helios-serving.yaml 'cuda_graph_prefill: "off"' \
       > /tmp/helios-serving-eager.yaml
     serving_levels /tmp/helios-serving-eager.yaml serving_eager_prefill || serving_rc=$?
   fi

@@ -85,13 +85,15 @@ def pack_decode(values: StepInputs, step: Step | None, layout: StepLayout | None
     pack_rows(values, step, layout, mirror)
 
 
-def prefill_capacities(max_tokens: int) -> tuple[int, ...]:
+def prefill_capacities(max_tokens: int, bound: int) -> tuple[int, ...]:
     """Token capacities of the prefill graphs: powers of two from MIN_PREFILL_ROWS up to
-    `max_tokens` (a step's token budget) rounded up to a power of two."""
+    `max_tokens` (a step's token budget) rounded up to a power of two, none above `bound`
+    (the rows the input buffers hold: a longer step runs eagerly)."""
     if max_tokens < 1:
         return ()
     top = max(MIN_PREFILL_ROWS, 1 << (max_tokens - 1).bit_length())
-    return tuple(1 << i for i in range(MIN_PREFILL_ROWS.bit_length() - 1, top.bit_length()))
+    return tuple(1 << i for i in range(MIN_PREFILL_ROWS.bit_length() - 1, top.bit_length())
+                 if 1 << i <= bound)
 
 
 def padding_step(frames: InputFrames, packing: GraphPacking, mirror: PageTableMirror

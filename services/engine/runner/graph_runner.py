@@ -149,8 +149,8 @@ class GraphRunner:
         self.body = StepBody(model, kv, snapshots, self.state, self.page_table, self.outputs)
         self.pads = GraphPads(padding_row=self.state.padding_row,
                               trash_cell=self.mirror.trash_cell)
-        prefill_rows = prefill_capacities(min(config.max_num_batched_tokens,
-                                              self.frames.limits.tokens)) \
+        prefill_rows = prefill_capacities(config.max_num_batched_tokens,
+                                          self.frames.limits.tokens) \
             if caps and config.prefill_graphs else ()
         self.graphs = DecodeGraphs(self.body, self.frames, self.mirror, caps,
                                    config.max_model_len, self.model_stream,

@@ -34,7 +34,13 @@ class SchedulerConfig:
                                           # whole past the budget (vision models: the context)
     overlap: bool = False                 # plan a decode behind a sequence's in-flight step
     cost_model: bool = False              # size prefill chunks by measured step durations
-    output_token_value: float = 64.0      # an output token's value in prompt tokens (costs)
+    # an output token's value in prompt tokens (costs.chunk_budget). At 64, prefill graphs
+    # made a 64-token chunk beside 64 decodes cost 1.9 ms more than the decodes alone, so
+    # the 64 x 64 outputs' value picked 64-token chunks: new prompts entered one at a time
+    # over 16 steps each, TTFT p50 rose from 0.59 to 2.16 s and C=64 1024/1024 fell from
+    # 4,603 to 4,254 tok/s (H100, RESULTS.md 2026-12-06). At 4 a step fills the budget unless
+    # prefill costs far more per token than the decodes beside it.
+    output_token_value: float = 4.0
     proposer: Proposer | SequenceProposer | None = None   # drafts for verification steps
                                           # (None: decode 1)
     pooling: str = "last"                 # embeddings: "last" token, "mean" over the prompt,

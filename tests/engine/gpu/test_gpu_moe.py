@@ -4,6 +4,8 @@ bf16 stays within test_gpu_runner.py's bounds of a float32 reference."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from tests.engine.gpu.test_gpu_runner import (
@@ -54,6 +56,7 @@ def test_kv_pool_gets_what_the_expert_weights_leave(tmp_path, monkeypatch):
               "torch_dtype": "bfloat16", "tie_word_embeddings": False}
     (tmp_path / "config.json").write_text(json.dumps(config))
     write_tokenizer(tmp_path)
+    gc.collect()            # an earlier test's engine (its graph pool) freed now, not mid-build
     torch.cuda.empty_cache()
     allocated_before = torch.cuda.memory_allocated()
     reads: list[tuple[int, int]] = []        # (free bytes, this process's allocated bytes)
