@@ -157,9 +157,9 @@ class DecodeGraphs:
     def prefill_packing(self, rows: int) -> GraphPacking:
         """A prefill graph's packing: its page-table update entries cover one sequence's
         whole table (a new sequence behind a cached prefix uploads it all) plus a cell per
-        fed row; a step that needs more runs eagerly."""
-        return GraphPacking(self.prefill_seqs(rows), self.pads, cells=rows + self.table_width,
-                            rows=rows)
+        fed row, at most every slot's table; a step that needs more runs eagerly."""
+        cells = min(rows + self.table_width, self.frames.limits.table_cells)
+        return GraphPacking(self.prefill_seqs(rows), self.pads, cells=cells, rows=rows)
 
     def shape_of(self, packing: GraphPacking) -> StepShape:
         """The launch shape of the graph that `packing` packs for."""

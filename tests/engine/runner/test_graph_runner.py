@@ -317,3 +317,22 @@ def test_steps_no_prefill_graph_serves_run_eagerly(source):
                                                prefill_chunk_size=64), pair())
     kinds = small.scheduler.state.counters.launches_by_kind
     assert 0 < small.runner.prefill_graph_steps < kinds["prefill"] + kinds["mixed"]
+
+
+@pytest.mark.parametrize("budget,slots", [(160, 1), (80, 6), (64, 2), (2048, 64)])
+def test_every_graph_packing_fits_the_input_buffers(source, budget: int, slots: int):
+    """Every graph the runner would capture (prefill graphs included) packs its all-padding
+    capture step within the input buffers' bounds, whatever the step budget and slots: a
+    160-token budget with one slot once made a 256-row prefill graph past the 224 rows the
+    buffers hold, which failed only at the CUDA capture."""
+    from services.engine.runner.decode_graphs import padding_step
+
+    engine = _engine(source, "graph", max_num_batched_tokens=budget, max_num_seqs=slots,
+                     prefill_chunk_size=64 * max(1, budget // 128))
+    graphs = engine.runner.graphs
+    assert graphs.prefill_rows and max(graphs.prefill_rows) <= graphs.frames.limits.tokens
+    packings = [graphs.prefill_packing(rows) for rows in graphs.prefill_rows]
+    packings += [graphs.packing(c) for c in graphs.capacities]
+    for packing in packings:
+        views = padding_step(graphs.frames, packing, graphs.mirror).views
+        assert len(views.input_ids) == packing.tokens
