@@ -96,6 +96,20 @@ def test_a_field_past_its_bound_is_named():
         frames.upload(values)
 
 
+def _check_values_then_pads(views: StepInputs, values: StepInputs, graph: GraphPacking,
+                            rows: int) -> None:
+    """Each graph field reads back as its values then its padding up to the graph's
+    capacity; each eager-only field as its values."""
+    for name, spec in FIELDS:
+        got = getattr(views, name).tolist()
+        given = list(getattr(values, name))
+        if spec.graph is None:
+            assert got == given, name
+            continue
+        pad = spec.pad(PADS, rows)
+        assert got == given + [pad] * (spec.graph(graph) - len(given)), (rows, name)
+
+
 @pytest.mark.parametrize("eager_values", [False, True])
 @pytest.mark.parametrize("width", [1, 3])
 def test_a_graph_step_reads_its_values_then_the_pads(width: int, eager_values: bool):
@@ -126,16 +140,7 @@ def test_a_graph_step_reads_its_values_then_the_pads(width: int, eager_values: b
         if eager_values:
             values.init_slots = [1]
             values.init_floats = [0.25] * 6
-        views = frames.upload(values, graph).views
-        for name, spec in FIELDS:
-            got = getattr(views, name).tolist()
-            given = list(getattr(values, name))
-            if spec.graph is None:
-                assert got == given, name
-                continue
-            capacity = spec.graph(graph)
-            pad = spec.pad(PADS, rows)
-            assert got == given + [pad] * (capacity - len(given)), (n, name)
+        _check_values_then_pads(frames.upload(values, graph).views, values, graph, rows)
     values.input_ids = list(range(graph.tokens + 1))
     with pytest.raises(OverflowError, match="input_ids"):
         frames.upload(values, graph)
@@ -179,15 +184,7 @@ def test_a_prefill_graph_step_reads_its_values_then_the_pads(eager_values: bool)
         assert offsets is None or {k: v for k, v in here.items() if k in offsets} == \
             {k: v for k, v in offsets.items() if k in here}
         offsets = offsets or here
-        for name, spec in FIELDS:
-            got = getattr(views, name).tolist()
-            given = list(getattr(values, name))
-            if spec.graph is None:
-                assert got == given, name
-                continue
-            capacity = spec.graph(graph)
-            pad = spec.pad(PADS, rows)
-            assert got == given + [pad] * (capacity - len(given)), (lengths, name)
+        _check_values_then_pads(views, values, graph, rows)
         assert len(views.input_ids) == 16 and len(views.seq_slots) == 4
         assert len(views.sample_slots) == len(views.sample_rows) == 4
         assert len(views.hidden_cells) == 4 and len(views.update_index) == 25
