@@ -208,10 +208,12 @@ def summarize(target: str, concurrency: int, input_len: int, output_len: int,
 
 
 def print_table(summaries: list[RunSummary]) -> None:
-    print(f"\n{'target':<8}{'in':>6}{'C':>5}{'reqs':>6}{'fail':>5}{'out tok/s':>11}{'tot tok/s':>11}"
+    print(f"\n{'target':<8}{'in':>6}{'C':>5}{'reqs':>6}{'fail':>5}{'out tok/s':>11}"
+          f"{'tot tok/s':>11}"
           f"{'TTFT p50':>10}{'p99':>9}{'TPOT p50':>10}{'p99':>9}{'ITL p50':>9}{'p99':>9}")
     for s in summaries:
-        print(f"{s.target:<8}{s.input_len:>6}{s.concurrency:>5}{s.requests:>6}{s.failed:>5}{s.output_tok_s:>11.1f}"
+        print(f"{s.target:<8}{s.input_len:>6}{s.concurrency:>5}{s.requests:>6}{s.failed:>5}"
+              f"{s.output_tok_s:>11.1f}"
               f"{s.total_tok_s:>11.1f}{s.ttft_ms['p50']:>10.1f}{s.ttft_ms['p99']:>9.1f}"
               f"{s.tpot_ms['p50']:>10.2f}{s.tpot_ms['p99']:>9.2f}{s.itl_ms['p50']:>9.2f}"
               f"{s.itl_ms['p99']:>9.2f}")

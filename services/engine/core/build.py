@@ -178,7 +178,7 @@ class RunnerChoice:
     graph_max_batch: int      # largest captured decode capacity (0: none; CUDA only)
     overlap: bool             # two-frame execution
     cost_model: bool          # measured step durations size prefill chunks
-    prefill_graphs: bool = False   # graphs for prefill and mixed steps (with decode graphs)
+    prefill_graphs: bool      # graphs for prefill and mixed steps (with decode graphs)
 
 
 def resolve_runner(config: EngineConfig, device: torch.device) -> RunnerChoice:

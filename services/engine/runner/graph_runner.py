@@ -52,10 +52,10 @@ from services.engine.runner.decode_graphs import (
     capacities,
     pack_decode,
     prefill_capacities,
-    verify_cells,
 )
 from services.engine.runner.eager_pack import pack_eager, pack_verify
-from services.engine.runner.frames import BulkStaging, GraphPacking, InputFrames
+from services.engine.runner.frames import BulkStaging, InputFrames
+from services.engine.runner.graph_choice import GraphChoice
 from services.engine.runner.host_kv import HostKVStore
 from services.engine.runner.layout import StepLayout, layout_step, verified_tokens
 from services.engine.runner.page_tables import PageTableMirror
@@ -64,7 +64,6 @@ from services.engine.runner.slot_sampler import SampleOutputs
 from services.engine.runner.slot_state import (
     FLOAT_FIELDS,
     INT_FIELDS,
-    SamplingMode,
     SlotInfo,
     SlotState,
 )
@@ -166,8 +165,11 @@ class GraphRunner:
         self.eager_steps = 0
         self.verify_graph_steps = 0      # verification steps a graph served (of graph_steps)
         self.prefill_graph_steps = 0     # prefill and mixed steps a graph served (likewise)
+        self.choice = GraphChoice(self.graphs, self.mirror,
+                                  max_tokens=self.frames.limits.tokens,
+                                  page_size=self.page_size)
         # why verification steps ran eagerly (no graph serves them), by reason: diagnostics
-        self.eager_verify_reasons: Counter[str] = Counter()
+        self.eager_verify_reasons: Counter[str] = self.choice.eager_verify_reasons
 
     def capture(self) -> None:
         """Compile the MoE kernels' variants of every step size and the eager prefill and
@@ -258,7 +260,7 @@ class GraphRunner:
         grammar = bool(bitmasks)
         layout = layout_step(step, self.page_size)
         sampled = tuple(layout.sample_seqs)
-        graph = self._graph_shape(step, mode, logprobs, grammar)
+        graph = self.choice.packing_for(step, mode, logprobs, grammar)
         values = StepInputs.empty()
         offsets = graph_offsets(step, layout, self._multimodal) \
             if self.mrope and graph is not None else None
@@ -335,105 +337,6 @@ class GraphRunner:
             else:
                 rows.append((seq.handle.slot, mask))
         return rows
-
-    def _graph_shape(self, step: Step, mode: SamplingMode, logprobs: bool,
-                     grammar: bool) -> GraphPacking | None:
-        """The graph that serves `step` (its packing), or None (run it eagerly)."""
-        if any(seq.max_emit > 1 for seq in step.seqs):
-            return self._verify_graph(step, mode, logprobs, grammar)
-        capacity = self._graph_capacity(step)
-        if capacity is not None:
-            return self.graphs.packing(capacity)
-        return self._prefill_graph(step)
-
-    def _prefill_graph(self, step: Step) -> GraphPacking | None:
-        """The prefill graph that serves a prefill or mixed step, or None (run it eagerly):
-        its fed rows and sequences fit a token capacity, every fed sequence samples at most
-        its last row and captures only at its end, and nothing resumes from a snapshot or
-        scores the prompt."""
-        graphs = self.graphs
-        if not graphs.prefill_rows:
-            return None
-        tokens = fed = cells = 0
-        for seq in step.seqs:
-            count = len(seq.token_ids)
-            if not count:         # a finished choice's terminal capture rides along
-                if (seq.sample or seq.capture is None or seq.restore is not None or
-                        seq.resume_snapshot is not None):
-                    return None
-                continue
-            if seq.scores or seq.max_emit > 1 or (
-                    seq.capture is not None and seq.capture.endpoint != seq.end):
-                return None
-            tokens += count
-            fed += 1
-            cells += self.mirror.pending(seq.handle, seq.page_ids)
-        rows = graphs.prefill_rows_for(tokens)
-        if rows is None or not fed or fed > graphs.prefill_seqs(rows):
-            return None
-        packing = graphs.prefill_packing(rows)
-        return packing if cells <= packing.update_cells else None
-
-    def _verify_graph(self, step: Step, mode: SamplingMode, logprobs: bool,
-                      grammar: bool) -> GraphPacking | None:
-        """The verification graph for `step`: every sequence feeds and samples all of its
-        rows (a verification's pending token and drafts, or one decode token), at most the
-        graph's page-table entries each; None: run it eagerly. The graph is the narrowest
-        captured one at least the step's width (DecodeGraphs.verify_width_for)."""
-        graphs = self.graphs
-        reasons = self.eager_verify_reasons
-        fed = [seq for seq in step.seqs if seq.token_ids]
-        for seq in step.seqs:
-            if not seq.token_ids:
-                # a finished choice saving its terminal state rides along, as in a decode
-                # graph (its capture copies state after the graph: _captures)
-                if (seq.sample or seq.capture is None or seq.restore is not None or
-                        seq.resume_snapshot is not None):
-                    reasons["a resume from a snapshot"] += 1
-                    return None
-            elif seq.scores or seq.max_emit != len(seq.token_ids):
-                reasons["a prefill chunk or prompt scoring beside it (mixed)"] += 1
-                return None
-            elif seq.restore is not None or seq.capture is not None:
-                reasons["a snapshot restore or capture of a fed sequence"] += 1
-                return None
-        if not graphs.capacities or len(fed) > graphs.max_capacity:
-            reasons["batch above the graphs"] += 1
-            return None
-        capacity = graphs.capacity_for(len(fed))
-        if capacity is None or capacity * step.width > self.frames.limits.tokens:
-            reasons["rows above the token capacity"] += 1
-            return None
-        width = graphs.verify_width_for(capacity, step.width, mode, logprobs, grammar)
-        cells = verify_cells(1, width, self.page_size)
-        if any(self.mirror.pending(seq.handle, seq.page_ids) > cells for seq in fed):
-            reasons["page-table updates above the graph's cells"] += 1
-            return None
-        return graphs.packing(capacity, width)
-
-    def _graph_capacity(self, step: Step) -> int | None:
-        """The decode capacity that serves `step`, or None (run it eagerly). Every sequence
-        feeds one token and samples, or only saves a terminal checkpoint (no tokens: its
-        capture copies state after the graph)."""
-        if not self.graphs.capacities:
-            return None
-        fed = 0
-        for seq in step.seqs:
-            if seq.scores:
-                return None                      # prompt scoring runs eagerly
-            if not seq.token_ids:
-                if (seq.sample or seq.capture is None or seq.restore is not None or
-                        seq.resume_snapshot is not None):
-                    return None
-                continue
-            if (len(seq.token_ids) != 1 or not seq.sample or seq.restore is not None or
-                    seq.capture is not None or
-                    self.mirror.pending(seq.handle, seq.page_ids) > 1):
-                return None
-            fed += 1
-        if not fed or fed > self.graphs.max_capacity:
-            return None
-        return self.graphs.capacity_for(fed)
 
     def _captures(self, step: Step, layout: StepLayout, hidden: torch.Tensor | None) -> None:
         if all(seq.capture is None for seq in step.seqs):
