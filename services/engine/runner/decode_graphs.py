@@ -18,7 +18,7 @@ context limit, so one graph serves every mix of widths up to w and every context
 Every packed row samples with the per-row inputs (`StepInputs.sample_*`), and the sampler
 advances each slot by its emitted prefix on the device (slot_sampler.VerifyRows).
 
-A prefill graph (`prefill_packing`: prefill and mixed steps, issue 19) of r token rows
+A prefill graph (`prefill_packing`: prefill and mixed steps) of r token rows
 serves a step that feeds at most r rows of at most `prefill_seqs(r)` sequences, each any
 number of rows (a prefill chunk, a decode), each sampling at most its last row; token
 capacities are powers of two from MIN_PREFILL_ROWS up to the step budget, the ones the cost
