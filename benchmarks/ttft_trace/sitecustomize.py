@@ -14,15 +14,15 @@ import time
 _DIR = os.environ.get("HELIOS_TTFT_TRACE_DIR")
 
 
-def _role(argv: str) -> str | None:
-    if "multiprocessing" in argv:
+def _role(argv: list[str]) -> str | None:
+    if any("multiprocessing" in word for word in argv):
         return "core"                     # the engine core, spawned by the engine servicer
-    if "serve" not in argv:
+    # `... serve <service> --flags`: the word after "serve" (a flag may name another service,
+    # as the gateway's --frontend-address does)
+    if "serve" not in argv[:-1]:
         return None
-    for name in ("frontend", "gateway", "engine"):
-        if name in argv:
-            return name
-    return None
+    name = argv[argv.index("serve") + 1]
+    return name if name in ("frontend", "gateway", "engine") else None
 
 
 def _install(role: str) -> None:
@@ -44,7 +44,23 @@ def _install(role: str) -> None:
                 yield item
         setattr(owner, name, traced)
 
-    if role == "frontend":
+    if role == "gateway":
+        from gateway import frontend_client, ingress
+
+        wrap_stream(frontend_client.GenerateCall, "events", "gateway.event")
+        enter, generate = ingress.Ingress.__call__, frontend_client.FrontendClient.generate
+
+        async def traced_call(self, scope, receive, send):
+            if scope.get("type") == "http" and scope.get("method") == "POST":
+                mark("gateway.request")
+            return await enter(self, scope, receive, send)
+
+        def traced_generate(self, *args, **kwargs):
+            mark("gateway.frontend_call")
+            return generate(self, *args, **kwargs)
+        ingress.Ingress.__call__ = traced_call
+        frontend_client.FrontendClient.generate = traced_generate
+    elif role == "frontend":
         from services.frontend import server
         from services.frontend.generate import upstream
 
@@ -77,6 +93,7 @@ def _install(role: str) -> None:
         from services.engine.core import loop, outbox
 
         complete, write = loop.EngineCore._complete, outbox.Outbox._write
+        write_inline = outbox.Outbox._write_inline
 
         def traced_complete(self, completion):
             mark("core.step_completed")
@@ -86,12 +103,28 @@ def _install(role: str) -> None:
             result = write(self, message)
             mark("core.sent")
             return result
+        def traced_write_inline(self, message):
+            result = write_inline(self, message)
+            mark("core.sent")
+            return result
         loop.EngineCore._complete = traced_complete
         outbox.Outbox._write = traced_write
+        outbox.Outbox._write_inline = traced_write_inline
     mark("traced")
 
 
 if _DIR:
-    _role_name = _role(" ".join(sys.argv))
+    _role_name = _role(sys.argv)
     if _role_name is not None:
         _install(_role_name)
+
+if _DIR and os.environ.get("HELIOS_TTFT_PROFILE") and _role_name in ("gateway", "frontend",
+                                                                       "engine"):
+    # HELIOS_TTFT_PROFILE=DIR: a cProfile of each service process, dumped into DIR at exit
+    import atexit
+    import cProfile
+
+    _profile = cProfile.Profile()
+    _profile.enable()
+    atexit.register(lambda: _profile.dump_stats(
+        os.path.join(os.environ["HELIOS_TTFT_PROFILE"], f"{_role_name}-{os.getpid()}.prof")))

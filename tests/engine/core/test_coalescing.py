@@ -79,3 +79,22 @@ def test_outbox_never_blocks_the_publisher_and_coalesces_while_the_pipe_is_full(
     outbox.close()
     assert received == list(range(400))
     assert messages < 400 and outbox.coalesced > 0
+    # the first publishes went out inline, until the socket was full: one of them was cut
+    # mid-frame and the sender thread finished it (else the reader could not decode)
+    assert 0 < outbox.inline_writes < 400
+
+
+def test_a_small_step_is_written_by_the_publisher_itself():
+    reader, writer = multiprocessing.Pipe(duplex=True)
+    outbox = Outbox(writer)
+    outbox.publish([update(7)], ())     # decided under the outbox's lock: no race with the thread
+    assert reader.poll(5)
+    batch: Outgoing = pickle.loads(reader.recv_bytes())
+    assert [u.deltas[0].token_ids for u in batch.updates] == [(7,)]
+    assert outbox.inline_writes == 1
+    # a step of many requests goes to the sender thread (it pickles outside the loop)
+    outbox.publish([update(i, rid=f"r{i}") for i in range(20)], ())
+    assert reader.poll(5)
+    batch = pickle.loads(reader.recv_bytes())
+    assert len(batch.updates) == 20 and outbox.inline_writes == 1
+    outbox.close()
