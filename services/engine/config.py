@@ -66,6 +66,10 @@ class EngineConfig(ServiceConfig):
                                              "per power-of-two token capacity up to "
                                              "max_num_batched_tokens (auto: on wherever decode "
                                              "graphs are; off: those steps run eagerly)")
+    kernel_compile_workers: int = option(
+        -1, "processes that compile the start-up's Triton kernel variants in parallel on a "
+            "CUDA device (-1: one per core but one, at most 16; 0: the engine core compiles "
+            "them itself, one at a time)")
     overlap: str = option("auto", "two-frame execution: plan step N+1 while step N runs "
                                   "(auto: on with the graph runner)")
     cost_model: str = option("auto", "size prefill chunks by measured per-shape step durations "
@@ -161,6 +165,9 @@ class EngineConfig(ServiceConfig):
         if self.cuda_graph_max_batch < -1:
             raise ValidationError("cuda_graph_max_batch must be >= -1",
                                   param="cuda_graph_max_batch")
+        if self.kernel_compile_workers < -1:
+            raise ValidationError("kernel_compile_workers must be >= -1 (-1: automatic)",
+                                  param="kernel_compile_workers")
         if self.grammar_cache_size < 1:
             raise ValidationError("grammar_cache_size must be >= 1", param="grammar_cache_size")
         if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:

@@ -21,6 +21,7 @@ from services.common.startup import StartupPhases
 from services.engine.config import EngineConfig
 from services.engine.core.messages import CoreInfo
 from services.engine.grammar import GrammarCompiler, GrammarVocabulary
+from services.engine.kernels.precompile import CompilePool, default_workers
 from services.engine.model import (
     KVCache,
     ModelConfig,
@@ -165,6 +166,22 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def start_compile_pool(config: EngineConfig) -> CompilePool | None:
+    """The kernel compile workers (kernels/precompile.py) for a CUDA device with the graph
+    runner, forked now: call it before CUDA is initialised. None elsewhere."""
+    workers = default_workers() if config.kernel_compile_workers < 0 else \
+        config.kernel_compile_workers
+    if workers < 1 or config.runner == "torch":
+        return None
+    try:
+        if resolve_device(config.device).type != "cuda":
+            return None
+        import triton  # noqa: F401  (imported before the fork: the workers need it)
+    except (ValidationError, ImportError):
+        return None
+    return CompilePool.start(workers)
+
+
 def describe_device(device: torch.device) -> str:
     if device.type == "cuda":
         index = device.index or 0
@@ -196,9 +213,12 @@ def resolve_runner(config: EngineConfig, device: torch.device) -> RunnerChoice:
 
 
 def build_engine(config: EngineConfig, source: ModelSource,
-                 phases: StartupPhases | None = None) -> Engine:
+                 phases: StartupPhases | None = None,
+                 compile_pool: CompilePool | None = None) -> Engine:
     """The model, the KV cache, the runner and the scheduler; each start-up phase is timed
-    (`phases`, services/common/startup.py)."""
+    (`phases`, services/common/startup.py). A `compile_pool` (`start_compile_pool`, forked
+    before CUDA is initialised) compiles the start-up's kernel variants in parallel; it is
+    closed here."""
     phases = phases or StartupPhases("engine")
     device = resolve_device(config.device)
     check_vision_attention(config, device)
@@ -266,6 +286,10 @@ def build_engine(config: EngineConfig, source: ModelSource,
             if config.speculative_method != "none" else 0,
             max_image_tokens=max_image_tokens, prefill_graphs=choice.prefill_graphs),
             host_kv=host_kv, vision=vision)
+        if compile_pool is not None:
+            phases.start("compile kernels")
+            graph_runner.precompile(compile_pool)
+            compile_pool.close()
         phases.start("capture CUDA graphs")
         graph_runner.capture()
         if isinstance(draft_proposer, Eagle3Proposer) and choice.graph_max_batch:  # its rounds'

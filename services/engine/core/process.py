@@ -31,7 +31,7 @@ from services.common.errors import HeliosError, WorkerFailure
 from services.common.logging import setup_logging
 from services.common.startup import startup_phases
 from services.engine.config import EngineConfig
-from services.engine.core.build import build_engine, resolve_device
+from services.engine.core.build import build_engine, resolve_device, start_compile_pool
 from services.engine.core.loop import EngineCore
 from services.engine.core.messages import PROCEED, ErrorInfo, Failed, Ready
 from services.engine.core.outbox import Outbox
@@ -76,6 +76,9 @@ def core_main(config: EngineConfig, connection: Connection) -> None:
     setup_logging("engine", config.log_level, config.log_format)
     phases = startup_phases("engine")
     phases.record_process_start("import the engine core")     # the spawn: Python, torch
+    # forked first: before CUDA is initialised and before the outbox starts its thread
+    with phases.phase("start the kernel compile workers"):
+        compile_pool = start_compile_pool(config)
     outbox = Outbox(connection)
     if config.cpu_threads:
         import torch
@@ -98,9 +101,11 @@ def core_main(config: EngineConfig, connection: Connection) -> None:
     try:
         source = open_model(config.model, verify=(),   # the servicer verified the files
                             allow_missing_weights=config.load_format == "dummy")
-        engine = build_engine(config, source, phases)
+        engine = build_engine(config, source, phases, compile_pool)
     except Exception as exc:
         phases.fail()
+        if compile_pool is not None:
+            compile_pool.close()
         _refuse(outbox, exc)
     session_id = uuid.uuid4().hex
     log.info("engine core ready", extra={"fields": {"pid": os.getpid(),

@@ -184,18 +184,26 @@ class DecodeGraphs:
                                 verify_cells(capacity, width, self.page_size))
         return GraphPacking(capacity, self.pads)
 
-    def capture_startup(self, verify_width: int = 1) -> None:
+    def capture_startup(self, verify_width: int = 1, *, discover: bool = False) -> None:
         """Capture the greedy, no-logprobs graphs, largest capacity first; with speculation
         (`verify_width` = 1 + the drafts a sequence may verify) also the greedy verification
         graphs: every width at the capacities up to EXACT_WIDTHS_UP_TO (where speculation
         pays and a verification's rows cost little), the widest above, so that no greedy
-        verification captures while serving (`verify_width_for`)."""
+        verification captures while serving (`verify_width_for`). With `discover` only each
+        graph's warm-up run happens, nothing is captured (the kernel variant discovery of
+        kernels/precompile.py)."""
         if not self.is_cuda:
             return
+        def warm_up_only(packing: GraphPacking, mode: SamplingMode, logprobs: bool,
+                         grammar: bool) -> None:
+            with graph_launches():
+                self._warm_up_run(packing, mode, logprobs, grammar)
+
+        capture = warm_up_only if discover else self._capture
         for rows in reversed(self.prefill_rows):      # the largest activations first
-            self._capture(self.prefill_packing(rows), SamplingMode.GREEDY, False, False)
+            capture(self.prefill_packing(rows), SamplingMode.GREEDY, False, False)
         for capacity in reversed(self.capacities):
-            self._capture(self.packing(capacity), SamplingMode.GREEDY, False, False)
+            capture(self.packing(capacity), SamplingMode.GREEDY, False, False)
         if verify_width < 2:
             return
         for capacity in reversed(self.capacities):
@@ -203,8 +211,7 @@ class DecodeGraphs:
                 (verify_width,)
             for width in widths:
                 if capacity * width <= self.frames.limits.tokens:
-                    self._capture(self.packing(capacity, width), SamplingMode.GREEDY, False,
-                                  False)
+                    capture(self.packing(capacity, width), SamplingMode.GREEDY, False, False)
 
     def verify_width_for(self, capacity: int, width: int, mode: SamplingMode, logprobs: bool,
                          grammar: bool) -> int:
@@ -256,6 +263,19 @@ class DecodeGraphs:
             return (packing.rows, mode, logprobs, grammar)
         return (packing.capacity, packing.width, mode, logprobs, grammar)
 
+    def _warm_up_run(self, packing: GraphPacking, mode: SamplingMode, logprobs: bool,
+                     grammar: bool) -> tuple[Any, Any]:
+        """The graph's body once, eagerly, on padding (what its capture runs first, inside
+        its `graph_launches`: every kernel variant compiles here, not inside the capture);
+        synchronised."""
+        assert self.stream is not None
+        with torch.cuda.stream(self.stream):
+            views = padding_step(self.frames, packing, self.mirror).views
+            shape = self.shape_of(packing)
+            self.body.run(views, shape, mode, logprobs, grammar)
+        torch.cuda.synchronize()
+        return views, shape
+
     def _capture(self, packing: GraphPacking, mode: SamplingMode, logprobs: bool,
                  grammar: bool) -> GraphLauncher:
         assert self.stream is not None
@@ -265,11 +285,7 @@ class DecodeGraphs:
             self.pool = torch.cuda.graph_pool_handle()
         torch.cuda.synchronize()
         with graph_launches():             # PDL, compiled by the warm-up run
-            with torch.cuda.stream(self.stream):
-                views = padding_step(self.frames, packing, self.mirror).views
-                shape = self.shape_of(packing)
-                self.body.run(views, shape, mode, logprobs, grammar)   # warm-up
-            torch.cuda.synchronize()
+            views, shape = self._warm_up_run(packing, mode, logprobs, grammar)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
                 self.body.run(views, shape, mode, logprobs, grammar)

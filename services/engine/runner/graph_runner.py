@@ -44,8 +44,9 @@ from dataclasses import dataclass
 import torch
 
 from services.common.errors import PoisonedError, WorkerFailure
+from services.engine.kernels.precompile import CompilePool, CompileReport, discover_variants
 from services.engine.model import CausalLM, KVCache
-from services.engine.model.moe import warm_up_experts
+from services.engine.model.moe import expert_weight_bytes, warm_up_experts
 from services.engine.runner.completions import CompletionFrames
 from services.engine.runner.decode_graphs import (
     DecodeGraphs,
@@ -171,15 +172,38 @@ class GraphRunner:
         # why verification steps ran eagerly (no graph serves them), by reason: diagnostics
         self.eager_verify_reasons: Counter[str] = self.choice.eager_verify_reasons
 
+    def precompile(self, compile_pool: CompilePool) -> CompileReport | None:
+        """Compile the start-up's Triton kernel variants in the pool's processes
+        (kernels/precompile.py): the start-up runs once with every uncompiled launch skipped
+        and recorded, the pool compiles those variants in parallel into Triton's cache, and
+        `capture` then loads them. None where nothing is done: off CUDA, and for MoE models,
+        whose routing feeds indices to torch ops that must not read the garbage a skipped
+        kernel leaves."""
+        if not self.is_cuda or expert_weight_bytes(self.model) > 0:
+            return None
+        from triton.runtime import driver
+
+        with discover_variants() as found:
+            self._start_up(discover=True)
+        report = compile_pool.compile(found, driver.active.get_current_target())
+        log.info("compiled %d kernel variants in %.2f s in %d processes (%.1f s of "
+                 "compilation; %d failed; %d of kernels outside a module left to the capture)",
+                 report.variants, report.seconds, compile_pool.workers,
+                 report.compile_seconds, report.failed, found.unnamed)
+        return report
+
     def capture(self) -> None:
         """Compile the MoE kernels' variants of every step size and the eager prefill and
         mixed step shapes' kernels (runner/warm_up.py), then capture the startup decode
         graphs (CUDA only)."""
+        self._start_up(discover=False)
+
+    def _start_up(self, discover: bool) -> None:
         warm_up_experts(self.model, self.config.max_num_batched_tokens)
         warm_up_eager(self.model, self.kv, max_tokens=self.config.max_num_batched_tokens,
                       max_seqs=self.config.num_slots, max_model_len=self.config.max_model_len)
         with torch.inference_mode():
-            self.graphs.capture_startup(self.width)
+            self.graphs.capture_startup(self.width, discover=discover)
 
     # -- the interface ----------------------------------------------------------------------
     @property

@@ -1,0 +1,90 @@
+"""The start-up's kernel variants compiled in worker processes (kernels/precompile.py): what the
+discovery records is what Triton's JIT then looks up, so a launch after the pool compiled its
+variant finds it in Triton's cache and compiles nothing. Checked on any machine for sm_90: a
+stand-in driver gives the JIT its target (nothing launches: the discovery skips launches, the
+later calls are Triton's `warmup` runs, which compile without launching), in a subprocess
+without TRITON_INTERPRET and with a cache directory of its own."""
+
+from __future__ import annotations
+
+from tests.kernels.test_package import compiled_json
+
+SCRIPT = """
+import json, os, sys, tempfile
+os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+import triton.compiler.compiler as compiler
+from services.engine.kernels.precompile import CompilePool, discover_variants
+
+pool = CompilePool.start(2)
+TARGET = GPUTarget("cuda", 90, 32)
+
+class StandInDriver:
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return TARGET
+
+driver.set_active(StandInDriver())
+from services.engine.kernels.attention import AttentionScratch, paged_attention
+from services.engine.kernels.norm import rms_norm
+from tests.kernels.sm90_compile import capture_launches
+
+def norm(hidden):
+    rms_norm(torch.randn(3, hidden, dtype=torch.bfloat16), torch.ones(hidden, dtype=torch.bfloat16),
+             1e-6)
+
+class Meta:
+    def __init__(self, q_lens, kv_lens):
+        self.query_start_loc = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()],
+                                            dtype=torch.int32)
+        self.seq_lens = torch.tensor(kv_lens, dtype=torch.int32)
+        self.page_table = torch.zeros(len(q_lens), 64, dtype=torch.int32)
+        self.max_query_len, self.max_seq_len = max(q_lens), max(kv_lens)
+
+def attention(q_lens, kv_lens):
+    cache = torch.zeros(64, 16, 2, 64, dtype=torch.bfloat16)
+    q = torch.zeros(sum(q_lens), 4, 64, dtype=torch.bfloat16)
+    paged_attention(q, cache, cache, Meta(q_lens, kv_lens), 0.125,
+                    scratch=AttentionScratch.allocate(sum(q_lens), 4, 64, "cpu"))
+
+def shapes():
+    norm(1024)
+    norm(2048)
+    attention([1], [900])        # decode: the specialised kernel, split, and its reduction
+    attention([40], [40])        # prefill: the any-size kernel
+
+with discover_variants() as found:
+    shapes()
+report = pool.compile(found, TARGET)
+names = sorted({v.attribute for v in found.variants.values()})
+
+compiled = []
+make_ir = compiler.ASTSource.make_ir
+def counting(self, *args, **kwargs):
+    compiled.append(self.fn.__name__)
+    return make_ir(self, *args, **kwargs)
+compiler.ASTSource.make_ir = counting
+
+with capture_launches() as launches:
+    shapes()
+    norm(96)                     # a variant the discovery did not meet
+for launch in launches:
+    launch.fn.run(*launch.args, grid=launch.grid, warmup=True, **launch.kwargs)
+pool.close()
+print(json.dumps({"variants": report.variants, "failed": report.failed, "names": names,
+                  "unnamed": found.unnamed, "compiled_after": compiled}))
+"""
+
+
+def test_pool_compiles_what_the_jit_then_finds_in_the_cache() -> None:
+    result = compiled_json(SCRIPT)
+    assert result["failed"] == 0 and result["unnamed"] == 0, result
+    # the norm at two widths, attention decode (split) + its reduction, attention prefill:
+    # the two jitted versions of one attention function are told apart by module attribute
+    assert result["variants"] >= 5, result
+    assert {"_rms_norm_kernel", "_paged_attention_kernel", "_paged_attention_any_size_kernel",
+            "_reduce_splits_kernel"} <= set(result["names"]), result
+    # everything discovered came from the cache; only the undiscovered norm width compiled
+    assert result["compiled_after"] == ["_rms_norm_kernel"], result
