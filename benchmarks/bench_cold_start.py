@@ -10,6 +10,12 @@ services) and sends one 128-token completion as soon as it serves. Reported: the
 logged (services/common/startup.py): the launcher's summary line and the engine's phases.
 Whether the weights were in the page cache (just written: yes, unless `--drop-caches`, which
 needs root) is stated with the result. The target (issue 19): the first token within 20 s.
+
+Triton's kernel cache: `--fresh-kernel-cache` gives each run an empty TRITON_CACHE_DIR, as on
+a fresh machine (else the machine's cache, warm from any earlier run, hides the compiling);
+`--restart` starts again on the first run's cache; `--compare-serial` adds a run, on an empty
+cache of its own, with `kernel_compile_workers: 0` (each variant compiled in the engine core
+when first launched, as before the compile workers).
 """
 
 from __future__ import annotations
@@ -106,6 +112,61 @@ def first_token(url: str, prompt_len: int) -> float:
     raise SystemExit("no token streamed")
 
 
+def start_once(args: argparse.Namespace, env: dict[str, str], settings: dict[str, object]
+               ) -> dict:
+    """`helios run DIR` until it serves, one streamed completion, then stop: the times and
+    the phases the services logged."""
+    from tests.support.processes import free_port
+
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "helios.yaml"
+        config.write_text("engine:\n  max_model_len: 4096\n" + "".join(
+            f"  {key}: {value}\n" for key, value in settings.items()))
+        log_path = Path(tmp) / "run.log"
+        with log_path.open("wb") as log:
+            started = time.perf_counter()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "services.cli.main", "run", str(args.dir), "--port",
+                 str(port), "--config", str(config)], stdout=log, stderr=subprocess.STDOUT,
+                env=env)
+            try:
+                deadline = started + args.timeout
+                while "Helios is serving" not in log_path.read_text(errors="replace"):
+                    if proc.poll() is not None or time.perf_counter() > deadline:
+                        print(log_path.read_text(errors="replace")[-4000:])
+                        raise SystemExit("helios run did not start")
+                    time.sleep(0.05)
+                serving_s = time.perf_counter() - started
+                ttft = first_token(f"http://127.0.0.1:{port}", args.prompt_len)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=60)
+        output = log_path.read_text(errors="replace")
+    summary = next((line.split("start-up: ", 1)[1] for line in output.splitlines()
+                    if "start-up: " in line), "")
+    phases = [(service, phase, float(seconds)) for service, phase, seconds in
+              PHASE.findall(output) if service in ("engine", "frontend", "imageprep", "gateway")]
+    compiled = next((line for line in output.splitlines() if "kernel variants in" in line), "")
+    return {"settings": settings, "serving_s": serving_s, "first_token_s": serving_s + ttft,
+            "first_ttft_s": ttft, "phases": phases, "summary": summary,
+            "compile_pool": compiled[compiled.find("compiled "):] if compiled else ""}
+
+
+def report(args: argparse.Namespace, result: dict, cached: bool) -> None:
+    print(f"\n{args.shape} from {args.dir}, {result['run']} (page cache: "
+          f"{'warm' if cached else 'dropped'}; kernel cache: "
+          f"{'as the run left it' if args.fresh_kernel_cache else 'the machine default'})")
+    print(f"helios run -> serving: {result['serving_s']:.1f} s; -> first token: "
+          f"{result['first_token_s']:.1f} s (TTFT of the first request "
+          f"{result['first_ttft_s'] * 1e3:.0f} ms)")
+    for service, phase, seconds in result["phases"]:
+        print(f"  {service:<10} {phase:<36} {seconds:7.2f} s")
+    if result["compile_pool"]:
+        print(f"  {result['compile_pool']}")
+    print(f"launcher: {result['summary']}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=Path("/tmp/helios-cold/qwen3-8b"))
@@ -116,6 +177,15 @@ def main() -> int:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--fresh-kernel-cache", action="store_true",
+                        help="each run starts with an empty Triton cache (TRITON_CACHE_DIR), "
+                             "as on a fresh machine; --restart reuses the first run's")
+    parser.add_argument("--restart", action="store_true",
+                        help="start a second time after the first (its caches warm)")
+    parser.add_argument("--compare-serial", action="store_true",
+                        help="one more run with kernel_compile_workers 0 (the engine core "
+                             "compiles each variant itself, one at a time): the same run's "
+                             "before of the compile workers")
     args = parser.parse_args()
     written_gb = None
     if not (args.reuse and (args.dir / "model.safetensors.index.json").is_file()):
@@ -130,48 +200,27 @@ def main() -> int:
             cached = False
         except OSError as exc:
             print(f"could not drop the page cache ({exc}): the weights are cached", flush=True)
-    from tests.support.processes import free_port
-
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp) / "helios.yaml"
-        config.write_text("engine:\n  max_model_len: 4096\n")
-        log_path = Path(tmp) / "run.log"
-        with log_path.open("wb") as log:
-            started = time.perf_counter()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "services.cli.main", "run", str(args.dir), "--port",
-                 str(port), "--config", str(config)], stdout=log, stderr=subprocess.STDOUT)
-            try:
-                deadline = started + args.timeout
-                while "Helios is serving" not in log_path.read_text(errors="replace"):
-                    if proc.poll() is not None or time.perf_counter() > deadline:
-                        print(log_path.read_text(errors="replace")[-4000:])
-                        raise SystemExit("helios run did not start")
-                    time.sleep(0.05)
-                serving_s = time.perf_counter() - started
-                ttft = first_token(f"http://127.0.0.1:{port}", args.prompt_len)
-                first_s = serving_s + ttft
-            finally:
-                proc.terminate()
-                proc.wait(timeout=60)
-        output = log_path.read_text(errors="replace")
-    summary = next((line.split("start-up: ", 1)[1] for line in output.splitlines()
-                    if "start-up: " in line), "")
-    phases = [(service, phase, float(seconds)) for service, phase, seconds in
-              PHASE.findall(output) if service in ("engine", "frontend", "imageprep", "gateway")]
-    print(f"\n{args.shape} from {args.dir} (page cache: {'warm' if cached else 'dropped'})")
-    print(f"helios run -> serving: {serving_s:.1f} s; -> first token: {first_s:.1f} s "
-          f"(TTFT of the first request {ttft * 1e3:.0f} ms)")
-    for service, phase, seconds in phases:
-        print(f"  {service:<10} {phase:<36} {seconds:7.2f} s")
-    print(f"launcher: {summary}")
+    runs = [("first start", "cache", {})]
+    if args.restart:
+        runs.append(("restart (kernel cache warm)", "cache", {}))
+    if args.compare_serial:
+        runs.append(("first start, kernels compiled one at a time", "serial-cache",
+                     {"kernel_compile_workers": 0}))
+    results = []
+    with tempfile.TemporaryDirectory() as kernel_caches:
+        for label, cache, settings in runs:
+            env = dict(os.environ)
+            if args.fresh_kernel_cache:     # each run's cache starts empty; a restart reuses it
+                env["TRITON_CACHE_DIR"] = str(Path(kernel_caches) / cache)
+            result = start_once(args, env, settings)
+            result["run"] = label
+            results.append(result)
+            report(args, result, cached)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
             "shape": args.shape, "written_gb": written_gb, "page_cache_warm": cached,
-            "serving_s": serving_s, "first_token_s": first_s, "first_ttft_s": ttft,
-            "phases": phases, "summary": summary}, indent=2) + "\n")
+            "fresh_kernel_cache": args.fresh_kernel_cache, "runs": results}, indent=2) + "\n")
     return 0
 
 

@@ -11,7 +11,7 @@
 #      SERVING_TIMEOUT_S, TEST_WORKERS, SKIP_HF=1 (no HF generate rows after the serving levels),
 #      SKIP_PREFIX=1, PREFIX_ARGS, PREFIX_TIMEOUT_S, PREFIX_BASELINE=0 (no block-reuse-off run),
 #      SKIP_HOST_TIER=1, HOST_TIER_ARGS, HOST_GPU_KV_BYTES, HOST_TIER_GIB (the agents workload),
-#      SKIP_COLD_START=0 (bench_cold_start.py, off by default), COLD_TIMEOUT_S,
+#      SKIP_COLD_START=0 (bench_cold_start.py, off by default), COLD_TIMEOUT_S, COLD_ARGS,
 #      BENCHES (more benchmarks, one per line: "name timeout_s command ..."), BENCH_TAIL,
 #      SERVING_BASELINE=1 (the serving levels again with prefix_block_reuse off),
 #      SERVING_EAGER_PREFILL=1 (the serving levels again with cuda_graph_prefill off: the
@@ -184,7 +184,8 @@ cold_rc=skipped
 if [ "${SKIP_COLD_START:-1}" != 1 ]; then     # helios run on Qwen3-8B safetensors -> 1st token
   start=$(date +%s)
   timeout "${COLD_TIMEOUT_S:-240}" "$PY" benchmarks/bench_cold_start.py \
-    --dir /tmp/helios-cold/qwen3-8b --out "$OUT/cold_start.json" > "$OUT/cold_start.log" 2>&1
+    --dir /tmp/helios-cold/qwen3-8b --out "$OUT/cold_start.json" ${COLD_ARGS:-} \
+    > "$OUT/cold_start.log" 2>&1
   cold_rc=$?
   echo "== cold start: rc=$cold_rc in $(( $(date +%s) - start )) s"
 fi
@@ -202,7 +203,7 @@ while read -r name limit command; do
 done <<< "${BENCHES:-}"
 
 echo
-[ -f "$OUT/cold_start.log" ] && tail -n 16 "$OUT/cold_start.log"
+[ -f "$OUT/cold_start.log" ] && tail -n "${COLD_TAIL:-16}" "$OUT/cold_start.log"
 while read -r name _; do
   [ -n "$name" ] && [ -f "$OUT/$name.log" ] && { echo "-- $name:"; tail -n "${BENCH_TAIL:-25}" "$OUT/$name.log"; }
 done <<< "${BENCHES:-}"
