@@ -88,3 +88,18 @@ def test_pool_compiles_what_the_jit_then_finds_in_the_cache() -> None:
             "_reduce_splits_kernel"} <= set(result["names"]), result
     # everything discovered came from the cache; only the undiscovered norm width compiled
     assert result["compiled_after"] == ["_rms_norm_kernel"], result
+
+
+def test_the_pool_starts_inside_a_daemonic_process() -> None:
+    """The engine core is a daemonic multiprocessing process, from which multiprocessing's
+    own pools refuse to start workers (the first GPU cold start with them failed so)."""
+    script = ("import multiprocessing, sys\n"
+              f"SCRIPT = {SCRIPT!r}\n"
+              "def run():\n"
+              "    exec(SCRIPT, {'__name__': 'daemon'})\n"
+              "process = multiprocessing.get_context('fork').Process(target=run, daemon=True)\n"
+              "process.start()\n"
+              "process.join()\n"
+              "sys.exit(process.exitcode)\n")
+    result = compiled_json(script)
+    assert result["failed"] == 0 and result["compiled_after"] == ["_rms_norm_kernel"], result

@@ -28,17 +28,18 @@ changes only when compilation happens, never what runs.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import json
 import logging
-import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from multiprocessing.connection import Connection, wait
+from typing import Any, NoReturn
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +129,6 @@ def compile_variant(variant: Variant, backend_name: str, arch: int, warp_size: i
     return time.perf_counter() - started
 
 
-def _ready() -> int:
-    return os.getpid()
-
-
 @dataclass(frozen=True, slots=True)
 class CompileReport:
     variants: int
@@ -140,49 +137,119 @@ class CompileReport:
     compile_seconds: float      # the workers' summed time (what one process would have taken)
 
 
-class CompilePool:
-    """Worker processes that compile kernel variants; fork them before CUDA is initialised."""
+def _serve(jobs: Connection, results: Connection) -> NoReturn:
+    """A worker's loop: compile each variant sent until the pipe closes, then exit."""
+    with contextlib.suppress(Exception):      # die with the engine core (Linux)
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)    # PR_SET_PDEATHSIG
+    code = 0
+    try:
+        while True:
+            try:
+                variant, backend, arch, warp_size = jobs.recv()
+            except EOFError:
+                break
+            try:
+                results.send((True, compile_variant(variant, backend, arch, warp_size)))
+            except Exception as exc:
+                results.send((False, f"{type(exc).__name__}: {exc}"))
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)       # never back into the engine core's code
 
-    def __init__(self, executor: ProcessPoolExecutor, workers: int) -> None:
-        self._executor: ProcessPoolExecutor | None = executor
-        self.workers = workers
+
+@dataclass(slots=True)
+class _Worker:
+    pid: int
+    jobs: Connection
+    results: Connection
+
+
+class CompilePool:
+    """Forked worker processes that compile kernel variants (os.fork: the engine core is a
+    daemonic multiprocessing process, which multiprocessing's pools refuse to fork from).
+    Start it before CUDA is initialised; the workers never touch the GPU."""
+
+    def __init__(self, workers: list[_Worker]) -> None:
+        self._workers = workers
+
+    @property
+    def workers(self) -> int:
+        return len(self._workers)
 
     @classmethod
     def start(cls, workers: int) -> CompilePool | None:
         """Fork `workers` processes now (None where fork is unavailable or workers < 1)."""
-        if workers < 1 or "fork" not in multiprocessing.get_all_start_methods():
+        if workers < 1 or not hasattr(os, "fork"):
             return None
-        executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
-        # the executor forks on demand: make it fork every worker now, while this process
-        # has no CUDA context (a child of a process that has one must not use CUDA; these
-        # never do, but the fork should not copy one either)
-        for waiting in [executor.submit(_ready) for _ in range(workers)]:
-            waiting.result()
-        return cls(executor, workers)
+        started: list[_Worker] = []
+        for _ in range(workers):
+            job_read, job_write = os.pipe()
+            result_read, result_write = os.pipe()
+            pid = os.fork()
+            if pid == 0:                                   # the worker
+                os.close(job_write)
+                os.close(result_read)
+                for other in started:
+                    other.jobs.close()
+                    other.results.close()
+                _serve(Connection(job_read, writable=False), Connection(result_write,
+                                                                        readable=False))
+            os.close(job_read)
+            os.close(result_write)
+            started.append(_Worker(pid, Connection(job_write, readable=False),
+                                   Connection(result_read, writable=False)))
+        return cls(started)
 
     def compile(self, found: Discovered, target: Any) -> CompileReport:
-        """Compile every discovered variant for `target` (a triton GPUTarget); blocks."""
-        if self._executor is None:
+        """Compile every discovered variant for `target` (a triton GPUTarget), one job per
+        idle worker at a time; blocks until all are done."""
+        if not self._workers:
             raise RuntimeError("the compile pool is closed")
         started = time.perf_counter()
-        jobs: list[tuple[Variant, Future[float]]] = [
-            (variant, self._executor.submit(compile_variant, variant, target.backend,
-                                            target.arch, target.warp_size))
-            for variant in found.variants.values()]
+        pending = list(found.variants.values())
+        busy: dict[Connection, tuple[_Worker, Variant]] = {}
         failed, total = 0, 0.0
-        for variant, job in jobs:
-            try:
-                total += job.result()
-            except Exception as exc:   # compiled again, in-process, where the launch meets it
-                failed += 1
-                log.warning("kernel variant of %s.%s did not compile in a worker: %s: %s",
-                            variant.module, variant.attribute, type(exc).__name__, exc)
-        return CompileReport(len(jobs), failed, time.perf_counter() - started, total)
+
+        def give(worker: _Worker) -> None:
+            variant = pending.pop()
+            worker.jobs.send((variant, target.backend, target.arch, target.warp_size))
+            busy[worker.results] = (worker, variant)
+
+        for worker in self._workers:
+            if pending:
+                give(worker)
+        while busy:
+            for ready in wait(list(busy)):
+                assert isinstance(ready, Connection)
+                worker, variant = busy.pop(ready)
+                try:
+                    ok, value = ready.recv()
+                except EOFError:                       # the worker died: the capture compiles
+                    ok, value = False, "the worker exited"
+                    self._workers.remove(worker)
+                if ok:
+                    total += value
+                else:   # compiled again, in the engine core, where the launch meets it
+                    failed += 1
+                    log.warning("kernel variant of %s.%s did not compile in a worker: %s",
+                                variant.module, variant.attribute, value)
+                if pending and worker in self._workers:
+                    give(worker)
+            if not self._workers and pending:
+                failed += len(pending)
+                pending.clear()
+        return CompileReport(len(found.variants), failed, time.perf_counter() - started, total)
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        """Close the job pipes (each worker exits at EOF) and reap the workers."""
+        workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.jobs.close()
+            worker.results.close()
+        for worker in workers:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(worker.pid, 0)
 
 
 def default_workers() -> int:
