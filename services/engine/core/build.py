@@ -289,7 +289,6 @@ def build_engine(config: EngineConfig, source: ModelSource,
         if compile_pool is not None:
             phases.start("compile kernels")
             graph_runner.precompile(compile_pool)
-            compile_pool.close()
         phases.start("capture CUDA graphs")
         graph_runner.capture()
         if isinstance(draft_proposer, Eagle3Proposer) and choice.graph_max_batch:  # its rounds'
@@ -299,6 +298,8 @@ def build_engine(config: EngineConfig, source: ModelSource,
         runner = TorchRunner(model, kv, snapshots, vision=vision,
                              num_slots=config.max_num_seqs,
                              eos_token_ids=eos, token_vocab=token_vocab, host_kv=host_kv)
+    if compile_pool is not None:
+        compile_pool.close()
     reset_expert_load(model)     # graph capture and warm-up forwards routed tokens too
     pooling = pooling_config(source)
     resources = KVResources(num_pages=layout.num_pages, page_size=layout.page_size,
