@@ -55,9 +55,9 @@ def shapes():
     attention([1], [900])        # decode: the specialised kernel, split, and its reduction
     attention([40], [40])        # prefill: the any-size kernel
 
-with discover_variants() as found:
-    shapes()
-report = pool.compile(found, TARGET)
+with discover_variants(lambda variant: pool.submit(variant, TARGET)) as found:
+    shapes()                     # each variant goes to a worker as it is met
+report = pool.finish()
 names = sorted({v.attribute for v in found.variants.values()})
 
 compiled = []
@@ -103,3 +103,26 @@ def test_the_pool_starts_inside_a_daemonic_process() -> None:
               "sys.exit(process.exitcode)\n")
     result = compiled_json(script)
     assert result["failed"] == 0 and result["compiled_after"] == ["_rms_norm_kernel"], result
+
+
+def test_a_variant_list_is_remembered_per_start_up(tmp_path, monkeypatch) -> None:
+    from services.engine.kernels.precompile import (
+        Variant,
+        load_remembered,
+        remember,
+        remembered_path,
+    )
+
+    monkeypatch.setenv("HELIOS_CACHE_DIR", str(tmp_path))
+    parts = {"engine": {"max_num_seqs": 8}, "model": {"hidden_size": 64}, "triton": "3.6.0"}
+    path = remembered_path(parts)
+    assert path.parent == tmp_path / "kernels"
+    assert remembered_path(dict(parts, engine={"max_num_seqs": 16})) != path
+    assert load_remembered(path) == []                  # nothing kept yet
+    variants = [Variant("services.engine.kernels.norm", "_rms_norm_kernel", '{"key": 1}'),
+                Variant("services.engine.kernels.attention_kernel", "_reduce_splits_kernel",
+                        '{"key": 2}')]
+    remember(path, variants)
+    assert load_remembered(path) == variants
+    path.write_text("{not json")                         # unreadable: as if none was kept
+    assert load_remembered(path) == []

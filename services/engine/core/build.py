@@ -8,10 +8,12 @@ request can always finish.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -21,7 +23,13 @@ from services.common.startup import StartupPhases
 from services.engine.config import EngineConfig
 from services.engine.core.messages import CoreInfo
 from services.engine.grammar import GrammarCompiler, GrammarVocabulary
-from services.engine.kernels.precompile import CompilePool, default_workers
+from services.engine.kernels.precompile import (
+    CompilePool,
+    current_target,
+    default_workers,
+    load_remembered,
+    remembered_path,
+)
 from services.engine.model import (
     KVCache,
     ModelConfig,
@@ -182,6 +190,21 @@ def start_compile_pool(config: EngineConfig) -> CompilePool | None:
     return CompilePool.start(workers)
 
 
+def kernel_list_path(config: EngineConfig, source: ModelSource, device: torch.device,
+                     dtype: torch.dtype) -> Path | None:
+    """Where this start-up's kernel variant list is remembered: its digest covers what
+    decides the variants (the engine settings, the model's config, the dtype, the device and
+    the library versions; kernels/precompile.py adds the kernel sources). None off CUDA."""
+    if device.type != "cuda":
+        return None
+    import triton
+
+    return remembered_path({
+        "engine": dataclasses.asdict(config), "model": source.config, "dtype": str(dtype),
+        "device": torch.cuda.get_device_capability(device), "torch": torch.__version__,
+        "triton": triton.__version__})
+
+
 def describe_device(device: torch.device) -> str:
     if device.type == "cuda":
         index = device.index or 0
@@ -227,6 +250,14 @@ def build_engine(config: EngineConfig, source: ModelSource,
     manifest = source.manifest
     context = min(config.max_model_len or manifest.max_model_len, manifest.max_model_len,
                   model_config.max_context)
+    # a remembered kernel variant list (kernels/precompile.py) compiles while the weights load
+    kernel_list = kernel_list_path(config, source, device, dtype) \
+        if compile_pool is not None else None
+    known = load_remembered(kernel_list) if kernel_list is not None else []
+    if compile_pool is not None and known:
+        target = current_target()
+        for variant in known:
+            compile_pool.submit(variant, target)
     phases.start("load weights")
     if config.load_format == "dummy":
         model = load_dummy_model(model_config, device, dtype, max_positions=context,
@@ -288,9 +319,9 @@ def build_engine(config: EngineConfig, source: ModelSource,
             host_kv=host_kv, vision=vision)
         if compile_pool is not None:
             phases.start("compile kernels")
-            graph_runner.precompile(compile_pool)
+            graph_runner.precompile(compile_pool, submitted=bool(known))
         phases.start("capture CUDA graphs")
-        graph_runner.capture()
+        graph_runner.capture(kernel_list, known)
         if isinstance(draft_proposer, Eagle3Proposer) and choice.graph_max_batch:  # its rounds'
             draft_proposer.warm_up()        # graphs (after the target's) and eager round
         runner = graph_runner

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import importlib
 import json
 import logging
@@ -36,10 +37,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any, NoReturn
+
+from services.common.assets import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -72,33 +77,101 @@ def _attribute_of(jit_function: Any) -> tuple[str, str] | None:
     return None
 
 
+class _Recorder:
+    """Turns Triton's JIT hook calls into Variants (module attributes looked up once)."""
+
+    def __init__(self, found: Discovered, on_new: Callable[[Variant], None] | None) -> None:
+        self.found = found
+        self.on_new = on_new
+        self._names: dict[int, tuple[str, str] | None] = {}
+
+    def __call__(self, **hook: Any) -> bool:    # Triton's JITHook keywords: fn, compile, ...
+        jit_function = hook["fn"].jit_function
+        if id(jit_function) not in self._names:
+            self._names[id(jit_function)] = _attribute_of(jit_function)
+        where = self._names[id(jit_function)]
+        if where is None:
+            self.found.unnamed += 1
+            return True
+        spec = hook["compile"]["specialization_data"]
+        key = (*where, spec)
+        if key not in self.found.variants:
+            variant = self.found.variants[key] = Variant(*where, spec)
+            if self.on_new is not None:
+                self.on_new(variant)
+        return True
+
+
 @contextlib.contextmanager
-def discover_variants() -> Iterator[Discovered]:
-    """Within the block, a launch that would compile a kernel variant records it and is
+def discover_variants(on_new: Callable[[Variant], None] | None = None
+                      ) -> Iterator[Discovered]:
+    """Within the block, a launch that would compile a kernel variant records it (and hands it
+    to `on_new`: a pool's `submit`, so compiling starts while the discovery goes on) and is
     skipped (no launch, nothing compiled)."""
     from triton import knobs
 
     found = Discovered()
-    names: dict[int, tuple[str, str] | None] = {}
-
-    def record(**hook: Any) -> bool:        # Triton's JITHook keywords: fn, compile, ...
-        jit_function = hook["fn"].jit_function
-        if id(jit_function) not in names:
-            names[id(jit_function)] = _attribute_of(jit_function)
-        where = names[id(jit_function)]
-        if where is None:
-            found.unnamed += 1
-            return True
-        spec = hook["compile"]["specialization_data"]
-        found.variants.setdefault((*where, spec), Variant(*where, spec))
-        return True
-
     previous = knobs.runtime.jit_cache_hook
-    knobs.runtime.jit_cache_hook = record
+    knobs.runtime.jit_cache_hook = _Recorder(found, on_new)
     try:
         yield found
     finally:
         knobs.runtime.jit_cache_hook = previous
+
+
+@contextlib.contextmanager
+def record_compiled() -> Iterator[Discovered]:
+    """Within the block, every variant the JIT compiles (or loads from Triton's cache) is
+    recorded; the launches run as usual."""
+    from triton import knobs
+
+    found = Discovered()
+    recorder = _Recorder(found, None)
+    previous = knobs.runtime.jit_post_compile_hook
+
+    def record(**hook: Any) -> None:
+        recorder(**hook)
+        if previous is not None:
+            previous(**hook)
+
+    knobs.runtime.jit_post_compile_hook = record
+    try:
+        yield found
+    finally:
+        knobs.runtime.jit_post_compile_hook = previous
+
+
+def remembered_path(parts: dict[str, Any]) -> Path:
+    """Where the variant list of a start-up described by `parts` (the engine's settings, the
+    model's config, the device and library versions) is kept: `$HELIOS_CACHE_DIR/kernels/`,
+    named by a digest of `parts` and of this package's kernel sources (a changed kernel
+    makes a new list)."""
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(source.read_bytes())
+    return cache_root() / "kernels" / f"{digest.hexdigest()[:32]}.json"
+
+
+def load_remembered(path: Path) -> list[Variant]:
+    """The variants a previous start-up met (empty when none was kept or it is unreadable)."""
+    try:
+        rows = json.loads(path.read_text())
+        return [Variant(row["module"], row["attribute"], row["specialization"]) for row in rows]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def remember(path: Path, variants: Iterable[Variant]) -> None:
+    """Keep the variant list (replaced atomically; a failure to write is only logged)."""
+    rows = [{"module": v.module, "attribute": v.attribute, "specialization": v.specialization}
+            for v in variants]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(rows))
+        os.replace(temporary, path)
+    except OSError as exc:
+        log.warning("could not keep the kernel variant list at %s: %s", path, exc)
 
 
 def compile_variant(variant: Variant, backend_name: str, arch: int, warp_size: int) -> float:
@@ -168,10 +241,19 @@ class _Worker:
 class CompilePool:
     """Forked worker processes that compile kernel variants (os.fork: the engine core is a
     daemonic multiprocessing process, which multiprocessing's pools refuse to fork from).
-    Start it before CUDA is initialised; the workers never touch the GPU."""
+    Start it before CUDA is initialised; the workers never touch the GPU. `submit` hands a
+    variant over without waiting (an idle worker takes it, or it queues); `finish` waits for
+    every submitted one."""
 
     def __init__(self, workers: list[_Worker]) -> None:
         self._workers = workers
+        self._idle = list(workers)
+        self._queue: deque[tuple[Variant, tuple[str, int, int]]] = deque()
+        self._busy: dict[Connection, tuple[_Worker, Variant]] = {}
+        self._submitted = 0
+        self._failed = 0
+        self._compile_seconds = 0.0
+        self._started: float | None = None
 
     @property
     def workers(self) -> int:
@@ -201,55 +283,78 @@ class CompilePool:
                                    Connection(result_read, writable=False)))
         return cls(started)
 
-    def compile(self, found: Discovered, target: Any) -> CompileReport:
-        """Compile every discovered variant for `target` (a triton GPUTarget), one job per
-        idle worker at a time; blocks until all are done."""
+    def submit(self, variant: Variant, target: Any) -> None:
+        """Compile `variant` for `target` (a triton GPUTarget) in a worker; returns at once."""
         if not self._workers:
             raise RuntimeError("the compile pool is closed")
-        started = time.perf_counter()
-        pending = list(found.variants.values())
-        busy: dict[Connection, tuple[_Worker, Variant]] = {}
-        failed, total = 0, 0.0
+        if self._started is None:
+            self._started = time.perf_counter()
+        self._submitted += 1
+        self._queue.append((variant, (target.backend, target.arch, target.warp_size)))
+        self._collect(timeout=0.0)
+        self._dispatch()
 
-        def give(worker: _Worker) -> None:
-            variant = pending.pop()
-            worker.jobs.send((variant, target.backend, target.arch, target.warp_size))
-            busy[worker.results] = (worker, variant)
+    def compile(self, variants: Iterable[Variant], target: Any) -> CompileReport:
+        """Compile every variant for `target`; blocks until all are done."""
+        for variant in variants:
+            self.submit(variant, target)
+        return self.finish()
 
-        for worker in self._workers:
-            if pending:
-                give(worker)
-        while busy:
-            for ready in wait(list(busy)):
-                assert isinstance(ready, Connection)
-                worker, variant = busy.pop(ready)
-                try:
-                    ok, value = ready.recv()
-                except EOFError:                       # the worker died: the capture compiles
-                    ok, value = False, "the worker exited"
-                    self._workers.remove(worker)
-                if ok:
-                    total += value
-                else:   # compiled again, in the engine core, where the launch meets it
-                    failed += 1
-                    log.warning("kernel variant of %s.%s did not compile in a worker: %s",
-                                variant.module, variant.attribute, value)
-                if pending and worker in self._workers:
-                    give(worker)
-            if not self._workers and pending:
-                failed += len(pending)
-                pending.clear()
-        return CompileReport(len(found.variants), failed, time.perf_counter() - started, total)
+    def finish(self) -> CompileReport:
+        """Wait for every submitted variant; the report covers them since the last finish."""
+        while self._busy or (self._queue and self._workers):
+            self._collect(timeout=None)
+            self._dispatch()
+        self._failed += len(self._queue)     # every worker died: the capture compiles them
+        self._queue.clear()
+        seconds = 0.0 if self._started is None else time.perf_counter() - self._started
+        report = CompileReport(self._submitted, self._failed, seconds, self._compile_seconds)
+        self._submitted, self._failed, self._compile_seconds, self._started = 0, 0, 0.0, None
+        return report
+
+    def _dispatch(self) -> None:
+        while self._queue and self._idle:
+            worker = self._idle.pop()
+            variant, target = self._queue.popleft()
+            worker.jobs.send((variant, *target))
+            self._busy[worker.results] = (worker, variant)
+
+    def _collect(self, timeout: float | None) -> None:
+        if not self._busy:
+            return
+        for ready in wait(list(self._busy), timeout):
+            assert isinstance(ready, Connection)
+            worker, variant = self._busy.pop(ready)
+            try:
+                ok, value = ready.recv()
+            except EOFError:                           # the worker died: the capture compiles
+                ok, value = False, "the worker exited"
+                self._workers.remove(worker)
+            else:
+                self._idle.append(worker)
+            if ok:
+                self._compile_seconds += value
+            else:      # compiled again, in the engine core, where the launch meets it
+                self._failed += 1
+                log.warning("kernel variant of %s.%s did not compile in a worker: %s",
+                            variant.module, variant.attribute, value)
 
     def close(self) -> None:
         """Close the job pipes (each worker exits at EOF) and reap the workers."""
-        workers, self._workers = self._workers, []
+        workers, self._workers, self._idle = self._workers, [], []
         for worker in workers:
             worker.jobs.close()
             worker.results.close()
         for worker in workers:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(worker.pid, 0)
+
+
+def current_target() -> Any:
+    """The Triton target of the current CUDA device (a GPUTarget)."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_target()
 
 
 def default_workers() -> int:

@@ -38,13 +38,23 @@ import dataclasses
 import logging
 import time
 from collections import Counter, deque
+from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from services.common.errors import PoisonedError, WorkerFailure
-from services.engine.kernels.precompile import CompilePool, CompileReport, discover_variants
+from services.engine.kernels.precompile import (
+    CompilePool,
+    CompileReport,
+    Variant,
+    current_target,
+    discover_variants,
+    record_compiled,
+    remember,
+)
 from services.engine.model import CausalLM, KVCache
 from services.engine.model.moe import expert_weight_bytes, warm_up_experts
 from services.engine.runner.completions import CompletionFrames
@@ -172,31 +182,50 @@ class GraphRunner:
         # why verification steps ran eagerly (no graph serves them), by reason: diagnostics
         self.eager_verify_reasons: Counter[str] = self.choice.eager_verify_reasons
 
-    def precompile(self, compile_pool: CompilePool) -> CompileReport | None:
+    def precompile(self, compile_pool: CompilePool, *, submitted: bool = False
+                   ) -> CompileReport | None:
         """Compile the start-up's Triton kernel variants in the pool's processes
-        (kernels/precompile.py): the start-up runs once with every uncompiled launch skipped
-        and recorded, the pool compiles those variants in parallel into Triton's cache, and
-        `capture` then loads them. None where nothing is done: off CUDA, and for MoE models,
-        whose routing feeds indices to torch ops that must not read the garbage a skipped
-        kernel leaves."""
-        if not self.is_cuda or expert_weight_bytes(self.model) > 0:
+        (kernels/precompile.py). `submitted`: a remembered variant list was handed to the
+        pool already (build_engine does so before loading the weights); wait for it.
+        Otherwise the start-up runs once with every uncompiled launch skipped and handed to
+        the pool as it is met, and `capture` then loads them from Triton's cache. Nothing is
+        discovered off CUDA, nor for MoE models, whose routing feeds indices to torch ops that
+        must not read the garbage a skipped kernel leaves (their remembered lists still
+        serve)."""
+        if submitted:
+            report = compile_pool.finish()
+            unnamed = 0
+        elif self.is_cuda and expert_weight_bytes(self.model) == 0:
+            target = current_target()
+            with discover_variants(lambda variant: compile_pool.submit(variant, target)) \
+                    as found:
+                self._start_up(discover=True)
+            report = compile_pool.finish()
+            unnamed = found.unnamed
+        else:
             return None
-        from triton.runtime import driver
-
-        with discover_variants() as found:
-            self._start_up(discover=True)
-        report = compile_pool.compile(found, driver.active.get_current_target())
         log.info("compiled %d kernel variants in %.2f s in %d processes (%.1f s of "
-                 "compilation; %d failed; %d of kernels outside a module left to the capture)",
-                 report.variants, report.seconds, compile_pool.workers,
-                 report.compile_seconds, report.failed, found.unnamed)
+                 "compilation; %d failed; %d of kernels outside a module left to the capture)"
+                 "%s", report.variants, report.seconds, compile_pool.workers,
+                 report.compile_seconds, report.failed, unnamed,
+                 " from the remembered list" if submitted else "")
         return report
 
-    def capture(self) -> None:
+    def capture(self, remember_at: Path | None = None,
+                known: Iterable[Variant] = ()) -> None:
         """Compile the MoE kernels' variants of every step size and the eager prefill and
         mixed step shapes' kernels (runner/warm_up.py), then capture the startup decode
-        graphs (CUDA only)."""
-        self._start_up(discover=False)
+        graphs (CUDA only). With `remember_at`, the kernel variants the start-up met are kept
+        there for the next start (kernels/precompile.py), with the `known` ones, unless it met
+        none beyond those."""
+        if remember_at is None or not self.is_cuda:
+            self._start_up(discover=False)
+            return
+        with record_compiled() as met:
+            self._start_up(discover=False)
+        known = list(known)
+        if not set(met.variants.values()) <= set(known):     # new ones: keep both
+            remember(remember_at, dict.fromkeys([*known, *met.variants.values()]))
 
     def _start_up(self, discover: bool) -> None:
         warm_up_experts(self.model, self.config.max_num_batched_tokens)
