@@ -11,8 +11,9 @@ logged (services/common/startup.py): the launcher's summary line and the engine'
 Whether the weights were in the page cache (just written: yes, unless `--drop-caches`, which
 needs root) is stated with the result. The target (issue 19): the first token within 20 s.
 
-Triton's kernel cache: `--fresh-kernel-cache` gives each run an empty TRITON_CACHE_DIR, as on
-a fresh machine (else the machine's cache, warm from any earlier run, hides the compiling);
+Triton's kernel cache: `--fresh-kernel-cache` gives each run an empty TRITON_CACHE_DIR and a
+Helios cache without remembered file digests or kernel variant lists, as on a fresh machine
+(else the machine's caches, warm from any earlier run, hide the hashing and compiling);
 `--restart` starts again on the first run's cache; `--compare-serial` adds a run, on an empty
 cache of its own, with `kernel_compile_workers: 0` (each variant compiled in the engine core
 when first launched, as before the compile workers).
@@ -112,6 +113,20 @@ def first_token(url: str, prompt_len: int) -> float:
     raise SystemExit("no token streamed")
 
 
+def fresh_helios_cache(directory: Path) -> Path:
+    """A Helios cache without remembered file digests or kernel variant lists (a fresh
+    machine's), sharing the pinned tokenizer assets of the real one; kept for a restart."""
+    from services.common.assets import cache_root
+
+    helios = directory / "helios"
+    if not helios.exists():
+        helios.mkdir(parents=True)
+        for entry in cache_root().iterdir() if cache_root().is_dir() else ():
+            if entry.name not in ("digests.json", "kernels"):
+                (helios / entry.name).symlink_to(entry)
+    return helios
+
+
 def start_once(args: argparse.Namespace, env: dict[str, str], settings: dict[str, object]
                ) -> dict:
     """`helios run DIR` until it serves, one streamed completion, then stop: the times and
@@ -178,8 +193,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--fresh-kernel-cache", action="store_true",
-                        help="each run starts with an empty Triton cache (TRITON_CACHE_DIR), "
-                             "as on a fresh machine; --restart reuses the first run's")
+                        help="each run starts with an empty Triton cache (TRITON_CACHE_DIR) "
+                             "and a Helios cache without file digests or kernel variant "
+                             "lists, as on a fresh machine; --restart reuses the first run's")
     parser.add_argument("--restart", action="store_true",
                         help="start a second time after the first (its caches warm)")
     parser.add_argument("--compare-serial", action="store_true",
@@ -210,8 +226,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as kernel_caches:
         for label, cache, settings in runs:
             env = dict(os.environ)
-            if args.fresh_kernel_cache:     # each run's cache starts empty; a restart reuses it
-                env["TRITON_CACHE_DIR"] = str(Path(kernel_caches) / cache)
+            if args.fresh_kernel_cache:     # each run's caches start empty; a restart reuses them
+                env["TRITON_CACHE_DIR"] = str(Path(kernel_caches) / cache / "triton")
+                env["HELIOS_CACHE_DIR"] = str(fresh_helios_cache(Path(kernel_caches) / cache))
             result = start_once(args, env, settings)
             result["run"] = label
             results.append(result)
