@@ -6,17 +6,12 @@
 Per shape (benchmarks/model_shapes.py, dummy bf16 weights drawn on the GPU): the model's
 decode step for one sequence (forward over the paged KV cache, logits, argmax) captured in a
 CUDA graph, exactly what the engine's decode graph runs minus the slot bookkeeping, timed over
-replays with CUDA events, under five variants:
+replays with CUDA events, under four variants:
 
     unfused       cuBLAS projections + separate norm / activation kernels, no PDL
     unfused+pdl   the same with programmatic dependent launch on the Triton kernels
     fused         skinny linear kernels with the norm and SiLU fused in (kernels/skinny_linear.py)
     fused+pdl     the same with PDL (the engine's default on an H200)
-    fused+pdl-unfused-attn
-                  fused+pdl with the attention as three launches (qkv_prologue, attention,
-                  split reduction: HELIOS_FUSED_DECODE_ATTENTION=0), the path before the
-                  fused decode attention (kernels/fused_decode.py), which every other
-                  variant runs
 
 For each variant: ms per step, tok/s, kernels per step, and (with --profile) the kernels by
 total time from torch.profiler over a few replays. Then a sweep of the skinny kernel's tilings
@@ -55,16 +50,13 @@ from benchmarks.bench_kernels import capture_graph, kernel_table, replay_seconds
 from benchmarks.model_shapes import SHAPES  # noqa: E402
 
 L2_BYTES = 60 * 2**20
-VARIANTS = ("unfused", "unfused+pdl", "fused", "fused+pdl", "fused+pdl-unfused-attn")
-FP8_VARIANTS = ("fused", "fused+pdl", "fused+pdl-unfused-attn")
-UNFUSED_ATTENTION = "-unfused-attn"   # variant suffix: HELIOS_FUSED_DECODE_ATTENTION=0
+VARIANTS = ("unfused", "unfused+pdl", "fused", "fused+pdl")
 FUSED_OPS = ("linear", "norm_linear")
 
 
 @contextlib.contextmanager
 def variant(name: str) -> Iterator[None]:
-    """Switch the model's kernel dispatch (ops.kernel_ops), PDL and the fused decode
-    attention for the block."""
+    """Switch the model's kernel dispatch (ops.kernel_ops) and PDL for the block."""
     from services.engine.kernels import pdl
     from services.engine.model import ops
 
@@ -74,25 +66,19 @@ def variant(name: str) -> Iterator[None]:
     if not name.startswith("fused"):
         for op in FUSED_OPS:
             kernels.pop(op, None)
-    switches = {"HELIOS_PDL": "1" if "+pdl" in name else "0",
-                "HELIOS_FUSED_DECODE_ATTENTION": "0" if name.endswith(UNFUSED_ATTENTION)
-                else "1"}
-    old_env = {key: os.environ.get(key) for key in switches}
-    os.environ.update(switches)
+    old_env = os.environ.get("HELIOS_PDL")
+    os.environ["HELIOS_PDL"] = "1" if name.endswith("+pdl") else "0"
     pdl.switched_off.cache_clear()
-    ops.fused_decode_attention_kernel.cache_clear()
     ops.kernel_ops = lambda: kernels  # type: ignore[assignment]
     try:
         yield
     finally:
         ops.kernel_ops = original  # type: ignore[assignment]
-        for key, value in old_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        if old_env is None:
+            os.environ.pop("HELIOS_PDL", None)
+        else:
+            os.environ["HELIOS_PDL"] = old_env
         pdl.switched_off.cache_clear()
-        ops.fused_decode_attention_kernel.cache_clear()
 
 
 def graph_time(fn: Callable[[], Any], replays: int) -> tuple[float, torch.cuda.CUDAGraph]:
@@ -147,8 +133,7 @@ class DecodeStep:
 
     def __call__(self) -> None:
         hidden = self.model(self.batch, self.kv).hidden
-        self.logits = self.model.compute_logits(hidden)      # a graph's output: the last replay's
-        self.out.copy_(self.logits.argmax(dim=-1))
+        self.out.copy_(self.model.compute_logits(hidden).argmax(dim=-1))
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -162,9 +147,8 @@ def bench_step(shape: str, device: torch.device, args, quantization: str = "") -
     result: dict[str, Any] = {"shape": label, "weight_gb": step.weight_bytes() / 1e9,
                               "ctx": args.ctx, "max_len": args.max_len, "variants": {}}
     answers = {}
-    logits: dict[str, torch.Tensor] = {}
     # the unfused variants take the bf16 kernels out; FP8 projections have only fused ones
-    for name in VARIANTS if not quantization else FP8_VARIANTS:
+    for name in VARIANTS if not quantization else ("fused", "fused+pdl"):
         with variant(name):
             if device.type != "cuda":
                 start = time.perf_counter()
@@ -174,15 +158,10 @@ def bench_step(shape: str, device: torch.device, args, quantization: str = "") -
             seconds, graph = graph_time(step, args.replays)
             kernels, top = profile_graph(graph) if args.profile else (0, [])
             answers[name] = tuple(step.out.tolist())
-            logits[name] = step.logits.clone()
             result["variants"][name] = {"ms": seconds * 1e3, "tok_s": args.batch / seconds,
                                         "kernels": kernels, "top": top[:args.top]}
             del graph
     result["same_token"] = len(set(answers.values())) <= 1
-    # the fused decode attention keeps the unfused kernels' arithmetic: the same logits, bits
-    pair = [logits.get(n) for n in ("fused+pdl", "fused+pdl" + UNFUSED_ATTENTION)]
-    if pair[0] is not None and pair[1] is not None:
-        result["fused_attention_same_logits"] = torch.equal(pair[0], pair[1])
     return result
 
 
@@ -407,15 +386,12 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "decode_step.json").write_text(json.dumps(report, indent=2))
-    print("\nshape        variant                  ms/step   tok/s  kernels")
+    print("\nshape        variant       ms/step   tok/s  kernels")
     for result in report["steps"]:
         for name, v in result["variants"].items():
-            print(f"{result['shape']:12} {name:23} {v['ms']:8.3f} {v.get('tok_s', 0):7.0f} "
+            print(f"{result['shape']:12} {name:12} {v['ms']:8.3f} {v.get('tok_s', 0):7.0f} "
                   f"{v.get('kernels', 0):8}")
         print(f"{result['shape']:12} same argmax in every variant: {result['same_token']}")
-        if "fused_attention_same_logits" in result:
-            print(f"{result['shape']:12} fused+pdl logits bit for bit those of "
-                  f"fused+pdl{UNFUSED_ATTENTION}: {result['fused_attention_same_logits']}")
     for result in report["steps"]:
         for name, v in result["variants"].items():
             if v.get("top"):

@@ -13,11 +13,6 @@ plain-torch reference. The exported names and signatures match `model/ops.py` ex
     paged_attention(q, k_cache, v_cache, meta, scale, sliding_window=0, *, sinks=None) -> out
     qkv_prologue(qkv, q_norm, k_norm, eps, positions, cos_sin_cache, is_neox, k_cache,
                  v_cache, slot_mapping, num_q_heads, num_kv_heads) -> q   (writes K/V)
-    decode_attention(qkv, q_norm, k_norm, eps, positions, cos_sin_cache, is_neox, k_cache,
-                     v_cache, slot_mapping, meta, num_q_heads, num_kv_heads, scale,
-                     sliding_window=0) -> out   (decode-only steps: qkv_prologue +
-                     paged_attention + the split reduction in one launch; writes K/V;
-                     decode_attention_supports(...) says which layers it takes)
     linear(x, weight, bias=None, out_dtype=None) -> out        (skinny rows; cuBLAS above)
     norm_linear(x, residual, norm_weight, eps, weight, bias=None, activation=None)
         -> (out, new_residual)          (norm + projection [+ "silu" / "gelu_tanh" and mul])
@@ -53,8 +48,6 @@ _EXPORTS: dict[str, str] = {
     "write_kv": "kv_write",
     "paged_attention": "attention",
     "qkv_prologue": "prologue",
-    "decode_attention": "fused_decode",
-    "decode_attention_supports": "fused_decode",
     "linear": "skinny_linear",
     "norm_linear": "skinny_linear",
     "AttentionScratch": "attention",

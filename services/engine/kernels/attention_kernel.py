@@ -118,27 +118,38 @@ def _attend_tile(
 
 
 @triton.jit
-def _split_length(span, num_splits, split_len, min_split_len, BLOCK_N: tl.constexpr):
-    """KV positions per split when a block's `num_splits` splits divide `span` positions: an
-    even share rounded up to whole tiles, at least min_split_len, at most split_len."""
-    length = tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N
-    return tl.minimum(split_len, tl.maximum(min_split_len, length))
-
-
-@triton.jit
-def _kv_range(
-    pos0, n_rows, seq_len, split, num_splits, split_len, min_split_len, window,
-    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, IS_SPLIT: tl.constexpr,
-    SLIDING: tl.constexpr,
+def _attend_block(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, page_table_ptr,
+    seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
+    num_splits, split_len, min_split_len, window, sinks_ptr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr, SLIDING: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
-    """The KV range of the block of query rows [pos0, pos0 + n_rows) in split `split`:
-    (kv_lo, lo, low_full, full_end, kv_end, n_used). The program walks [lo, kv_end) in
-    BLOCK_N tiles from lo: those below `low_full` and from `full_end` on are masked; kv_lo is
-    the first row's window start (0 without a window); n_used counts the splits whose range
-    is not empty (they come first; 1 without split, 0 when the block sees no KV)."""
+    """Attention of query tokens [tok0, tok0 + n_rows) (positions from pos0) x the GROUP query
+    heads of `kv_head`, over this program's KV range; writes the output or the split partials.
+    With HAS_SINKS (unsplit) each head's sink logit joins the softmax denominator here; split
+    launches add it in the reduction."""
+    offs_m = tl.arange(0, BLOCK_M)
+    row_tok = offs_m // GROUP
+    row_head = kv_head * GROUP + offs_m % GROUP
+    row_valid = (row_tok < n_rows) & (offs_m < BLOCK_Q * GROUP)
+    row_pos = pos0 + row_tok
+    token = (tok0 + row_tok).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+
+    q = tl.load(
+        q_ptr + token[:, None] * stride_qt + row_head[:, None] * stride_qh + offs_d[None, :],
+        mask=row_valid[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+
     # KV range of this program: its split, clipped by the causal end of its last row
     kv_end = tl.minimum(seq_len, pos0 + n_rows)
-    n_used = 1
     if SLIDING:
         # ...and by its first row's window: [kv_lo, kv_end) is all any row of the block sees
         kv_lo = tl.maximum(pos0 - window + 1, 0)
@@ -153,8 +164,8 @@ def _kv_range(
             # aligned layout's extra masked loop cost 19 registers: fewer programs per SM)
             base = kv_lo
         if IS_SPLIT:  # the splits divide this range as the unwindowed ones divide [0, kv_end)
-            length = _split_length(kv_end - base, num_splits, split_len, min_split_len, BLOCK_N)
-            n_used = tl.minimum(tl.cdiv(tl.maximum(kv_end - base, 0), length), num_splits)
+            length = tl.cdiv(tl.cdiv(kv_end - base, num_splits), BLOCK_N) * BLOCK_N
+            length = tl.minimum(split_len, tl.maximum(min_split_len, length))
             lo = base + split * length
             kv_end = tl.minimum(kv_end, lo + length)
         else:
@@ -173,8 +184,8 @@ def _kv_range(
             # The splits share this block's actual KV range (not the launch's max_seq_len,
             # which a CUDA graph fixes at the context limit): ranges of at least
             # min_split_len, at most split_len, so num_splits * range always covers kv_end.
-            length = _split_length(kv_end, num_splits, split_len, min_split_len, BLOCK_N)
-            n_used = tl.minimum(tl.cdiv(tl.maximum(kv_end, 0), length), num_splits)
+            length = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+            length = tl.minimum(split_len, tl.maximum(min_split_len, length))
             lo = split * length
             kv_end = tl.minimum(kv_end, lo + length)
         else:
@@ -184,20 +195,7 @@ def _kv_range(
         full_end = tl.maximum(full_end, lo)
         low_full = lo
         kv_lo = 0
-    return kv_lo, lo, low_full, full_end, kv_end, n_used
 
-
-@triton.jit
-def _attend_kv(
-    q, seq, kv_head, k_cache_ptr, v_cache_ptr, page_table_ptr,
-    stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
-    kv_lo, lo, low_full, full_end, kv_end, row_pos, window, qk_scale, offs_d, d_mask,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
-    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr,
-    SLIDING: tl.constexpr,
-):
-    """Online softmax of the q tile [BLOCK_M, BLOCK_D] over KV [lo, kv_end) of `kv_head`:
-    (acc, m_i, l_i), unnormalised, in log2 units (the ranges from `_kv_range`)."""
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -229,65 +227,6 @@ def _attend_kv(
             kv_lo, kv_end, row_pos, window, qk_scale, offs_d, d_mask,
             True, SLIDING, PAGE_SIZE, BLOCK_N,
         )
-    return acc, m_i, l_i
-
-
-@triton.jit
-def _store_partials(part_out_ptr, part_lse_ptr, out, m_i, l_i, seen, token, row_head, row_valid,
-                    split, num_splits, num_heads, offs_d, d_mask, HEAD_DIM: tl.constexpr):
-    """A split's normalised partial output and log2-sum-exp (-inf when it saw no KV):
-    [T, Hq, num_splits, D] and [T, Hq, num_splits], contiguous."""
-    part_row = (token * num_heads + row_head) * num_splits + split
-    lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-    tl.store(part_lse_ptr + part_row, lse, mask=row_valid)
-    tl.store(
-        part_out_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :],
-        out,
-        mask=(row_valid & seen)[:, None] & d_mask[None, :],
-    )
-
-
-@triton.jit
-def _attend_block(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, page_table_ptr,
-    seq, kv_head, split, tok0, n_rows, pos0, seq_len, qk_scale,
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
-    num_splits, split_len, min_split_len, window, sinks_ptr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr, SLIDING: tl.constexpr,
-    HAS_SINKS: tl.constexpr,
-):
-    """Attention of query tokens [tok0, tok0 + n_rows) (positions from pos0) x the GROUP query
-    heads of `kv_head`, over this program's KV range; writes the output or the split partials.
-    With HAS_SINKS (unsplit) each head's sink logit joins the softmax denominator here; split
-    launches add it in the reduction."""
-    offs_m = tl.arange(0, BLOCK_M)
-    row_tok = offs_m // GROUP
-    row_head = kv_head * GROUP + offs_m % GROUP
-    row_valid = (row_tok < n_rows) & (offs_m < BLOCK_Q * GROUP)
-    row_pos = pos0 + row_tok
-    token = (tok0 + row_tok).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-
-    q = tl.load(
-        q_ptr + token[:, None] * stride_qt + row_head[:, None] * stride_qh + offs_d[None, :],
-        mask=row_valid[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-
-    kv_lo, lo, low_full, full_end, kv_end, _ = _kv_range(
-        pos0, n_rows, seq_len, split, num_splits, split_len, min_split_len, window,
-        BLOCK_Q, BLOCK_N, IS_SPLIT, SLIDING,
-    )
-    acc, m_i, l_i = _attend_kv(
-        q, seq, kv_head, k_cache_ptr, v_cache_ptr, page_table_ptr,
-        stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
-        kv_lo, lo, low_full, full_end, kv_end, row_pos, window, qk_scale, offs_d, d_mask,
-        BLOCK_M, BLOCK_D, BLOCK_Q, BLOCK_N, PAGE_SIZE, IS_SPLIT, SLIDING,
-    )
 
     if HAS_SINKS and not IS_SPLIT:
         # the sink: one more logit per head (log2 units here), no value behind it
@@ -299,9 +238,15 @@ def _attend_block(
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     if IS_SPLIT:
-        _store_partials(part_out_ptr, part_lse_ptr, out, m_i, l_i, seen, token, row_head,
-                        row_valid, split, num_splits, GROUP * tl.num_programs(1), offs_d,
-                        d_mask, HEAD_DIM)
+        # partials: [T, Hq, num_splits, D] and [T, Hq, num_splits], contiguous
+        part_row = (token * (GROUP * tl.num_programs(1)) + row_head) * num_splits + split
+        lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + part_row, lse, mask=row_valid)
+        tl.store(
+            part_out_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :],
+            out,
+            mask=(row_valid & seen)[:, None] & d_mask[None, :],
+        )
     else:
         tl.store(
             out_ptr + token[:, None] * stride_ot + row_head[:, None] * stride_oh + offs_d[None, :],
@@ -400,44 +345,6 @@ _paged_attention_any_size_kernel = triton.jit(
 
 
 @triton.jit
-def _merge_splits(
-    part_out_ptr, part_lse_ptr, out_ptr, row, out_offset, head, num_used, num_splits,
-    sinks_ptr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-    HAS_SINKS: tl.constexpr, CACHE: tl.constexpr,
-):
-    """out[out_offset:] = sum_s w_s * partial_s / sum_s w_s over the splits s < num_used of
-    partial row `row` (w_s = 2^(lse_s - max lse); splits past num_used count as -inf); with
-    HAS_SINKS the head's sink adds 2^(sink - max) to the denominator (and to the max). CACHE:
-    the partials' load cache modifier ("" or ".cg" past a possibly stale L1)."""
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    lse = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=offs_s < num_used,
-                  other=float("-inf"), cache_modifier=CACHE)
-    lse_max = tl.max(lse, axis=0)
-    if HAS_SINKS:
-        sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
-        lse_max = tl.maximum(lse_max, sink)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    w = tl.math.exp2(lse - lse_max)  # 0 for splits that saw no KV
-    used = lse > float("-inf")
-    part = tl.load(
-        part_out_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-        mask=used[:, None] & (offs_d < HEAD_DIM)[None, :],
-        other=0.0,
-        cache_modifier=CACHE,
-    )
-    total = tl.sum(w, axis=0)
-    if HAS_SINKS:
-        total += tl.math.exp2(sink - lse_max)
-    out = tl.sum(part * w[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(
-        out_ptr + out_offset + offs_d,
-        out.to(out_ptr.dtype.element_ty),
-        mask=offs_d < HEAD_DIM,
-    )
-
-
-@triton.jit
 def _reduce_splits_kernel(
     part_out_ptr, part_lse_ptr, out_ptr,
     num_heads, num_splits, stride_ot, stride_oh, sinks_ptr,
@@ -449,8 +356,28 @@ def _reduce_splits_kernel(
     wait_for_previous_grids(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    _merge_splits(
-        part_out_ptr, part_lse_ptr, out_ptr, token * num_heads + head,
-        token * stride_ot + head * stride_oh, head, num_splits, num_splits, sinks_ptr,
-        HEAD_DIM, BLOCK_D, BLOCK_S, HAS_SINKS, "",
+    row = token * num_heads + head
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    lse = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+    lse_max = tl.max(lse, axis=0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
+        lse_max = tl.maximum(lse_max, sink)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    w = tl.math.exp2(lse - lse_max)  # 0 for splits that saw no KV
+    used = lse > float("-inf")
+    part = tl.load(
+        part_out_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=used[:, None] & (offs_d < HEAD_DIM)[None, :],
+        other=0.0,
+    )
+    total = tl.sum(w, axis=0)
+    if HAS_SINKS:
+        total += tl.math.exp2(sink - lse_max)
+    out = tl.sum(part * w[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(
+        out_ptr + token * stride_ot + head * stride_oh + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
     )

@@ -34,85 +34,12 @@ from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
 
 
 @triton.jit
-def _norm_weight(w_ptr, d, dmask, HAS_NORM: tl.constexpr):
-    """The norm weight at dims `d` in fp32 (unused without the norm)."""
-    if HAS_NORM:  # noqa: SIM108 (constexpr branch)
-        w = tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
-    else:
-        w = d.to(tl.float32)
-    return w
-
-
-@triton.jit
-def _normed(x, w, rstd, HAS_NORM: tl.constexpr):
+def _normed(x, w_ptr, d, dmask, rstd, HAS_NORM: tl.constexpr):
     """x [H, n] fp32 -> x * rstd * weight in fp32 (as the rms_norm kernel)."""
     if HAS_NORM:
+        w = tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
         x = x * rstd[:, None] * w[None, :]
     return x
-
-
-@triton.jit
-def _load_heads(
-    row, hmask, d1, d2, imask, r, rmask, eps, HEAD_DIM: tl.constexpr, BLOCK_REST: tl.constexpr,
-):
-    """Heads `row` [H, 1] (pointers to each head's first element) in fp32 at dims d1, d2 (the
-    rotary pairs) and r (the unrotated dims of a partial rotary, BLOCK_REST > 0; else `rest`
-    is unused), and each head's 1 / rms over all HEAD_DIM dims: (x1, x2, rest, rstd)."""
-    mask = hmask[:, None] & imask[None, :]
-    x1 = tl.load(row + d1[None, :], mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(row + d2[None, :], mask=mask, other=0.0).to(tl.float32)
-    sumsq = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
-    if BLOCK_REST > 0:  # partial rotary: dims [2 * ROT_HALF, HEAD_DIM) are not rotated
-        rest = tl.load(row + r[None, :], mask=rmask, other=0.0).to(tl.float32)
-        sumsq += tl.sum(rest * rest, axis=1)
-    else:
-        rest = x1
-    rstd = 1.0 / tl.sqrt(sumsq / HEAD_DIM + eps)
-    return x1, x2, rest, rstd
-
-
-@triton.jit
-def _rotate(x1, x2, cos, sin):
-    """The rotary pairs (x1, x2) [H, n] rotated by cos / sin [n], in fp32."""
-    y1 = x1 * cos[None, :] - x2 * sin[None, :]
-    y2 = x2 * cos[None, :] + x1 * sin[None, :]
-    return y1, y2
-
-
-@triton.jit
-def _rope_dims(ROT_HALF: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    """(i, d1, d2, imask): pair i rotates dims d1 and d2 (NeoX halves or GPT-J neighbours)."""
-    i = tl.arange(0, BLOCK_HALF)
-    imask = i < ROT_HALF
-    if IS_NEOX:
-        d1 = i
-        d2 = i + ROT_HALF
-    else:
-        d1 = 2 * i
-        d2 = 2 * i + 1
-    return i, d1, d2, imask
-
-
-@triton.jit
-def _store_kv(
-    row, heads, hmask, slot, y1, y2, rest, d1, d2, imask, r, rmask, k_cache_ptr, v_cache_ptr,
-    n_k_heads, stride_kc_slot, stride_kc_head, stride_vc_slot, stride_vc_head,
-    HEAD_DIM: tl.constexpr, BLOCK_REST: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """K heads `heads` (rotated: y1, y2, rest) and their V heads (copied from qkv, `row` +
-    n_k_heads * HEAD_DIM) into cache slot `slot` (FP8 pages: e4m3 with unit scales)."""
-    mask = hmask[:, None] & imask[None, :]
-    kc = k_cache_ptr + slot * stride_kc_slot + heads[:, None] * stride_kc_head
-    tl.store(kc + d1[None, :], cast_for_cache(y1, k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(kc + d2[None, :], cast_for_cache(y2, k_cache_ptr.dtype.element_ty), mask=mask)
-    if BLOCK_REST > 0:
-        tl.store(kc + r[None, :], cast_for_cache(rest, k_cache_ptr.dtype.element_ty), mask=rmask)
-    d = tl.arange(0, BLOCK_D)
-    vmask = hmask[:, None] & (d < HEAD_DIM)[None, :]
-    v_row = row + n_k_heads * HEAD_DIM
-    v = tl.load(v_row + d[None, :], mask=vmask, other=0.0)
-    vc = v_cache_ptr + slot * stride_vc_slot + heads[:, None] * stride_vc_head
-    tl.store(vc + d[None, :], cast_for_cache(v, v_cache_ptr.dtype.element_ty), mask=vmask)
 
 
 @triton.jit
@@ -141,26 +68,35 @@ def _qkv_prologue_kernel(
         w_ptr = kw_ptr
     heads = head0 + tl.arange(0, BLOCK_H)
     hmask = heads < n_heads
-    i, d1, d2, imask = _rope_dims(ROT_HALF, IS_NEOX, BLOCK_HALF)
+    i = tl.arange(0, BLOCK_HALF)
+    imask = i < ROT_HALF
+    if IS_NEOX:
+        d1 = i
+        d2 = i + ROT_HALF
+    else:
+        d1 = 2 * i
+        d2 = 2 * i + 1
     row = qkv_ptr + token * stride_qkv + col0 + heads[:, None] * HEAD_DIM
     mask = hmask[:, None] & imask[None, :]
-    if BLOCK_REST > 0:
+    x1 = tl.load(row + d1[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(row + d2[None, :], mask=mask, other=0.0).to(tl.float32)
+    sumsq = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
+    if BLOCK_REST > 0:  # partial rotary: dims [2 * ROT_HALF, HEAD_DIM) are not rotated
         r = 2 * ROT_HALF + tl.arange(0, BLOCK_REST)
         rmask = hmask[:, None] & (r < HEAD_DIM)[None, :]
-    else:  # unused
-        r = d1
-        rmask = mask
-    x1, x2, rest, rstd = _load_heads(row, hmask, d1, d2, imask, r, rmask, eps, HEAD_DIM,
-                                     BLOCK_REST)
-    x1 = _normed(x1, _norm_weight(w_ptr, d1, imask, HAS_NORM), rstd, HAS_NORM)
-    x2 = _normed(x2, _norm_weight(w_ptr, d2, imask, HAS_NORM), rstd, HAS_NORM)
+        rest = tl.load(row + r[None, :], mask=rmask, other=0.0).to(tl.float32)
+        sumsq += tl.sum(rest * rest, axis=1)
+    rstd = 1.0 / tl.sqrt(sumsq / HEAD_DIM + eps)
+    x1 = _normed(x1, w_ptr, d1, imask, rstd, HAS_NORM)
+    x2 = _normed(x2, w_ptr, d2, imask, rstd, HAS_NORM)
     pos = tl.load(pos_ptr + token).to(tl.int64)
     cos = tl.load(cache_ptr + pos * stride_cos + i, mask=imask, other=0.0).to(tl.float32)
     sin = tl.load(cache_ptr + pos * stride_cos + ROT_HALF + i, mask=imask, other=0.0).to(
         tl.float32)
-    y1, y2 = _rotate(x1, x2, cos, sin)
+    y1 = x1 * cos[None, :] - x2 * sin[None, :]
+    y2 = x2 * cos[None, :] + x1 * sin[None, :]
     if BLOCK_REST > 0:
-        rest = _normed(rest, _norm_weight(w_ptr, r, r < HEAD_DIM, HAS_NORM), rstd, HAS_NORM)
+        rest = _normed(rest, w_ptr, r, r < HEAD_DIM, rstd, HAS_NORM)
     if is_q:
         out = q_out_ptr + token * stride_qot + heads[:, None] * stride_qoh
         tl.store(out + d1[None, :], y1.to(q_out_ptr.dtype.element_ty), mask=mask)
@@ -170,23 +106,17 @@ def _qkv_prologue_kernel(
     else:
         slot = tl.load(slot_ptr + token).to(tl.int64)
         if slot >= 0:
-            _store_kv(
-                row, heads, hmask, slot, y1, y2, rest, d1, d2, imask, r, rmask, k_cache_ptr,
-                v_cache_ptr, n_k_heads, stride_kc_slot, stride_kc_head, stride_vc_slot,
-                stride_vc_head, HEAD_DIM, BLOCK_REST, BLOCK_D,
-            )
-
-
-def prologue_tiles(num_q_heads: int, num_kv_heads: int, head_dim: int, rot_dim: int
-                   ) -> tuple[int, int, int]:
-    """(BLOCK_H, BLOCK_HALF, BLOCK_REST): heads per program, rotary pairs and unrotated dims
-    of a head, padded to powers of two (the fused decode attention tiles its heads alike)."""
-    rot_half = rot_dim // 2
-    block_half = max(2, next_power_of_2(rot_half))
-    rest = head_dim - rot_dim
-    block_rest = next_power_of_2(rest) if rest else 0
-    block_h = max(1, min(next_power_of_2(max(num_q_heads, num_kv_heads)), 1024 // block_half))
-    return block_h, block_half, block_rest
+            kc = k_cache_ptr + slot * stride_kc_slot + heads[:, None] * stride_kc_head
+            tl.store(kc + d1[None, :], cast_for_cache(y1, k_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(kc + d2[None, :], cast_for_cache(y2, k_cache_ptr.dtype.element_ty), mask=mask)
+            if BLOCK_REST > 0:
+                tl.store(kc + r[None, :], cast_for_cache(rest, k_cache_ptr.dtype.element_ty), mask=rmask)
+            d = tl.arange(0, BLOCK_D)
+            vmask = hmask[:, None] & (d < HEAD_DIM)[None, :]
+            v_row = row + n_k_heads * HEAD_DIM
+            v = tl.load(v_row + d[None, :], mask=vmask, other=0.0)
+            vc = v_cache_ptr + slot * stride_vc_slot + heads[:, None] * stride_vc_head
+            tl.store(vc + d[None, :], cast_for_cache(v, v_cache_ptr.dtype.element_ty), mask=vmask)
 
 
 def qkv_prologue(
@@ -239,8 +169,10 @@ def qkv_prologue(
     if num_tokens == 0:
         return out
     rot_half = rot_dim // 2
-    block_h, block_half, block_rest = prologue_tiles(num_q_heads, num_kv_heads, head_dim,
-                                                     rot_dim)
+    block_half = max(2, next_power_of_2(rot_half))
+    rest = head_dim - rot_dim
+    block_rest = next_power_of_2(rest) if rest else 0
+    block_h = max(1, min(next_power_of_2(max(num_q_heads, num_kv_heads)), 1024 // block_half))
     q_chunks = cdiv(num_q_heads, block_h)
     has_norm = q_norm is not None
     weight = q_norm if q_norm is not None else qkv        # unused without the norm

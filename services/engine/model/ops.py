@@ -55,27 +55,6 @@ def _kernel(name: str, tensor: torch.Tensor) -> Callable[..., Any] | None:
     return kernel_ops().get(name) if tensor.is_cuda else None
 
 
-@functools.cache
-def fused_decode_attention_kernel() -> tuple[Callable[..., Any], Callable[..., bool]] | None:
-    """The fused decode attention kernel and its eligibility check
-    (`services.engine.kernels.fused_decode`), or None: switched off by
-    `HELIOS_FUSED_DECODE_ATTENTION=0` (read once; `fused_decode_attention_kernel.cache_clear()`
-    re-reads it), or not provided. `decode_attention` below also needs the unfused kernels it
-    stands for (`kernel_ops()`), so `HELIOS_KERNELS=torch` turns it off too."""
-    if os.environ.get("HELIOS_FUSED_DECODE_ATTENTION", "1").strip() == "0":
-        return None
-    try:
-        kernels = importlib.import_module("services.engine.kernels")
-    except ImportError:
-        return None
-    except Exception:  # a broken kernel module must not take the engine down
-        log.exception("services.engine.kernels failed to import; no fused decode attention")
-        return None
-    kernel = getattr(kernels, "decode_attention", None)
-    supports = getattr(kernels, "decode_attention_supports", None)
-    return (kernel, supports) if callable(kernel) and callable(supports) else None
-
-
 # ---------------------------------------------------------------------------------------------
 # Dispatching ops (the names the model calls)
 
@@ -228,38 +207,6 @@ def composed_qkv_prologue(qkv: torch.Tensor, q_norm: torch.Tensor | None,
     q, k = apply_rotary(q, k, positions, cos_sin_cache, is_neox)
     write_kv(k, v, k_cache, v_cache, slot_mapping, kv_scales)
     return q
-
-
-def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor | None,
-                     k_norm: torch.Tensor | None, eps: float, positions: torch.Tensor,
-                     cos_sin_cache: torch.Tensor, is_neox: bool, k_cache: torch.Tensor,
-                     v_cache: torch.Tensor, meta: AttentionMetadata, num_q_heads: int,
-                     num_kv_heads: int, scale: float, sliding_window: int = 0,
-                     sinks: torch.Tensor | None = None,
-                     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None
-                     ) -> torch.Tensor | None:
-    """qkv_prologue then paged_attention (the attention output [T, Hq, D]; K/V written) in
-    one fused launch, for a decode-only step (`meta.max_query_len == 1`, a host int) on CUDA
-    in a CUDA graph's launches (`pdl.graph_launches()`) when the kernel takes the layer; None
-    otherwise, and the caller runs the two ops. Not taken: eager steps (their kernel variants
-    stay the ones the start-up warm-up meets), sinks, FP8 pages with per-head `kv_scales`,
-    partial rotary and the rest `decode_attention_supports` refuses, or switched off
-    (`fused_decode_attention_kernel`)."""
-    if (meta.max_query_len != 1 or not qkv.is_cuda or sinks is not None
-            or kv_scales is not None):
-        return None
-    unfused = kernel_ops()
-    if "qkv_prologue" not in unfused or "paged_attention" not in unfused:
-        return None
-    fused = fused_decode_attention_kernel()
-    if fused is None:
-        return None
-    kernel, supports = fused
-    if not supports(qkv, k_cache, cos_sin_cache, positions):
-        return None
-    return kernel(qkv, q_norm, k_norm, eps, positions, cos_sin_cache, is_neox, k_cache,
-                  v_cache, meta.slot_mapping, meta, num_q_heads, num_kv_heads, scale,
-                  sliding_window)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -1,7 +1,5 @@
 """Self-attention over the paged KV cache: fused qkv projection, optional QK-norm, rotary,
-the K/V write and paged attention, then the output projection. A decode-only step runs the
-prologue and the attention as one kernel in CUDA graphs where it applies
-(`ops.decode_attention`).
+the K/V write and paged attention, then the output projection.
 
 Each layer states its attention kind (`ModelConfig.layers[i]`): full causal attention, or a
 sliding window of the last W positions, and which rotary table it rotates with
@@ -78,15 +76,6 @@ class Attention(nn.Module):
         # q * k_scale (scores) and out * v_scale (per KV head, so per query-head group)
         scaled = k_cache.dtype == FP8_DTYPE and not self.kv_unit_scales
         kv_scales = (self.k_scale, self.v_scale) if scaled else None
-        if meta.max_query_len == 1:
-            # a decode-only step: prologue, attention and split reduction in one launch in a
-            # CUDA graph when the kernel takes this layer (None: the two ops below)
-            out = ops.decode_attention(qkv, q_norm, k_norm, self.eps, positions, cos_sin_cache,
-                                       True, k_cache, v_cache, meta, self.num_heads,
-                                       self.num_kv_heads, self.scale, self.sliding_window,
-                                       self.sinks, kv_scales)                  # [T, Hq, D]
-            if out is not None:
-                return self.o_proj(out.reshape(num_tokens, self.q_size))
         # QK-norm, rotary and the K/V write (one kernel on CUDA)
         q = ops.qkv_prologue(qkv, q_norm, k_norm, self.eps, positions, cos_sin_cache, True,
                              k_cache, v_cache, meta.slot_mapping, self.num_heads,
