@@ -57,6 +57,11 @@ def shapes():
 
 with discover_variants(lambda variant: pool.submit(variant, TARGET)) as found:
     shapes()                     # each variant goes to a worker as it is met
+import time
+deadline = time.monotonic() + 120
+while pool._queue and time.monotonic() < deadline:
+    time.sleep(0.05)             # more variants than workers: the pump thread hands them out
+drained_alone = not pool._queue
 report = pool.finish()
 names = sorted({v.attribute for v in found.variants.values()})
 
@@ -74,6 +79,7 @@ for launch in launches:
     launch.fn.run(*launch.args, grid=launch.grid, warmup=True, **launch.kwargs)
 pool.close()
 print(json.dumps({"variants": report.variants, "failed": report.failed, "names": names,
+                  "drained_alone": drained_alone,
                   "unnamed": found.unnamed, "compiled_after": compiled}))
 """
 
@@ -84,6 +90,9 @@ def test_pool_compiles_what_the_jit_then_finds_in_the_cache() -> None:
     # the norm at two widths, attention decode (split) + its reduction, attention prefill:
     # the two jitted versions of one attention function are told apart by module attribute
     assert result["variants"] >= 5, result
+    # with 2 workers, the variants past the first two went out to a worker without the
+    # caller's help (the pump thread)
+    assert result["drained_alone"], result
     assert {"_rms_norm_kernel", "_paged_attention_kernel", "_paged_attention_any_size_kernel",
             "_reduce_splits_kernel"} <= set(result["names"]), result
     # everything discovered came from the cache; only the undiscovered norm width compiled

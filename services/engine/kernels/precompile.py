@@ -36,6 +36,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -49,6 +50,7 @@ from services.common.assets import cache_root
 log = logging.getLogger(__name__)
 
 MAX_WORKERS = 16
+PUMP_POLL_S = 0.005     # the pump thread's longest wait for a result while holding the lock
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +256,8 @@ class CompilePool:
         self._failed = 0
         self._compile_seconds = 0.0
         self._started: float | None = None
+        self._lock = threading.Lock()       # the pump thread and the caller share the pipes
+        self._pump: threading.Thread | None = None
 
     @property
     def workers(self) -> int:
@@ -284,15 +288,22 @@ class CompilePool:
         return cls(started)
 
     def submit(self, variant: Variant, target: Any) -> None:
-        """Compile `variant` for `target` (a triton GPUTarget) in a worker; returns at once."""
-        if not self._workers:
-            raise RuntimeError("the compile pool is closed")
-        if self._started is None:
-            self._started = time.perf_counter()
-        self._submitted += 1
-        self._queue.append((variant, (target.backend, target.arch, target.warp_size)))
-        self._collect(timeout=0.0)
-        self._dispatch()
+        """Compile `variant` for `target` (a triton GPUTarget) in a worker; returns at once.
+        While variants wait for a worker, a pump thread hands each to the next worker that
+        finishes (the caller goes on: loading the weights, discovering more)."""
+        with self._lock:
+            if not self._workers:
+                raise RuntimeError("the compile pool is closed")
+            if self._started is None:
+                self._started = time.perf_counter()
+            self._submitted += 1
+            self._queue.append((variant, (target.backend, target.arch, target.warp_size)))
+            self._collect(timeout=0.0)
+            self._dispatch()
+            if self._queue and self._pump is None:
+                self._pump = threading.Thread(target=self._pump_queue, name="kernel-compile",
+                                              daemon=True)
+                self._pump.start()
 
     def compile(self, variants: Iterable[Variant], target: Any) -> CompileReport:
         """Compile every variant for `target`; blocks until all are done."""
@@ -302,15 +313,33 @@ class CompilePool:
 
     def finish(self) -> CompileReport:
         """Wait for every submitted variant; the report covers them since the last finish."""
-        while self._busy or (self._queue and self._workers):
-            self._collect(timeout=None)
-            self._dispatch()
-        self._failed += len(self._queue)     # every worker died: the capture compiles them
-        self._queue.clear()
-        seconds = 0.0 if self._started is None else time.perf_counter() - self._started
-        report = CompileReport(self._submitted, self._failed, seconds, self._compile_seconds)
-        self._submitted, self._failed, self._compile_seconds, self._started = 0, 0, 0.0, None
-        return report
+        while True:
+            with self._lock:
+                pump = self._pump
+                if pump is None:
+                    while self._busy or (self._queue and self._workers):
+                        self._collect(timeout=None)
+                        self._dispatch()
+                    self._failed += len(self._queue)  # every worker died: the capture compiles
+                    self._queue.clear()
+                    seconds = 0.0 if self._started is None else \
+                        time.perf_counter() - self._started
+                    report = CompileReport(self._submitted, self._failed, seconds,
+                                           self._compile_seconds)
+                    self._submitted, self._failed = 0, 0
+                    self._compile_seconds, self._started = 0.0, None
+                    return report
+            pump.join()
+
+    def _pump_queue(self) -> None:
+        """Until no variant waits for a worker: collect results, hand out the next ones."""
+        while True:
+            with self._lock:
+                if not self._queue or not self._workers:
+                    self._pump = None
+                    return
+                self._collect(timeout=PUMP_POLL_S)
+                self._dispatch()
 
     def _dispatch(self) -> None:
         while self._queue and self._idle:
@@ -341,7 +370,10 @@ class CompilePool:
 
     def close(self) -> None:
         """Close the job pipes (each worker exits at EOF) and reap the workers."""
-        workers, self._workers, self._idle = self._workers, [], []
+        with self._lock:
+            self._queue.clear()                 # the pump thread ends at its next look
+            workers, self._workers, self._idle = self._workers, [], []
+            self._busy.clear()
         for worker in workers:
             worker.jobs.close()
             worker.results.close()
