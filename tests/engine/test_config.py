@@ -99,3 +99,30 @@ def test_fp8_settings_from_flags_environment_and_yaml(tmp_path):
         with pytest.raises(ValidationError) as info:
             EngineConfig(model="m", **{name: value})
         assert info.value.param == name
+
+
+def test_the_kernel_variant_list_digest_ignores_where_the_engine_listens(tmp_path, monkeypatch):
+    """`helios run` gives every start a fresh socket path and metrics port: a digest over
+    them found no remembered kernel list on the H200's restart. Settings that size the steps
+    must still make a new list."""
+    import torch
+
+    from services.engine.core.build import kernel_list_parts
+    from services.engine.kernels.precompile import remembered_path
+
+    monkeypatch.setenv("HELIOS_CACHE_DIR", str(tmp_path))
+    model = {"hidden_size": 64, "num_hidden_layers": 2}
+    versions = {"torch": "2.11.0", "triton": "3.6.0"}
+
+    def path(**settings):
+        config = EngineConfig(**{"model": "/models/a", **settings})
+        return remembered_path(kernel_list_parts(config, model, torch.bfloat16, (9, 0),
+                                                 versions))
+
+    first = path(listen="unix:///tmp/run1/engine.sock", metrics_listen="127.0.0.1:9101")
+    assert path(listen="unix:///tmp/run2/engine.sock", metrics_listen="127.0.0.1:9202",
+                model="/other/copy", log_level="debug", kernel_compile_workers=3) == first
+    assert path(max_num_seqs=128) != first
+    assert path(max_num_batched_tokens=4096) != first
+    assert remembered_path(kernel_list_parts(EngineConfig(model="/models/a"), model,
+                                             torch.bfloat16, (10, 0), versions)) != first

@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -190,19 +191,39 @@ def start_compile_pool(config: EngineConfig) -> CompilePool | None:
     return CompilePool.start(workers)
 
 
+# Engine settings that cannot change which kernel variants a start-up meets: where it listens
+# and logs, where the model and imageprep are (the model's config is in the digest itself),
+# how weights are drawn, host-side sizes. A `helios run` start gets a fresh socket path each
+# time, so these must stay out of the variant list's digest or no list is ever found again.
+KERNEL_NEUTRAL_SETTINGS = frozenset({
+    "grace_period_s", "listen", "log_format", "log_level", "metrics_listen", "model",
+    "imageprep_address", "device", "cpu_threads", "load_format", "dummy_seed",
+    "kernel_compile_workers", "grammar_cache_size", "max_waiting", "kv_events_endpoint",
+    "kv_events_replay_endpoint", "kv_events_topic", "kv_events_buffer"})
+
+
+def kernel_list_parts(config: EngineConfig, model_config: dict[str, Any], dtype: torch.dtype,
+                      capability: tuple[int, int], versions: dict[str, str]
+                      ) -> dict[str, Any]:
+    """What decides a start-up's kernel variants: the engine settings but the neutral ones,
+    the model's config, the dtype, the device's compute capability, the library versions."""
+    settings = {key: value for key, value in dataclasses.asdict(config).items()
+                if key not in KERNEL_NEUTRAL_SETTINGS}
+    return {"engine": settings, "model": model_config, "dtype": str(dtype),
+            "device": list(capability), **versions}
+
+
 def kernel_list_path(config: EngineConfig, source: ModelSource, device: torch.device,
                      dtype: torch.dtype) -> Path | None:
-    """Where this start-up's kernel variant list is remembered: its digest covers what
-    decides the variants (the engine settings, the model's config, the dtype, the device and
-    the library versions; kernels/precompile.py adds the kernel sources). None off CUDA."""
+    """Where this start-up's kernel variant list is remembered (kernels/precompile.py adds
+    the kernel sources to the digest of `kernel_list_parts`). None off CUDA."""
     if device.type != "cuda":
         return None
     import triton
 
-    return remembered_path({
-        "engine": dataclasses.asdict(config), "model": source.config, "dtype": str(dtype),
-        "device": torch.cuda.get_device_capability(device), "torch": torch.__version__,
-        "triton": triton.__version__})
+    return remembered_path(kernel_list_parts(
+        config, source.config, dtype, torch.cuda.get_device_capability(device),
+        {"torch": torch.__version__, "triton": triton.__version__}))
 
 
 def describe_device(device: torch.device) -> str:

@@ -45,7 +45,8 @@ config = EngineConfig(model=str(root), device="cuda", dtype="bfloat16", load_for
                       max_num_batched_tokens=512, kv_cache_bytes=1 << 29)
 reports = []
 precompile = GraphRunner.precompile
-GraphRunner.precompile = lambda self, p: reports.append(precompile(self, p)) or reports[-1]
+GraphRunner.precompile = lambda self, p, **kw: reports.append(precompile(self, p, **kw)) \
+    or reports[-1]
 compiled = []
 make_ir = compiler.ASTSource.make_ir
 def counting(self, *args, **kwargs):
