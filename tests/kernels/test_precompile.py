@@ -15,7 +15,7 @@ os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
 import torch
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
-import triton.compiler.compiler as compiler
+from tests.kernels.compilations import count_compilations
 from services.engine.kernels.precompile import CompilePool, discover_variants
 
 pool = CompilePool.start(2)
@@ -65,12 +65,7 @@ drained_alone = not pool._queue
 report = pool.finish()
 names = sorted({v.attribute for v in found.variants.values()})
 
-compiled = []
-make_ir = compiler.ASTSource.make_ir
-def counting(self, *args, **kwargs):
-    compiled.append(self.fn.__name__)
-    return make_ir(self, *args, **kwargs)
-compiler.ASTSource.make_ir = counting
+compiled = count_compilations()
 
 with capture_launches() as launches:
     shapes()

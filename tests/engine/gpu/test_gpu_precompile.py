@@ -34,7 +34,7 @@ from tests.engine.runner.conftest import greedy_request, serve
 
 pool = CompilePool.start(4)            # forked before this process touches CUDA
 import torch
-import triton.compiler.compiler as compiler
+from tests.kernels.compilations import count_compilations
 
 root = Path(sys.argv[2])
 (root / "config.json").write_text(json.dumps(CONFIG))
@@ -47,12 +47,7 @@ reports = []
 precompile = GraphRunner.precompile
 GraphRunner.precompile = lambda self, p, **kw: reports.append(precompile(self, p, **kw)) \
     or reports[-1]
-compiled = []
-make_ir = compiler.ASTSource.make_ir
-def counting(self, *args, **kwargs):
-    compiled.append(self.fn.__name__)
-    return make_ir(self, *args, **kwargs)
-compiler.ASTSource.make_ir = counting
+compiled = count_compilations()
 
 def tokens(engine):
     requests = [greedy_request(f"r{n}", _prompt(n, n), 8) for n in (1, 17, 300, 700)]
