@@ -10,13 +10,20 @@ from __future__ import annotations
 from tests.kernels.test_package import compiled_json
 
 SCRIPT = """
-import json, os, sys, tempfile
+import json, os, subprocess, sys, tempfile
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
+# the launchers link against libcuda: a stand-in library where the machine has none
+stub = tempfile.mkdtemp()
+with open(os.path.join(stub, "stub.c"), "w") as f:
+    f.write("void helios_stand_in(void) {}\\n")
+subprocess.run(["cc", "-shared", "-fPIC", "-o", os.path.join(stub, "libcuda.so.1"),
+                os.path.join(stub, "stub.c")], check=True)
+os.environ.setdefault("TRITON_LIBCUDA_PATH", stub)
 import torch
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 from tests.kernels.compilations import count_compilations
-from services.engine.kernels.precompile import CompilePool, discover_variants
+from services.engine.kernels.precompile import CompilePool, discover_variants, launcher_cached
 
 pool = CompilePool.start(2)
 TARGET = GPUTarget("cuda", 90, 32)
@@ -28,6 +35,7 @@ class StandInDriver:
 
 driver.set_active(StandInDriver())
 from services.engine.kernels.attention import AttentionScratch, paged_attention
+from services.engine.kernels.activation import silu_and_mul
 from services.engine.kernels.norm import rms_norm
 from tests.kernels.sm90_compile import capture_launches
 
@@ -70,11 +78,27 @@ compiled = count_compilations()
 with capture_launches() as launches:
     shapes()
     norm(96)                     # a variant the discovery did not meet
+    silu_and_mul(torch.randn(3, 128, dtype=torch.bfloat16))   # a kernel it did not meet
+import triton.runtime.build as build
+from triton.backends.nvidia.driver import CudaLauncher
+built = []
+real_build = build._build
+def counting_build(name, *args, **kwargs):
+    built.append(name)
+    return real_build(name, *args, **kwargs)
+build._build = counting_build
+import types    # nothing here can load a launcher (no libcuda): stand in for the loaded module
+build._load_module_from_path = lambda name, path: types.SimpleNamespace(launch=lambda *a: None)
+launchers = []
 for launch in launches:
-    launch.fn.run(*launch.args, grid=launch.grid, warmup=True, **launch.kwargs)
+    kernel = launch.fn.run(*launch.args, grid=launch.grid, warmup=True, **launch.kwargs)
+    launchers.append(launcher_cached(kernel))   # what the kernel's first launch would find
+    CudaLauncher(kernel.src, kernel.metadata)   # Triton's own first-launch path
 pool.close()
 print(json.dumps({"variants": report.variants, "failed": report.failed, "names": names,
-                  "drained_alone": drained_alone,
+                  "drained_alone": drained_alone, "launchers_cached": launchers,
+                  "launchers_built_after": built,
+                  "launchers_missed": report.launchers_missed,
                   "unnamed": found.unnamed, "compiled_after": compiled}))
 """
 
@@ -90,8 +114,17 @@ def test_pool_compiles_what_the_jit_then_finds_in_the_cache() -> None:
     assert result["drained_alone"], result
     assert {"_rms_norm_kernel", "_paged_attention_kernel", "_paged_attention_any_size_kernel",
             "_reduce_splits_kernel"} <= set(result["names"]), result
-    # everything discovered came from the cache; only the undiscovered norm width compiled
-    assert result["compiled_after"] == ["_rms_norm_kernel"], result
+    # everything discovered came from the cache; only the undiscovered norm width and the
+    # undiscovered kernel compiled
+    assert result["compiled_after"] == ["_rms_norm_kernel", "_act_and_mul_kernel"], result
+    # the workers built each discovered variant's C launcher where the JIT's own compiled
+    # kernel looks for it (a launcher depends on the argument types, not the constexprs: the
+    # undiscovered norm width shares one); the undiscovered kernel's is not there
+    assert result["launchers_missed"] == 0, result
+    assert result["launchers_cached"] == [True] * (len(result["launchers_cached"]) - 1) + [
+        False], result
+    # Triton's own launcher construction agrees: it built only the undiscovered kernel's
+    assert result["launchers_built_after"] == ["__triton_launcher"], result
 
 
 def test_the_pool_starts_inside_a_daemonic_process() -> None:
@@ -106,7 +139,8 @@ def test_the_pool_starts_inside_a_daemonic_process() -> None:
               "process.join()\n"
               "sys.exit(process.exitcode)\n")
     result = compiled_json(script)
-    assert result["failed"] == 0 and result["compiled_after"] == ["_rms_norm_kernel"], result
+    assert result["failed"] == 0 and result["launchers_missed"] == 0, result
+    assert result["compiled_after"] == ["_rms_norm_kernel", "_act_and_mul_kernel"], result
 
 
 def test_a_variant_list_is_remembered_per_start_up(tmp_path, monkeypatch) -> None:

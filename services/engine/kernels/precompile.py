@@ -19,7 +19,9 @@ skipped: the forwards run with every uncompiled kernel a no-op, their results ga
 are start-up forwards whose results are dropped anyway). The pool's workers, forked from the
 engine core before it touched CUDA (so they start at once, with every module imported),
 rebuild each variant as `preload` does and compile it for the device's target with
-`triton.compile`, which writes Triton's on-disk cache; they never touch the GPU. The second
+`triton.compile`, which writes Triton's on-disk cache, then build its C launcher there too
+(Triton compiles one per kernel signature with the system C compiler at a kernel's first
+launch); they never touch the GPU. The second
 run of the forwards finds every variant there (tens of milliseconds each). A variant the
 discovery missed, or one a worker failed on, compiles in the second run as before: the pool
 changes only when compilation happens, never what runs.
@@ -36,6 +38,8 @@ import logging
 import os
 import signal
 import sys
+import sysconfig
+import tempfile
 import threading
 import time
 from collections import deque
@@ -176,8 +180,10 @@ def remember(path: Path, variants: Iterable[Variant]) -> None:
         log.warning("could not keep the kernel variant list at %s: %s", path, exc)
 
 
-def compile_variant(variant: Variant, backend_name: str, arch: int, warp_size: int) -> float:
-    """Compile one variant for the target into Triton's cache (a worker's job); seconds."""
+def compile_variant(variant: Variant, backend_name: str, arch: int, warp_size: int
+                    ) -> tuple[float, str]:
+    """Compile one variant for the target into Triton's cache, and its C launcher (a
+    worker's job): the seconds it took, and why the launcher was not built ("" if it was)."""
     started = time.perf_counter()
     import triton
     import triton.language as tl
@@ -200,8 +206,60 @@ def compile_variant(variant: Variant, backend_name: str, arch: int, warp_size: i
         {key: tuple(value) if isinstance(value, list) else value
          for key, value in data["options"].items()})
     source = ASTSource(fn, signature, constexprs, attrs)
-    triton.compile(source, target=target, options=options.__dict__)
-    return time.perf_counter() - started
+    kernel = triton.compile(source, target=target, options=options.__dict__)
+    try:
+        build_launcher(kernel)
+        missed = ""
+    except Exception as exc:    # the first launch builds it, as without the pool
+        missed = f"{type(exc).__name__}: {exc}"
+    return time.perf_counter() - started, missed
+
+
+LAUNCHER_NAME = "__triton_launcher"
+
+
+def _launcher_source(kernel: Any) -> tuple[str, Any, str]:
+    """The C source of a compiled kernel's launcher, the Triton cache holding its build and
+    the file name there: what the CUDA backend's `CudaLauncher` derives at the kernel's first
+    launch (Triton 3.6: one launcher per signature and constants, built with the system C
+    compiler and cached by a digest of its source)."""
+    from triton.backends.nvidia import driver as nvidia
+    from triton.runtime.build import platform_key
+    from triton.runtime.cache import get_cache_manager
+
+    src, metadata = kernel.src, kernel.metadata
+    constants = {((src.fn.arg_names.index(key),) if isinstance(key, str) else key): value
+                 for key, value in getattr(src, "constants", {}).items()}
+    code = nvidia.make_launcher(constants, dict(src.signature.items()),
+                                getattr(metadata, "tensordesc_meta", None))
+    digest = hashlib.sha256((code + platform_key()).encode("utf-8")).hexdigest()
+    file_name = f"{LAUNCHER_NAME}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    return code, get_cache_manager(digest), file_name
+
+
+def launcher_cached(kernel: Any) -> bool:
+    """Whether the kernel's launcher is in Triton's cache (its first launch loads it)."""
+    _, cache, file_name = _launcher_source(kernel)
+    return cache.get_file(file_name) is not None
+
+
+def build_launcher(kernel: Any) -> None:
+    """Build the kernel's C launcher into Triton's cache unless it is there: on a fresh cache
+    each new signature's launcher is a C compilation, which the capture would otherwise do at
+    each kernel's first launch, one after another (the first start's extra seconds of
+    "capture CUDA graphs" on the H100 and H200)."""
+    from triton.backends.nvidia import driver as nvidia
+    from triton.runtime.build import _build
+
+    code, cache, file_name = _launcher_source(kernel)
+    if cache.get_file(file_name) is not None:
+        return
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, f"{LAUNCHER_NAME}.c")
+        Path(path).write_text(code)
+        built = _build(LAUNCHER_NAME, path, directory, nvidia.library_dirs(),
+                       nvidia.include_dirs, nvidia.libraries, [])
+        cache.put(Path(built).read_bytes(), file_name, binary=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +268,7 @@ class CompileReport:
     failed: int
     seconds: float              # wall time of the parallel compilation
     compile_seconds: float      # the workers' summed time (what one process would have taken)
+    launchers_missed: int = 0   # variants whose C launcher a worker could not build
 
 
 def _serve(jobs: Connection, results: Connection) -> NoReturn:
@@ -255,6 +314,7 @@ class CompilePool:
         self._submitted = 0
         self._failed = 0
         self._compile_seconds = 0.0
+        self._launchers_missed = 0
         self._started: float | None = None
         self._lock = threading.Lock()       # the pump thread and the caller share the pipes
         self._pump: threading.Thread | None = None
@@ -325,8 +385,8 @@ class CompilePool:
                     seconds = 0.0 if self._started is None else \
                         time.perf_counter() - self._started
                     report = CompileReport(self._submitted, self._failed, seconds,
-                                           self._compile_seconds)
-                    self._submitted, self._failed = 0, 0
+                                           self._compile_seconds, self._launchers_missed)
+                    self._submitted, self._failed, self._launchers_missed = 0, 0, 0
                     self._compile_seconds, self._started = 0.0, None
                     return report
             pump.join()
@@ -362,7 +422,13 @@ class CompilePool:
             else:
                 self._idle.append(worker)
             if ok:
-                self._compile_seconds += value
+                seconds, missed = value
+                self._compile_seconds += seconds
+                if missed:
+                    self._launchers_missed += 1
+                    if self._launchers_missed == 1:
+                        log.warning("a kernel launcher was not built in a worker (its first "
+                                    "launch builds it): %s", missed)
             else:      # compiled again, in the engine core, where the launch meets it
                 self._failed += 1
                 log.warning("kernel variant of %s.%s did not compile in a worker: %s",

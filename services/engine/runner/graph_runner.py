@@ -205,9 +205,10 @@ class GraphRunner:
         else:
             return None
         log.info("compiled %d kernel variants in %.2f s in %d processes (%.1f s of "
-                 "compilation; %d failed; %d of kernels outside a module left to the capture)"
-                 "%s", report.variants, report.seconds, compile_pool.workers,
-                 report.compile_seconds, report.failed, unnamed,
+                 "compilation; %d failed, %d launchers not built; %d of kernels outside a "
+                 "module left to the capture)%s", report.variants, report.seconds,
+                 compile_pool.workers, report.compile_seconds, report.failed,
+                 report.launchers_missed, unnamed,
                  " from the remembered list" if submitted else "")
         return report
 
