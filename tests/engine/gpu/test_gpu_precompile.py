@@ -1,6 +1,7 @@
 """The kernel compile workers on the GPU (kernels/precompile.py, issue 19's cold start): with
-an empty Triton cache, an engine built with the pool compiles nothing itself (every variant its
-start-up meets was discovered and compiled by the workers), and serves the same greedy tokens
+an empty Triton cache, an engine built with the pool compiles nothing itself, neither kernels
+nor their C launchers (every variant its start-up meets was discovered and compiled by the
+workers), and serves the same greedy tokens
 as one built without it. A second start (a new process, another empty Triton cache, the same
 $HELIOS_CACHE_DIR) compiles the remembered variant list without a discovery run, and again
 compiles nothing itself. Each start runs in a subprocess: its own caches, and no kernel
@@ -48,6 +49,13 @@ precompile = GraphRunner.precompile
 GraphRunner.precompile = lambda self, p, **kw: reports.append(precompile(self, p, **kw)) \
     or reports[-1]
 compiled = count_compilations()
+import triton.runtime.build as build
+launchers = []                     # C launchers built in this process (cache misses)
+real_build = build._build
+def counting_build(name, *args, **kwargs):
+    launchers.append(name)
+    return real_build(name, *args, **kwargs)
+build._build = counting_build
 
 def tokens(engine):
     requests = [greedy_request(f"r{n}", _prompt(n, n), 8) for n in (1, 17, 300, 700)]
@@ -62,9 +70,12 @@ GraphRunner._start_up = counting_start_up
 
 engine = build_engine(config, source, None, pool)
 built_compiled = list(compiled)
+built_launchers = list(launchers)
 report = reports[0]
 result = {"variants": report.variants, "failed": report.failed, "seconds": report.seconds,
           "compile_seconds": report.compile_seconds, "compiled_while_building": built_compiled,
+          "launchers_built_while_building": built_launchers,
+          "launchers_missed": report.launchers_missed,
           "discovery_runs": discoveries.count(True)}
 if sys.argv[1] == "compare":
     with_pool = tokens(engine)
@@ -94,6 +105,8 @@ def test_an_engine_built_with_the_pool_compiles_nothing_itself(tmp_path):
     assert first["failed"] == 0 and first["variants"] >= 10, first
     assert first["discovery_runs"] == 1, first
     assert first["compiled_while_building"] == [], first
+    assert first["launchers_missed"] == 0, first
+    assert first["launchers_built_while_building"] == [], first
     assert first["same_tokens"], first
     # a fresh machine's Triton cache, the remembered list: no discovery, nothing compiled
     # by the engine core itself
@@ -101,3 +114,4 @@ def test_an_engine_built_with_the_pool_compiles_nothing_itself(tmp_path):
     assert second["discovery_runs"] == 0, second
     assert second["failed"] == 0 and second["variants"] >= first["variants"], second
     assert second["compiled_while_building"] == [], second
+    assert second["launchers_built_while_building"] == [], second
