@@ -10,7 +10,6 @@ It exits 0 after a clean drain, 1 if a service failed or did not stop cleanly.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import shutil
@@ -29,6 +28,7 @@ import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.cli.progress import StartupProgress
+from services.common.processes import die_with_parent
 from services.common.startup import ENV as STARTUP_ENV
 
 log = logging.getLogger("helios.run")
@@ -65,10 +65,7 @@ def _set_parent_death_signal() -> None:
     """Child preexec: own process group (the terminal's Ctrl-C reaches only the launcher, which
     stops services in order) and SIGTERM when the launcher dies (Linux prctl)."""
     os.setpgrp()
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    die_with_parent(signal.SIGTERM)
 
 
 class Launcher:

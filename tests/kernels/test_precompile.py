@@ -23,7 +23,8 @@ import torch
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 from tests.kernels.compilations import count_compilations
-from services.engine.kernels.precompile import CompilePool, discover_variants, launcher_cached
+from services.engine.kernels.compile_pool import CompilePool
+from services.engine.kernels.precompile import discover_variants, launcher_cached
 
 pool = CompilePool.start(2)
 TARGET = GPUTarget("cuda", 90, 32)

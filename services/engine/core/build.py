@@ -24,13 +24,8 @@ from services.common.startup import StartupPhases
 from services.engine.config import EngineConfig
 from services.engine.core.messages import CoreInfo
 from services.engine.grammar import GrammarCompiler, GrammarVocabulary
-from services.engine.kernels.precompile import (
-    CompilePool,
-    current_target,
-    default_workers,
-    load_remembered,
-    remembered_path,
-)
+from services.engine.kernels.compile_pool import CompilePool, default_workers
+from services.engine.kernels.precompile import current_target, load_remembered, remembered_path
 from services.engine.model import (
     KVCache,
     ModelConfig,
@@ -176,7 +171,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def start_compile_pool(config: EngineConfig) -> CompilePool | None:
-    """The kernel compile workers (kernels/precompile.py) for a CUDA device with the graph
+    """The kernel compile workers (kernels/compile_pool.py) for a CUDA device with the graph
     runner, forked now: call it before CUDA is initialised. None elsewhere."""
     workers = default_workers() if config.kernel_compile_workers < 0 else \
         config.kernel_compile_workers

@@ -132,9 +132,7 @@ class Outbox:
         except BlockingIOError:
             sent = 0
         except OSError as exc:
-            if not self._broken:
-                log.warning("servicer pipe broke: %s", exc)
-            self._broken = True
+            self._broke(exc)
             return
         self.inline_writes += 1
         if sent < len(frame):
@@ -197,9 +195,7 @@ class Outbox:
             try:
                 self._connection.send_bytes(data)
             except (OSError, EOFError, ValueError) as exc:
-                if not self._broken:
-                    log.warning("servicer pipe broke: %s", exc)
-                self._broken = True
+                self._broke(exc)
 
     def _write_raw(self, frame: bytes) -> None:
         """The rest of a frame the loop began (blocking: this is the sender thread)."""
@@ -208,6 +204,9 @@ class Outbox:
             try:
                 self._socket.sendall(frame)
             except OSError as exc:
-                if not self._broken:
-                    log.warning("servicer pipe broke: %s", exc)
-                self._broken = True
+                self._broke(exc)
+
+    def _broke(self, exc: Exception) -> None:
+        if not self._broken:
+            log.warning("servicer pipe broke: %s", exc)
+        self._broken = True

@@ -16,8 +16,6 @@ the parent-death signal).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -29,6 +27,7 @@ from typing import NoReturn
 from services.common.core import open_model
 from services.common.errors import HeliosError, WorkerFailure
 from services.common.logging import setup_logging
+from services.common.processes import die_with_parent
 from services.common.startup import startup_phases
 from services.engine.config import EngineConfig
 from services.engine.core.build import build_engine, resolve_device, start_compile_pool
@@ -37,13 +36,6 @@ from services.engine.core.messages import PROCEED, ErrorInfo, Failed, Ready
 from services.engine.core.outbox import Outbox
 
 log = logging.getLogger("services.engine.core")
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def _initialize_device(config: EngineConfig) -> None:
@@ -72,7 +64,7 @@ def core_main(config: EngineConfig, connection: Connection) -> None:
     """Process entry point (multiprocessing spawn target)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _die_with_parent()
+    die_with_parent()
     setup_logging("engine", config.log_level, config.log_format)
     phases = startup_phases("engine")
     phases.record_process_start("import the engine core")     # the spawn: Python, torch

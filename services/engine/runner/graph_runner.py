@@ -46,9 +46,8 @@ from pathlib import Path
 import torch
 
 from services.common.errors import PoisonedError, WorkerFailure
+from services.engine.kernels.compile_pool import CompilePool, CompileReport
 from services.engine.kernels.precompile import (
-    CompilePool,
-    CompileReport,
     Variant,
     current_target,
     discover_variants,

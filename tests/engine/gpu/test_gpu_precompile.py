@@ -25,7 +25,7 @@ SCRIPT = """
 import json, sys, tempfile
 from pathlib import Path
 from services.engine.core.build import build_engine
-from services.engine.kernels.precompile import CompilePool
+from services.engine.kernels.compile_pool import CompilePool
 from services.engine.config import EngineConfig
 from services.common.core import open_model
 from services.engine.runner.graph_runner import GraphRunner
