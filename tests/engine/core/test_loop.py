@@ -161,7 +161,8 @@ def test_drain_cancels_waits_for_the_last_step_and_releases_the_cache(harness):
     h = harness()
     h.call(Submit(request("done", prompt_of(30), 2)))
     h.pump(lambda: h.finished("done"))
-    h.runner.gate = threading.Event()              # hold the loop inside slow's first step
+    h.pump(lambda: not h.scheduler.has_work)     # done's terminal capture ran: the gate below
+    h.runner.gate = threading.Event()              # holds the loop inside slow's first step
     h.call(Submit(request("slow", prompt_of(30), 900)))
     drain = h.send(Drain(0.0))
     h.runner.gate.set()
