@@ -5,12 +5,19 @@ the client's send.
 
     python benchmarks/trace_ttft.py                      # the CPU demo stack
     python benchmarks/trace_ttft.py --serve /cores/qwen3-8b --config stack.yaml
+    python benchmarks/trace_ttft.py --vision tiny        # image chats, a tiny Qwen2.5-VL
 
 Marks (each process's wall clock, one host): the frontend's Generate entered, its engine call,
 each engine message it reads; the engine servicer's Generate and each core message its pipe
 reader dispatches; the core's step completions and pipe writes; the client's first SSE chunk.
 `--requests` requests of `--input-len` random ids and 2 output tokens; the first `--skip` are
 warm-up. Prints the timeline; writes trace_ttft.json under --out.
+
+`--vision SHAPE` (tiny, or qwen2.5-vl-7b on a GPU): streaming chats through
+`/v1/chat/completions`, each with a new `--image` PNG (benchmarks/bench_vision.py's model,
+stack and images) and bench_vision's question, on a dummy-weight Qwen2.5-VL core; the marks
+add the frontend's imageprep call, imageprep's Prepare and FetchPixels, and the core's
+prefetch, pixel wait and encoder.
 """
 
 from __future__ import annotations
@@ -34,21 +41,30 @@ sys.path.insert(0, str(ROOT))
 TRACE_SITE = ROOT / "benchmarks" / "ttft_trace"
 
 
-async def _send(url: str, model: str, prompts: list[list[int]], client_log: Path) -> None:
+async def _send(url: str, bodies: list[tuple[str, dict]], client_log: Path) -> None:
     import httpx
 
     async with httpx.AsyncClient(timeout=120) as client:
-        for prompt in prompts:
-            body = {"model": model, "prompt": prompt, "max_tokens": 2, "ignore_eos": True,
-                    "temperature": 0.0, "stream": True}
+        for path, body in bodies:
             marks = [f"{time.time():.6f} client.send"]
-            async with client.stream("POST", url + "/v1/completions", json=body) as response:
+            async with client.stream("POST", url + path, json=body) as response:
                 async for line in response.aiter_lines():
-                    if line.startswith("data: ") and len(marks) == 1:
+                    if len(marks) == 1 and _has_text(line):
                         marks.append(f"{time.time():.6f} client.first_chunk")
             with client_log.open("a") as log:
                 log.write("\n".join(marks) + "\n")
             await asyncio.sleep(0.05)
+
+
+def _has_text(line: str) -> bool:
+    """An SSE line that carries generated text (a chat stream's role-only opening chunk does
+    not), or the stream's end (a first token that decodes to no text)."""
+    if line == "data: [DONE]":
+        return True
+    if not line.startswith("data: "):
+        return False
+    choices = json.loads(line[6:]).get("choices") or [{}]
+    return bool(choices[0].get("text") or (choices[0].get("delta") or {}).get("content"))
 
 
 def timeline(trace_dir: Path, skip: int) -> list[tuple[str, float, int]]:
@@ -80,6 +96,26 @@ def timeline(trace_dir: Path, skip: int) -> list[tuple[str, float, int]]:
     return sorted(rows, key=lambda row: row[1])
 
 
+def _vision_bodies(args: argparse.Namespace, tmp: Path) -> list[tuple[str, dict]]:
+    """bench_vision's Qwen2.5-VL core and stack (args.serve and args.config set to them) and
+    one chat per request, each with a new PNG of --image WxH (its model named once served)."""
+    from benchmarks import bench_vision
+    from benchmarks.model_shapes import write_core
+
+    shape = bench_vision.TINY if args.vision == "tiny" else bench_vision.CONFIG
+    args.serve = write_core(bench_vision.write_model(tmp / "model", shape), tmp / "core")
+    if args.config is None:
+        args.config = tmp / "stack.yaml"
+        args.config.write_text(bench_vision.STACK_YAML.format(attention="sdpa"))
+    width, height = (int(v) for v in args.image.split("x"))
+    bodies = []
+    for i in range(args.requests):
+        body = bench_vision.chat_body("", bench_vision.png(1000 + i, width, height), 2)
+        body.pop("stream_options")
+        bodies.append(("/v1/chat/completions", body))
+    return bodies
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve", type=Path, help="core or model directory (default: demo)")
@@ -89,14 +125,23 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--skip", type=int, default=5)
     parser.add_argument("--vocab-limit", type=int, default=150000)
+    parser.add_argument("--vision", choices=("tiny", "qwen2.5-vl-7b"),
+                        help="image chats on a dummy-weight Qwen2.5-VL core of this shape")
+    parser.add_argument("--image", default="1024x768", help="--vision: each PNG's WxH")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/out")))
     args = parser.parse_args()
     from tests.support.processes import HeliosRun, free_port
 
-    rng = random.Random(0)
-    prompts = [[rng.randrange(args.vocab_limit) for _ in range(args.input_len)]
-               for _ in range(args.requests)]
     with tempfile.TemporaryDirectory() as tmp:
+        if args.vision:
+            bodies = _vision_bodies(args, Path(tmp))
+        else:
+            rng = random.Random(0)
+            bodies = [("/v1/completions", {
+                "model": args.model, "max_tokens": 2, "ignore_eos": True, "temperature": 0.0,
+                "stream": True,
+                "prompt": [rng.randrange(args.vocab_limit) for _ in range(args.input_len)]})
+                for _ in range(args.requests)]
         trace_dir = Path(tmp) / "trace"
         trace_dir.mkdir()
         runtime = Path(tmp) / "run"
@@ -111,7 +156,13 @@ def main() -> int:
         with contextlib.ExitStack() as stack:
             stack.callback(run.stop)
             run.wait_output("Helios is serving", timeout=900)
-            asyncio.run(_send(run.url, args.model, prompts, trace_dir / "client.txt"))
+            if args.vision:         # the core's served name
+                import httpx
+
+                model = httpx.get(run.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+                for _, body in bodies:
+                    body["model"] = model
+            asyncio.run(_send(run.url, bodies, trace_dir / "client.txt"))
         rows = timeline(trace_dir, args.skip)
     print(f"{'ms after send':>14}  mark (requests)")
     for name, ms, count in rows:

@@ -22,7 +22,7 @@ def _role(argv: list[str]) -> str | None:
     if "serve" not in argv[:-1]:
         return None
     name = argv[argv.index("serve") + 1]
-    return name if name in ("frontend", "gateway", "engine") else None
+    return name if name in ("frontend", "gateway", "engine", "imageprep") else None
 
 
 def _install(role: str) -> None:
@@ -32,16 +32,41 @@ def _install(role: str) -> None:
     def mark(label: str) -> None:
         log.write(f"{time.time():.6f} {label}\n")
 
-    def wrap_stream(owner, name: str, prefix: str) -> None:
+    def wrap_call(owner, name: str, prefix: str) -> None:
+        """Marks around a coroutine method (async) or a plain one."""
+        import inspect
+
+        inner = getattr(owner, name)
+        if inspect.iscoroutinefunction(inner):
+            async def traced(self, *args, **kwargs):
+                mark(f"{prefix}.enter")
+                try:
+                    return await inner(self, *args, **kwargs)
+                finally:
+                    mark(f"{prefix}.exit")
+        else:
+            def traced(self, *args, **kwargs):
+                mark(f"{prefix}.enter")
+                try:
+                    return inner(self, *args, **kwargs)
+                finally:
+                    mark(f"{prefix}.exit")
+        setattr(owner, name, traced)
+
+    def wrap_stream(owner, name: str, prefix: str, each: bool = True) -> None:
+        """Marks at the stream's start, at each item (`each`) or the first, and its end."""
         inner = getattr(owner, name)
 
         async def traced(self, *args, **kwargs):
             mark(f"{prefix}.enter")
             count = 0
             async for item in inner(self, *args, **kwargs):
-                mark(f"{prefix}.yield{count}")
+                if each or count == 0:
+                    mark(f"{prefix}.yield{count}")
                 count += 1
                 yield item
+            if not each:
+                mark(f"{prefix}.end")
         setattr(owner, name, traced)
 
     if role == "gateway":
@@ -65,6 +90,7 @@ def _install(role: str) -> None:
         from services.frontend.generate import upstream
 
         wrap_stream(server.FrontendServicer, "Generate", "frontend.Generate")
+        wrap_call(upstream.ImagePrepClient, "expand", "frontend.imageprep_prepare")
         call = upstream.EngineStream.__aenter__
         read = upstream.EngineStream.__anext__
 
@@ -89,8 +115,19 @@ def _install(role: str) -> None:
             mark("engine.core_message")
             return dispatch(self, message)
         client.CoreClient._dispatch = traced_dispatch
+    elif role == "imageprep":
+        from services.imageprep import server
+
+        wrap_call(server.ImagePrepServicer, "Prepare", "imageprep.Prepare")
+        wrap_stream(server.ImagePrepServicer, "FetchPixels", "imageprep.FetchPixels",
+                    each=False)
     elif role == "core":
         from services.engine.core import loop, outbox
+        from services.engine.vision import pixels, stage
+
+        wrap_call(stage.VisionStage, "prefetch", "core.vision_prefetch")
+        wrap_call(stage.VisionStage, "_encode", "core.vision_encode")
+        wrap_call(pixels.PixelPrefetcher, "fetch", "core.vision_pixels")
 
         complete, write = loop.EngineCore._complete, outbox.Outbox._write
         write_inline = outbox.Outbox._write_inline

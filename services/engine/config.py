@@ -27,6 +27,9 @@ class EngineConfig(ServiceConfig):
                                      "(by image identity; LRU)")
     vision_attention: str = option("sdpa", "vision encoder attention: sdpa, or triton (the "
                                    "paged kernel over each image's keys; CUDA)")
+    vision_pixels: str = option("raw", "how images' pixels come from imageprep: raw (the "
+                                "resized uint8 image; pixel_values computed on the device) "
+                                "or values (pixel_values, 8x the bytes in float32)")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     dtype: str = option("auto", "compute dtype: auto (float32 on CPU, bfloat16 on GPU), "
                                 "float32, bfloat16 or float16")
@@ -116,6 +119,9 @@ class EngineConfig(ServiceConfig):
         if self.vision_attention not in ("sdpa", "triton"):
             raise ValidationError(f"vision_attention must be sdpa or triton, not "
                                   f"{self.vision_attention!r}", param="vision_attention")
+        if self.vision_pixels not in ("raw", "values"):
+            raise ValidationError(f"vision_pixels must be raw or values, not "
+                                  f"{self.vision_pixels!r}", param="vision_pixels")
         super().__post_init__()
         if not self.model:
             raise ValidationError("engine needs --model (a core or model directory)",

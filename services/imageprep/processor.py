@@ -1,8 +1,9 @@
 """The image processor: upright RGB pixels + settings -> a PreparedImage.
 
     decoded RGB8 --smart_resize/resize_rgb--> resized RGB8 (kept: PixelPatches)
-        --patch_order--> uint8 patches --normalize--> float32 --temporal copies-->
-        pixel_values [N, C*T*P*P] (computed on demand, by chunks for FetchPixels)
+        --patch order, normalize, temporal copies--> pixel_values [N, C*T*P*P]
+        (computed on demand: by chunks for FetchPixels, or by the engine from the raw pixels;
+        services/common/pixel_patches.py)
     grid --vision_positions--> [N, 2] --table_interpolation--> indices/weights [N, 4]
 
 Every step is a pure function of its inputs (see resize.py, patches.py, positions.py); this

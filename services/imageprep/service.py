@@ -9,8 +9,11 @@ FetchPixels: identities -> retained PreparedImages (memory on the loop, disk/Red
 thread) -> TensorChunks of at most `fetch_chunk_bytes`, every unknown identity refused before the
 first chunk is sent. pixel_values is computed as it is sent, by rows of merge blocks, from the
 retained uint8 pixels (patches.PixelPatches), in float32 or, when the caller asks, bfloat16 (each
-chunk cast by torch on the CPU), on a fetch thread: never on the event loop. The other
-tensors' chunks view the retained arrays (no copy until the wire encoding).
+chunk cast by torch on the CPU), on a fetch thread: never on the event loop. `pixel_dtype`
+"uint8" sends no pixel_values but the raw pixels and the constants that make them (an eighth
+of float32's bytes; the engine computes pixel_values on its device with the same code,
+services/common/pixel_patches.py). The other tensors' chunks view the retained arrays (no copy
+until the wire encoding).
 """
 
 from __future__ import annotations
@@ -50,8 +53,12 @@ from services.imageprep.requests import (
 log = logging.getLogger(__name__)
 
 MAX_FETCH_IDENTITIES = 4096
-FLOAT32, BFLOAT16 = "float32", "bfloat16"
-PIXEL_DTYPES = (FLOAT32, BFLOAT16)
+FLOAT32, BFLOAT16, UINT8 = "float32", "bfloat16", "uint8"
+PIXEL_DTYPES = (FLOAT32, BFLOAT16, UINT8)
+# UINT8: no pixel_values; the receiver computes them (services/common/pixel_patches.py) from
+RAW_PIXELS = "pixels_hwc"       # uint8 [H, W, 3]: the resized image
+PIXEL_NORM = "pixel_norm"       # float32 [2, 3]: the fused mean and std
+PATCH_LAYOUT = "patch_layout"   # int64 [3]: patch_size, merge_size, temporal_patch_size
 
 
 def pixel_dtype_of(requested: str) -> str:
@@ -79,13 +86,34 @@ def _next_or_none(chunks: Iterator[TensorChunk]) -> TensorChunk | None:
     return next(chunks, None)
 
 
+def _array_chunks(identity: bytes, name: str, array: np.ndarray, size: int
+                  ) -> Iterator[TensorChunk]:
+    """One stored array in chunks of at most `size` bytes (views: no copy until the wire)."""
+    array = np.ascontiguousarray(array)
+    data = array.data.cast("B")
+    total = data.nbytes
+    for offset in range(0, max(total, 1), size):
+        end = min(offset + size, total)
+        yield TensorChunk(identity=identity, tensor=name, dtype=dtype_name(array),
+                          shape=tuple(array.shape), offset=offset, data=data[offset:end],
+                          last=end >= total)
+
+
 def _pixel_chunks(image: PreparedImage, pixel_dtype: str, size: int) -> Iterator[TensorChunk]:
     """pixel_values of `image` in `pixel_dtype`, computed by groups of merge-block rows of at
-    most `size` bytes (one row at least, sent in pieces of at most `size` when it is larger)."""
+    most `size` bytes (one row at least, sent in pieces of at most `size` when it is larger);
+    for UINT8, the raw pixels, the fused mean and std and the patch layout instead."""
     pixels = image.pixels
     itemsize = 2 if pixel_dtype == BFLOAT16 else 4
     row_bytes = pixels.patches_per_block_row * pixels.shape[1] * itemsize
     per_group = max(1, size // row_bytes)
+    if pixel_dtype == UINT8:     # the raw pixels and what makes pixel_values of them
+        layout = np.array([pixels.patch_size, pixels.merge_size, pixels.temporal], np.int64)
+        for name, array in ((RAW_PIXELS, pixels.pixels),
+                            (PIXEL_NORM, np.array([pixels.mean, pixels.std], np.float32)),
+                            (PATCH_LAYOUT, layout)):
+            yield from _array_chunks(image.identity, name, array, size)
+        return
     for first in range(0, pixels.block_rows, per_group):
         last = min(first + per_group, pixels.block_rows)
         data = pixels.values(first, last, bfloat16=pixel_dtype == BFLOAT16).data.cast("B")
@@ -228,21 +256,13 @@ class ImagePrepService:
                ) -> Iterator[TensorChunk]:
         """The tensors of `images` in chunks of at most fetch_chunk_bytes (pixel_values: at
         least one row of merge blocks), pixel_values first, computed as the iterator advances
-        in `pixel_dtype`."""
+        in `pixel_dtype` (UINT8: the raw pixels and their constants in its place)."""
         size = self.config.fetch_chunk_bytes
         for image in images:
             yield from _pixel_chunks(image, pixel_dtype, size)
             for name in TENSOR_ORDER:
-                if name not in image.stored:
-                    continue
-                array = np.ascontiguousarray(image.stored[name])
-                data = array.data.cast("B")     # a view: chunks slice it without copying
-                total = data.nbytes
-                for offset in range(0, max(total, 1), size):
-                    end = min(offset + size, total)
-                    yield TensorChunk(identity=image.identity, tensor=name,
-                                      dtype=dtype_name(array), shape=tuple(array.shape),
-                                      offset=offset, data=data[offset:end], last=end >= total)
+                if name in image.stored:
+                    yield from _array_chunks(image.identity, name, image.stored[name], size)
 
     async def stream(self, images: Sequence[PreparedImage], pixel_dtype: str = FLOAT32
                      ) -> AsyncIterator[TensorChunk]:

@@ -208,3 +208,36 @@ def test_fetch_bfloat16_pixels(stub):
     error = rpc_error(lambda: list(stub.FetchPixels(imageprep_pb2.FetchPixelsRequest(
         identities=[identity], pixel_dtype="float16"))))
     assert isinstance(error, ValidationError) and error.param == "pixel_dtype"
+
+
+@pytest.mark.parametrize("case_name", ["qwen3_repeated", "qwen2_5_repeated", "qwen3_mixed"])
+def test_raw_pixels_make_transformers_pixel_values(imageprep, stub, case_name):
+    """The engine's FetchPixels client asks for raw pixels (pixel_dtype uint8, an eighth of
+    the bytes); the pixel_values it computes from them (RawPixels, the code the engine runs
+    on its GPU) are transformers' to the bit, and the other tensors are unchanged."""
+    from services.engine.model.vision.inputs import RawPixels, VisionInput
+    from services.engine.vision.pixels import ImagePrepPixels
+
+    case = reference_case(case_name)
+    names = [entry["image"] for entry in case["images"]]
+    response = stub.Prepare(imageprep_pb2.PrepareRequest(
+        request_id=case_name, profile=case["profile"], images=[source(n) for n in names]))
+    identities = list(dict.fromkeys(d.identity for d in response.images))  # as the engine asks
+    client = ImagePrepPixels(imageprep)
+    try:
+        raw = dict(zip(identities, client.fetch(identities), strict=True))
+    finally:
+        client.close()
+    values = fetch(stub, identities)
+    for descriptor, expected in zip(response.images, case["images"], strict=True):
+        tensors = raw[descriptor.identity]
+        assert tensors["pixels_hwc"].dtype == np.uint8 and "pixel_values" not in tensors
+        assert 8 * tensors["pixels_hwc"].nbytes == descriptor.pixel_bytes
+        image = VisionInput.from_tensors(descriptor.identity, tensors, 2)
+        assert isinstance(image.pixel_values, RawPixels)
+        computed = image.pixel_values.values("cpu")
+        assert tuple(computed.shape) == tuple(expected["pixel_values_shape"])
+        assert sha(computed.numpy()) == expected["pixel_values_sha256"]
+        for name, array in values[descriptor.identity].items():
+            if name != "pixel_values":
+                assert np.array_equal(tensors[name], array), name

@@ -53,7 +53,7 @@ from services.engine.scheduler.resources import KVResources
 from services.engine.scheduler.scheduler import Scheduler
 from services.engine.scheduler.state import SchedulerConfig
 from services.engine.vision.features import FeatureCache
-from services.engine.vision.pixels import ImagePrepPixels
+from services.engine.vision.pixels import UINT8, ImagePrepPixels
 from services.engine.vision.stage import VisionStage
 
 log = logging.getLogger(__name__)
@@ -74,10 +74,12 @@ def build_vision(config: EngineConfig, model: object) -> VisionStage | None:
     (without an imageprep address the model serves text, and images are refused)."""
     if not isinstance(model, QwenVLForConditionalGeneration):
         return None
-    # a bf16 tower takes its pixels in bf16 (half the bytes; imageprep rounds as its cast)
-    dtype = "bfloat16" if model.visual.dtype == torch.bfloat16 else ""
-    pixels = ImagePrepPixels(config.imageprep_address, pixel_dtype=dtype) \
-        if config.imageprep_address else None
+    # raw uint8 pixels, pixel_values computed on the device; or pixel_values themselves, in
+    # bf16 for a bf16 tower (half the bytes; imageprep rounds as its cast)
+    values_dtype = "bfloat16" if model.visual.dtype == torch.bfloat16 else ""
+    dtype = UINT8 if config.vision_pixels == "raw" else values_dtype
+    pixels = ImagePrepPixels(config.imageprep_address, pixel_dtype=dtype,
+                             fallback_dtype=values_dtype) if config.imageprep_address else None
     if pixels is None:
         log.warning("vision model without imageprep_address: images are refused")
     model.visual.attention_backend = config.vision_attention

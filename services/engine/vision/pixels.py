@@ -12,9 +12,10 @@ needed the image, not the engine.
     ahead.start([identity, ...])                # at admission
     tensors = ahead.fetch([identity, ...])      # the started ones' results, the rest now
 
-The prefetcher overlaps a fetch (gRPC, ~20 MB of float32 for a 1024x768 image) with the
-steps that run before the image's prefill, and puts the pixels in pinned host memory there,
-so the encoder's copy to the device does not block the core's thread.
+The prefetcher overlaps a fetch (gRPC: 2.3 MB of raw uint8 pixels for a 1024x768 image, or
+~19 MB of float32 pixel_values) with the steps that run before the image's prefill, and puts
+the pixels in pinned host memory there, so the encoder's copy to the device does not block the
+core's thread.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from services.common.errors import UnavailableError
 
 log = logging.getLogger(__name__)
 
+UINT8 = "uint8"         # FetchPixelsRequest.pixel_dtype: the raw pixels, not pixel_values
 _DTYPES: dict[str, np.dtype] = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8"),
-                                "int32": np.dtype("<i4"), "bfloat16": np.dtype("<u2")}
+                                "int32": np.dtype("<i4"), "bfloat16": np.dtype("<u2"),
+                                "uint8": np.dtype("u1")}
 
 
 class ImageUnavailable(UnavailableError):
@@ -87,10 +90,14 @@ def assemble(chunks: Sequence[object], identities: Sequence[bytes]
 
 class ImagePrepPixels:
     """A synchronous FetchPixels client (the prefetcher's threads, or the core's thread when
-    an image was not fetched ahead). `pixel_dtype` "bfloat16" (a bf16 tower) halves the
-    bytes: imageprep rounds as the tower's own cast would."""
+    an image was not fetched ahead). `pixel_dtype` "uint8" (the default) fetches the resized
+    image's raw pixels, an eighth of float32's bytes, and the tower computes pixel_values on
+    its device (model/vision/inputs.py RawPixels); an imageprep that does not know "uint8"
+    (one from before it) is then asked for `fallback_dtype` from that call on. "bfloat16" (a
+    bf16 tower) halves float32's bytes: imageprep rounds as the tower's own cast would."""
 
-    def __init__(self, address: str, timeout_s: float = 60.0, pixel_dtype: str = "") -> None:
+    def __init__(self, address: str, timeout_s: float = 60.0, pixel_dtype: str = UINT8,
+                 fallback_dtype: str = "") -> None:
         import grpc
 
         from services.common.pb import imageprep_pb2_grpc
@@ -98,6 +105,7 @@ class ImagePrepPixels:
         self.address = address
         self.timeout_s = timeout_s
         self.pixel_dtype = pixel_dtype
+        self.fallback_dtype = fallback_dtype
         self._channel = grpc.insecure_channel(address, options=[
             ("grpc.max_receive_message_length", 64 << 20)])
         self._stub = imageprep_pb2_grpc.ImagePrepStub(self._channel)
@@ -110,7 +118,17 @@ class ImagePrepPixels:
         request = imageprep_pb2.FetchPixelsRequest(identities=list(identities),
                                                    pixel_dtype=self.pixel_dtype)
         try:
-            chunks = list(self._stub.FetchPixels(request, timeout=self.timeout_s))
+            try:
+                chunks = list(self._stub.FetchPixels(request, timeout=self.timeout_s))
+            except grpc.RpcError as exc:
+                if not (self.pixel_dtype == UINT8 and
+                        exc.code() == grpc.StatusCode.INVALID_ARGUMENT and
+                        "pixel_dtype" in (exc.details() or "")):
+                    raise
+                log.warning("imageprep at %s does not send raw pixels (%s); fetching "
+                            "pixel_values instead", self.address, exc.details())
+                self.pixel_dtype = request.pixel_dtype = self.fallback_dtype
+                chunks = list(self._stub.FetchPixels(request, timeout=self.timeout_s))
         except grpc.RpcError as exc:
             raise ImageUnavailable(
                 f"imageprep at {self.address} could not return the image pixels "
@@ -122,7 +140,7 @@ class ImagePrepPixels:
 
 
 PREFETCH_WORKERS = 2
-PREFETCH_IMAGES = 32       # fetched-ahead images held at most (~20 MB each at 1024x768)
+PREFETCH_IMAGES = 32       # fetched-ahead images held at most (2.3 MB each at 1024x768 raw)
 
 
 def pinned(tensors: dict[str, Any]) -> dict[str, Any]:

@@ -155,3 +155,19 @@ def test_graph_runner_decodes_in_cuda_graphs(checkpoint):
     runner = compare_runners(directory, SPECS[name].profile, device="cuda")
     assert runner.graph_steps > 0 and runner.graphs.graphs
     assert runner.window == 2
+
+
+@pytest.mark.parametrize("profile", ["qwen2_5_vl", "qwen3_vl"])
+async def test_raw_pixels_computed_on_the_gpu_equal_imageprep(profile):
+    """The engine's default path (FetchPixels' raw uint8 pixels): pixel_values computed on
+    CUDA are imageprep's float32 CPU values to the bit (correctly rounded subtraction and
+    division on both devices)."""
+    import numpy as np
+
+    from tests.engine.model.vision.test_raw_pixels import _fetched
+
+    identity, raw, _ = await _fetched(1024, 768, profile, "uint8")
+    _, values, _ = await _fetched(1024, 768, profile, "float32")
+    image = VisionInput.from_tensors(identity, raw, 2)
+    on_gpu = image.pixel_values.values("cuda").cpu().numpy()
+    assert np.array_equal(on_gpu.view(np.int32), values["pixel_values"].view(np.int32))

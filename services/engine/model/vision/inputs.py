@@ -1,8 +1,9 @@
 """Typed objects between imageprep, the vision tower and the language model.
 
     VisionInput     one prepared image (what FetchPixels ships): pixel patches in merge-block
-                    order, its patch grid, the patches' (row, column), and for Qwen3-VL the
-                    position-table taps and weights
+                    order (or RawPixels: the resized uint8 image they are computed from on
+                    the device), its patch grid, the patches' (row, column), and for Qwen3-VL
+                    the position-table taps and weights
     ImageFeatures   the tower's output for one image: [tokens, hidden] features (the rows that
                     replace its image-pad embeddings) and, for Qwen3-VL, one [tokens, hidden]
                     deepstack tensor per injected decoder layer
@@ -18,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from services.common.pixel_patches import pixel_values
 
 
 def merge_block_positions(grid: tuple[int, int, int], merge: int) -> torch.Tensor:
@@ -39,11 +42,72 @@ def _tensor(value: Any) -> torch.Tensor:
 
 
 @dataclass(frozen=True, slots=True)
+class RawPixels:
+    """An image's resized uint8 pixels and the constants that make its pixel_values
+    (FetchPixels' `pixel_dtype: "uint8"`): 2.3 MB to copy to the device for a 1024x768 image,
+    against 19 MB of float32 patches; `values` computes them there, with the bits imageprep's
+    own computation gives (services/common/pixel_patches.py)."""
+
+    hwc: torch.Tensor                     # uint8 [H, W, C]
+    patch_size: int
+    merge_size: int
+    temporal: int
+    mean: tuple[float, ...]               # fused: image_mean / rescale_factor
+    std: tuple[float, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """pixel_values' [N, C*T*P*P]."""
+        height, width, channels = self.hwc.shape
+        p = self.patch_size
+        return (height // p) * (width // p), channels * self.temporal * p * p
+
+    def values(self, device: torch.device | str) -> torch.Tensor:
+        """float32 pixel_values [N, C*T*P*P] on `device` (the pixels copied there first)."""
+        return pixel_values(self.hwc.to(device, non_blocking=True), patch_size=self.patch_size,
+                            merge_size=self.merge_size, temporal=self.temporal,
+                            mean=self.mean, std=self.std)
+
+    @classmethod
+    def from_tensors(cls, tensors: Mapping[str, Any]) -> RawPixels:
+        """From FetchPixels' pixels_hwc, pixel_norm and patch_layout."""
+        hwc = _tensor(tensors["pixels_hwc"])
+        norm = _tensor(tensors["pixel_norm"]).float()
+        layout = [int(v) for v in _tensor(tensors["patch_layout"]).reshape(-1).tolist()]
+        if hwc.dtype != torch.uint8 or hwc.dim() != 3:
+            raise ValueError(f"pixels_hwc is {hwc.dtype} {list(hwc.shape)}; raw pixels are "
+                             "uint8 [H, W, C]")
+        channels = hwc.shape[-1]
+        if tuple(norm.shape) != (2, channels) or len(layout) != 3 or min(layout) < 1:
+            raise ValueError(f"pixel_norm {list(norm.shape)} and patch_layout {layout} do "
+                             f"not describe {channels}-channel pixels")
+        side = layout[0] * layout[1]
+        if hwc.shape[0] % side or hwc.shape[1] % side:
+            raise ValueError(f"{hwc.shape[0]}x{hwc.shape[1]} pixels are not a multiple of "
+                             f"patch x merge ({side})")
+        return cls(hwc, layout[0], layout[1], layout[2], tuple(norm[0].tolist()),
+                   tuple(norm[1].tolist()))
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> RawPixels:
+        return RawPixels(self.hwc.to(device, non_blocking=non_blocking), self.patch_size,
+                         self.merge_size, self.temporal, self.mean, self.std)
+
+
+def on_device(pixels: torch.Tensor | RawPixels, device: torch.device | str) -> torch.Tensor:
+    """An image's pixel_values on `device`: copied (pinned ones asynchronously), or computed
+    there from its raw pixels."""
+    if isinstance(pixels, RawPixels):
+        return pixels.values(device)
+    return pixels.to(device, non_blocking=True)
+
+
+@dataclass(frozen=True, slots=True)
 class VisionInput:
     identity: bytes                       # the image's 32-byte semantic identity
     grid: tuple[int, int, int]            # (t, h, w) patches before the spatial merge
-    pixel_values: torch.Tensor            # float32 [N, C*T*P*P] (bfloat16 when fetched so
-                                          # for a bf16 tower: the rounding its cast does)
+    pixel_values: torch.Tensor | RawPixels  # float32 [N, C*T*P*P] (bfloat16 when fetched
+                                          # so for a bf16 tower: the rounding its cast does),
+                                          # or the raw pixels they are computed from
     positions: torch.Tensor               # int64 [N, 2]
     interp_indices: torch.Tensor | None = None   # int64 [N, 4] (Qwen3-VL)
     interp_weights: torch.Tensor | None = None   # float32 [N, 4]
@@ -58,17 +122,25 @@ class VisionInput:
     @classmethod
     def from_tensors(cls, identity: bytes, tensors: Mapping[str, Any], merge: int
                      ) -> VisionInput:
-        """From FetchPixels' named tensors (numpy or torch): pixel_values, grid_thw,
-        vision_positions (computed when absent), interp_indices/interp_weights."""
+        """From FetchPixels' named tensors (numpy or torch): pixel_values (or pixels_hwc,
+        pixel_norm and patch_layout: RawPixels), grid_thw, vision_positions (computed when
+        absent), interp_indices/interp_weights."""
         grid_values = [int(v) for v in _tensor(tensors["grid_thw"]).reshape(-1).tolist()]
         if len(grid_values) != 3:
             raise ValueError(f"grid_thw holds {len(grid_values)} values; one image is 3")
         grid = (grid_values[0], grid_values[1], grid_values[2])
-        pixels = _tensor(tensors["pixel_values"])
-        if pixels.dtype != torch.bfloat16:
-            pixels = pixels.float()
+        pixels: torch.Tensor | RawPixels
+        if "pixels_hwc" in tensors:
+            pixels = RawPixels.from_tensors(tensors)
+            if pixels.merge_size != merge:
+                raise ValueError(f"the pixels were prepared for a spatial merge of "
+                                 f"{pixels.merge_size}; this model merges {merge}")
+        else:
+            pixels = _tensor(tensors["pixel_values"])
+            if pixels.dtype != torch.bfloat16:
+                pixels = pixels.float()
         count = grid[0] * grid[1] * grid[2]
-        if pixels.dim() != 2 or pixels.shape[0] != count:
+        if len(pixels.shape) != 2 or pixels.shape[0] != count:
             raise ValueError(f"pixel_values has shape {tuple(pixels.shape)}; grid {grid} "
                              f"means {count} patches")
         if grid[1] % merge or grid[2] % merge:

@@ -30,7 +30,7 @@ from torch import nn
 from services.engine.model.layers import Linear, RMSNorm
 from services.engine.model.layers.weights import parameter
 from services.engine.model.vision.config import VisionConfig
-from services.engine.model.vision.inputs import ImageFeatures, VisionInput
+from services.engine.model.vision.inputs import ImageFeatures, RawPixels, VisionInput, on_device
 from services.engine.model.vision.layers import (
     LayerNorm,
     PatchEmbed,
@@ -144,10 +144,12 @@ class VisionTower(nn.Module):
         return vision_rotary_table(positions, self.config.head_dim, self.config.rope_theta)
 
 
-def _on_device(parts: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+def _on_device(parts: Sequence[torch.Tensor | RawPixels], device: torch.device
+               ) -> torch.Tensor:
     """The images' host tensors concatenated on the device: each copied on its own, so
-    pinned ones (vision/pixels.py) copy asynchronously."""
-    return torch.cat([part.to(device, non_blocking=True) for part in parts])
+    pinned ones (vision/pixels.py) copy asynchronously; raw pixels become pixel_values
+    there."""
+    return torch.cat([on_device(part, device) for part in parts])
 
 
 class Qwen2_5_VisionTower(VisionTower):
