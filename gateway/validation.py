@@ -121,12 +121,37 @@ def _non_finite_path(value: Any, path: str) -> tuple[str, str] | None:
 _MAYBE_NON_FINITE = re.compile(rb"NaN|Infinity|[0-9][eE][+]?[0-9]{3}")
 
 
+def _outside_strings(body: bytes) -> list[bytes]:
+    """The pieces of a JSON body outside its strings, where numbers and literals are. A base64
+    image in a string spells NaN, Infinity and 1e234-like runs by chance (~50 times in a 2 MB
+    data URL), and scanning all of it cost 18-32 ms (Python's regex over 2 MB); finding the
+    quotes (memchr) skips the strings' bytes. A quote after an odd run of backslashes inside
+    a string is escaped. An unterminated string is left to the route's parser."""
+    pieces: list[bytes] = []
+    start, inside = 0, False    # where this outside piece, or this string's content, starts
+    quote = body.find(b'"')
+    while quote != -1:
+        if not inside:
+            pieces.append(body[start:quote])
+            inside, start = True, quote + 1
+        else:
+            run = quote
+            while run > start and body[run - 1] == 0x5C:         # the backslashes before it
+                run -= 1
+            if (quote - run) % 2 == 0:                            # not escaped: the string ends
+                inside, start = False, quote + 1
+        quote = body.find(b'"', quote + 1)
+    if not inside:
+        pieces.append(body[start:])
+    return pieces
+
+
 def check_finite(body: bytes) -> ValidationError | None:
     """`NaN`, `Infinity` and `-Infinity` are not JSON (RFC 8259), but Python's json (and so
     FastAPI's body parsing) accepts them, and numbers such as 1e999 parse as infinity: refuse
     both anywhere in the body with a 400 naming the field, so no route (typed float fields or
     free-form ones such as Ollama `options`) ever sees a non-finite number."""
-    if not _MAYBE_NON_FINITE.search(body):
+    if not any(_MAYBE_NON_FINITE.search(piece) for piece in _outside_strings(body)):
         return None
     try:
         value = json.loads(body, parse_constant=_NonFinite, parse_float=_non_finite_float,
