@@ -90,13 +90,11 @@ def prepare_images_to_pb(*, request_id: str, profile: str, images: tuple[ImagePa
         message.limits_source = ImageLimits.ORIGIN
     if vision_start_token_id is not None:
         message.vision_start_token_id = vision_start_token_id
-    for image in images:
+    for image in images:        # added in place: a data URL of megabytes is copied once
         if image.url:
-            message.images.append(imageprep_pb2.ImageSource(data_url=image.url,
-                                                            media_type=image.media_type))
+            message.images.add(data_url=image.url, media_type=image.media_type)
         else:
-            message.images.append(imageprep_pb2.ImageSource(data=image.data,
-                                                            media_type=image.media_type))
+            message.images.add(data=image.data, media_type=image.media_type)
     return message
 
 

@@ -35,6 +35,7 @@ from services.common.pb import frontend_pb2, frontend_pb2_grpc
 from services.common.startup import startup_phases
 from services.frontend.config import FrontendConfig
 from services.frontend.generate.pipeline import GeneratePipeline
+from services.frontend.generate.prepare import input_chars
 from services.frontend.generate.upstream import EngineClient, ImagePrepClient
 from services.frontend.generate.workers import PreparationPool
 from services.frontend.memory import MemoryReleaser, cap_mmap_threshold
@@ -168,9 +169,17 @@ class FrontendServicer(frontend_pb2_grpc.FrontendServicer):
         assert self.lifecycle.pipeline is not None
         timer = self.metrics.request()
         self.lifecycle.generation_started()
-        large = self.lifecycle.memory.started(request.ByteSize())
+        large = False
         try:
-            domain = generate_request_from_pb(request)
+            try:
+                domain = generate_request_from_pb(request)
+            except HeliosError:     # refused: its traceback's cycles hold the message
+                large = self.lifecycle.memory.started(request.ByteSize())
+                raise
+            # what preparation copies is the text (ByteSize would encode the whole message,
+            # a megabyte image's included, to measure it); an image's encoded bytes are single
+            # blocks above the mmap threshold, unmapped when freed (memory.py)
+            large = self.lifecycle.memory.started(input_chars(domain))
             async for event in self.lifecycle.pipeline.run(domain):
                 timer.event(event)
                 yield event_to_pb(event)

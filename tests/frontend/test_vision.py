@@ -108,3 +108,44 @@ async def test_images_refused_when_the_engine_runs_no_encoder(vision_model_dir):
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "does not accept images" in info.value.details()
     assert not imageprep.requests and not engine.requests
+
+
+async def test_a_megabyte_image_is_not_a_large_request(vision_model_dir, monkeypatch):
+    """A request counts as large (a heap trim after it, services/frontend/memory.py) by the
+    text preparation copies, not by an image's encoded bytes: those are single blocks above
+    the mmap threshold, and measuring the whole message (ByteSize) encoded it once more. A
+    refused request is measured whole: its traceback holds the message until a collection."""
+    from services.frontend.memory import LARGE_REQUEST_BYTES, MemoryReleaser
+
+    sizes: list[int] = []
+    started = MemoryReleaser.started
+
+    def record(self, size):
+        sizes.append(size)
+        return started(self, size)
+
+    monkeypatch.setattr(MemoryReleaser, "started", record)
+    model = FrontendModel.load(open_model(vision_model_dir))
+    engine = FakeEngine(max_model_len=2048, vision=True)
+    engine.script = Script([ScriptedChoice([model.tokenizer.encode("A cat.")])])
+    big_url = "data:image/png;base64," + "A" * (2 << 20)
+    image = frontend_pb2.ChatInput(messages=[frontend_pb2.ChatMessage(
+        role="user", parts=frontend_pb2.ContentParts(parts=[
+            frontend_pb2.ContentPart(text="What is this?"),
+            frontend_pb2.ContentPart(image=frontend_pb2.ImageInput(url=big_url))]))])
+    refused = frontend_pb2.ChatInput(messages=[frontend_pb2.ChatMessage(
+        role="user", parts=frontend_pb2.ContentParts(parts=[
+            frontend_pb2.ContentPart(image=frontend_pb2.ImageInput(url=big_url)),
+            frontend_pb2.ContentPart()]))])                # an empty part: refused
+    async with UpstreamServer(engine, FakeImagePrep(tokens_per_image=4)) as upstream, \
+            FrontendHarness(vision_model_dir, upstream.address, upstream.address,
+                            loaded=model) as frontend:
+        events = [e async for e in frontend.stub.Generate(
+            frontend_pb2.GenerateRequest(request_id="big-image", chat=image))]
+        assert "".join(e.text.text for e in events) == "A cat."
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            [e async for e in frontend.stub.Generate(
+                frontend_pb2.GenerateRequest(request_id="refused", chat=refused))]
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert sizes[0] == len("What is this?")
+    assert sizes[1] > LARGE_REQUEST_BYTES

@@ -30,11 +30,16 @@ _TOOL_CHOICE = enum_mapping(ToolChoiceMode, frontend_pb2.ToolChoiceMode, "TOOL_C
 # ---------------------------------------------------------------------------------------------
 # domain -> protobuf
 
-def _part_to_pb(part: ContentPart) -> frontend_pb2.ContentPart:
+def _add_part(parts: frontend_pb2.ContentParts, part: ContentPart) -> None:
+    """One part added in place: a data URL of megabytes is copied once (building the part
+    and then appending it copied it twice more)."""
     if isinstance(part, ImagePart):
-        return frontend_pb2.ContentPart(image=frontend_pb2.ImageInput(
-            url=part.url, data=part.data, media_type=part.media_type, detail=part.detail))
-    return frontend_pb2.ContentPart(text=part.text)
+        image = parts.parts.add().image
+        image.SetInParent()                 # an image part even with every field empty
+        image.url, image.data = part.url, part.data
+        image.media_type, image.detail = part.media_type, part.detail
+    else:
+        parts.parts.add(text=part.text)
 
 
 def message_to_pb(message: ChatMessage) -> frontend_pb2.ChatMessage:
@@ -44,7 +49,8 @@ def message_to_pb(message: ChatMessage) -> frontend_pb2.ChatMessage:
         pb.text = message.content
     elif message.content is not None:
         pb.parts.SetInParent()    # an empty list stays a list (and is refused as one)
-        pb.parts.parts.extend(_part_to_pb(p) for p in message.content)
+        for part in message.content:
+            _add_part(pb.parts, part)
     elif message.role == "assistant":
         # A tool-call-only turn (OpenAI content null, Anthropic tool_use blocks only): templates
         # such as Qwen3's read message.content as a string and fail on a missing one, in
