@@ -4,6 +4,7 @@ bench_speculative.py), the oracle proposer at a = 0.7, k = 4.
 
     python benchmarks/profile_verify_round.py [--out DIR]
     python benchmarks/profile_verify_round.py --smoke     # tiny shape, any machine
+    python benchmarks/profile_verify_round.py --smoke --profile round.prof   # + cProfile
 
 Plain decoding hides the host's work behind the step in flight; nothing follows a
 verification, so each round's host time (complete, plan, commit, pack, upload, launch) sits
@@ -164,6 +165,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--profile", type=Path,
+                        help="write a cProfile of the measured request's rounds here")
     parser.add_argument("--out", type=Path,
                         default=Path(os.environ.get("OUT", "benchmarks/out")))
     args = parser.parse_args()
@@ -200,8 +203,17 @@ def main() -> int:
         phases = Phases()
         instrument(engine, phases)
         spec._reset(engine)
+        profile = None
+        if args.profile:
+            import cProfile
+
+            profile = cProfile.Profile()
+            profile.enable()
         tokens, round_s, _ = spec._serve(engine, [spec._request("o", prompt,
                                                                  args.output_len)])
+        if profile is not None:
+            profile.disable()
+            profile.dump_stats(args.profile)
         rounds = engine.scheduler.state.counters.spec_verify_steps or 1
         result["plain_ms_per_token"] = 1e3 * decode_s / max(1, len(plain["p"]) - 1)
         result["rounds"] = rounds

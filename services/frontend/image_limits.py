@@ -17,14 +17,25 @@ from services.common.core import ImageLimits
 from services.common.errors import ValidationError
 
 
-def encoded_size(image: ImagePart) -> int:
-    """Encoded bytes of an image: raw data as sent, a data URL's payload from its base64
-    length (4 characters hold 3 bytes; padding subtracted)."""
+def encoded_size_bound(image: ImagePart) -> int:
+    """At least `encoded_size`, without reading the payload (every character counted as
+    base64: whitespace and padding only make the image smaller)."""
     if not image.url:
         return len(image.data)
-    payload = image.url.partition(",")[2]
-    length = len(payload) - sum(payload.count(c) for c in " \r\n\t")
-    return length // 4 * 3 - payload.rstrip()[-2:].count("=")
+    return (len(image.url) - image.url.find(",") - 1) // 4 * 3
+
+
+def encoded_size(image: ImagePart) -> int:
+    """Encoded bytes of an image: raw data as sent, a data URL's payload from its base64
+    length (4 characters hold 3 bytes; whitespace skipped, padding subtracted). Four passes
+    over the payload (2.4 ms for a 1.6 MB image): `encoded_size_bound` first."""
+    if not image.url:
+        return len(image.data)
+    url = image.url
+    start = url.find(",") + 1
+    length = len(url) - start - sum(url.count(c, start) for c in " \r\n\t")
+    tail = url.rstrip()[-2:] if url[-1:].isspace() else url[-2:]    # rstrip copies
+    return length // 4 * 3 - tail.count("=")
 
 
 def check_image_limits(images: Sequence[ImagePart], limits: ImageLimits) -> None:
@@ -35,6 +46,8 @@ def check_image_limits(images: Sequence[ImagePart], limits: ImageLimits) -> None
     if not limits.max_image_bytes:
         return
     for index, image in enumerate(images):
+        if encoded_size_bound(image) <= limits.max_image_bytes:
+            continue
         size = encoded_size(image)
         if size > limits.max_image_bytes:
             raise ValidationError(

@@ -23,7 +23,11 @@ from services.common.core import (
 )
 from services.common.errors import ValidationError
 from services.frontend.convert_upstream import prepare_images_to_pb
-from services.frontend.image_limits import check_image_limits, encoded_size
+from services.frontend.image_limits import (
+    check_image_limits,
+    encoded_size,
+    encoded_size_bound,
+)
 from services.imageprep.convert import prepare_request_from_pb
 from services.imageprep.decode import DecodeLimits
 
@@ -76,6 +80,24 @@ def _data_url(size: int) -> ImagePart:
 def test_encoded_size_of_a_data_url(size):
     assert encoded_size(_data_url(size)) == size
     assert encoded_size(ImagePart(data=b"y" * size, media_type="image/png")) == size
+    wrapped = _data_url(size).url
+    wrapped = wrapped[:30] + "\r\n" + wrapped[30:] + " \n"       # MIME line breaks, a tail
+    assert encoded_size(ImagePart(url=wrapped)) == size
+    for image in (_data_url(size), ImagePart(url=wrapped)):
+        assert encoded_size_bound(image) >= encoded_size(image)
+
+
+def test_the_bound_decides_without_reading_the_payload():
+    """Under the limit by the bound: no pass over the payload (the exact count is four)."""
+
+    class Untouchable(str):
+        def count(self, *args):
+            raise AssertionError("the payload was read")
+
+    image = ImagePart(url=Untouchable(_data_url(900).url))
+    check_image_limits([image], LIMITS)
+    with pytest.raises(AssertionError, match="read"):
+        check_image_limits([ImagePart(url=Untouchable(_data_url(1001).url))], LIMITS)
 
 
 def test_refusals_state_the_limit_and_the_manifest():

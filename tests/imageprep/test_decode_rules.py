@@ -72,6 +72,16 @@ def test_encoded_byte_limit_is_checked_before_base64_decoding():
         from_bytes(png(), "image/png", max_encoded_bytes=100)
 
 
+def test_line_breaks_do_not_count_toward_the_byte_limit():
+    data = png()
+    head, text = data_url(data).split(",")
+    wrapped = head + ",\n" + "\r\n".join(text[i:i + 76] for i in range(0, len(text), 76))
+    assert (len(wrapped) - len(head) - 1) // 4 * 3 > len(data)    # longer than its bytes
+    assert parse_data_url(wrapped, max_encoded_bytes=len(data)).data == data
+    with pytest.raises(ImageDecodeError, match=f"{len(data)} bytes; the limit is "):
+        parse_data_url(wrapped, max_encoded_bytes=len(data) - 1)
+
+
 def test_raw_bytes_need_a_media_type():
     with pytest.raises(ValidationError, match="media_type is required"):
         from_bytes(png(), "", max_encoded_bytes=LIMIT)
