@@ -80,7 +80,7 @@ class FrontendClient:
                            *, trace_id: str = "") -> int:
         request = frontend_pb2.CountTokensRequest(model=model)
         if chat is not None:
-            request.chat.CopyFrom(chat_input_to_pb(chat))
+            chat_input_to_pb(chat, request.chat)
         else:
             request.text = text
         response = await self._unary(self._stub.CountTokens, request, trace_id)
@@ -91,7 +91,7 @@ class FrontendClient:
                        trace_id: str = "") -> list[int]:
         request = frontend_pb2.TokenizeRequest(model=model)
         if chat is not None:
-            request.chat.CopyFrom(chat_input_to_pb(chat))
+            chat_input_to_pb(chat, request.chat)
         else:
             request.text = text
         if add_special_tokens is not None:

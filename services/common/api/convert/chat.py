@@ -42,9 +42,12 @@ def _add_part(parts: frontend_pb2.ContentParts, part: ContentPart) -> None:
         parts.parts.add(text=part.text)
 
 
-def message_to_pb(message: ChatMessage) -> frontend_pb2.ChatMessage:
-    pb = frontend_pb2.ChatMessage(role=message.role, name=message.name,
-                                  tool_call_id=message.tool_call_id)
+def message_to_pb(message: ChatMessage, pb: frontend_pb2.ChatMessage | None = None
+                  ) -> frontend_pb2.ChatMessage:
+    """The message as protobuf, written into `pb` when given (a message of a ChatInput: a
+    constructor or CopyFrom would copy its images' data URLs once more)."""
+    pb = frontend_pb2.ChatMessage() if pb is None else pb
+    pb.role, pb.name, pb.tool_call_id = message.role, message.name, message.tool_call_id
     if isinstance(message.content, str):
         pb.text = message.content
     elif message.content is not None:
@@ -73,17 +76,21 @@ def _tool_to_pb(tool: ToolDefinition) -> frontend_pb2.ToolDefinition:
     return pb
 
 
-def chat_input_to_pb(chat: ChatInput) -> frontend_pb2.ChatInput:
-    pb = frontend_pb2.ChatInput(
-        messages=[message_to_pb(m) for m in chat.messages],
-        tools=[_tool_to_pb(t) for t in chat.tools],
-        tool_choice=frontend_pb2.ToolChoice(mode=_TOOL_CHOICE.to_pb[chat.tool_choice.mode],
-                                            function_name=chat.tool_choice.function_name),
-        continue_final_message=chat.continue_final_message,
-        chat_template_kwargs_json=json_text(chat.template_kwargs) if chat.template_kwargs
-        else "",
-        documents_json=json_text(chat.documents) if chat.documents is not None else "",
-    )
+def chat_input_to_pb(chat: ChatInput, pb: frontend_pb2.ChatInput | None = None
+                     ) -> frontend_pb2.ChatInput:
+    """The chat as protobuf, written into `pb` when given (a request's `chat` field: every
+    message is built in place, so an image's data URL is copied once)."""
+    pb = frontend_pb2.ChatInput() if pb is None else pb
+    for message in chat.messages:
+        message_to_pb(message, pb.messages.add())
+    pb.tools.extend(_tool_to_pb(t) for t in chat.tools)
+    pb.tool_choice.SetInParent()
+    pb.tool_choice.mode = _TOOL_CHOICE.to_pb[chat.tool_choice.mode]
+    pb.tool_choice.function_name = chat.tool_choice.function_name
+    pb.continue_final_message = chat.continue_final_message
+    pb.chat_template_kwargs_json = json_text(chat.template_kwargs) if chat.template_kwargs \
+        else ""
+    pb.documents_json = json_text(chat.documents) if chat.documents is not None else ""
     if chat.tool_choice.parallel_tool_calls is not None:
         pb.tool_choice.parallel_tool_calls = chat.tool_choice.parallel_tool_calls
     if chat.add_generation_prompt is not None:

@@ -114,7 +114,7 @@ def generate_request_to_pb(request: GenerateRequest) -> frontend_pb2.GenerateReq
         continuous_usage=request.continuous_usage, priority=request.priority,
         embed=request.embed, cache_salt=request.cache_salt)
     if isinstance(request.input, ChatInput):
-        pb.chat.CopyFrom(chat_input_to_pb(request.input))
+        chat_input_to_pb(request.input, pb.chat)
     elif isinstance(request.input, CompletionInput):
         pb.completion.CopyFrom(completion_input_to_pb(request.input))
     for name in _OPTIONAL_REQUEST:
