@@ -9,6 +9,8 @@ and measures, with OpenAI-shaped streaming chats carrying one 1024x768 PNG each:
 - the vision encoder alone (in process, before the stack starts: benchmarks/vision_encoder.py)
   on one 1024x768 image with each encoder attention backend (sdpa, triton), and which is
   faster (the engine setting `vision_attention`; `--vision-attention` runs the stack with it);
+  `--vision-pixels values` runs the stack fetching pixel_values (bf16) instead of the raw
+  uint8 pixels (engine setting `vision_pixels`, default raw), for a same-run comparison;
 - TTFT of one image + a ~32-token question (median of a few, each with a new image), split
   into the engine's encoder / prefill milliseconds per request and the rest (gateway,
   frontend, imageprep, queueing), and the decode milliseconds per token after it;
@@ -81,6 +83,7 @@ STACK_YAML = """engine:
   max_num_batched_tokens: 4096
   vision_cache_bytes: 2147483648
   vision_attention: {attention}
+  vision_pixels: {pixels}
 imageprep:
   memory_cache_bytes: 4294967296
 gateway:
@@ -219,7 +222,8 @@ def measure_stack(args: argparse.Namespace, root: Path) -> dict:
     import httpx
 
     config = root / "stack.yaml"
-    config.write_text(STACK_YAML.format(attention=args.vision_attention))
+    config.write_text(STACK_YAML.format(attention=args.vision_attention,
+                                        pixels=args.vision_pixels))
     shape = TINY if args.shape == "tiny" else CONFIG
     core = write_core(write_model(root / "model", shape), root / "core")
     report: dict = {}
@@ -332,6 +336,8 @@ def main() -> int:
     parser.add_argument("--levels", default="16,64", help="concurrent image chats")
     parser.add_argument("--vision-attention", choices=("sdpa", "triton"), default="sdpa",
                         help="the stack's encoder attention backend (engine vision_attention)")
+    parser.add_argument("--vision-pixels", choices=("raw", "values"), default="raw",
+                        help="how the engine fetches pixels (engine vision_pixels)")
     parser.add_argument("--skip-encoder", action="store_true",
                         help="skip the in-process encoder stage")
     parser.add_argument("--out", type=Path)

@@ -106,7 +106,8 @@ def _vision_bodies(args: argparse.Namespace, tmp: Path) -> list[tuple[str, dict]
     args.serve = write_core(bench_vision.write_model(tmp / "model", shape), tmp / "core")
     if args.config is None:
         args.config = tmp / "stack.yaml"
-        args.config.write_text(bench_vision.STACK_YAML.format(attention="sdpa"))
+        args.config.write_text(bench_vision.STACK_YAML.format(attention="sdpa",
+                                                              pixels=args.vision_pixels))
     width, height = (int(v) for v in args.image.split("x"))
     bodies = []
     for i in range(args.requests):
@@ -128,6 +129,8 @@ def main() -> int:
     parser.add_argument("--vision", choices=("tiny", "qwen2.5-vl-7b"),
                         help="image chats on a dummy-weight Qwen2.5-VL core of this shape")
     parser.add_argument("--image", default="1024x768", help="--vision: each PNG's WxH")
+    parser.add_argument("--vision-pixels", choices=("raw", "values"), default="raw",
+                        help="--vision: how the engine fetches pixels (vision_pixels)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/out")))
     args = parser.parse_args()
     from tests.support.processes import HeliosRun, free_port
