@@ -36,6 +36,9 @@ TENSOR_ORDER = ("pixel_values", "grid_thw", "vision_positions", "interp_indices"
                 "interp_weights", "cu_patches")
 _DTYPES: dict[str, np.dtype] = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8"),
                                 "int32": np.dtype("<i4"), "uint8": np.dtype("u1")}
+# FetchPixels' raw form (`raw_tensors`): pixels_hwc uint8 [H, W, 3], pixel_norm float32
+# [2, 3] (the fused mean and std), patch_layout int64 [3] (patch, merge, temporal copies)
+RAW_PIXELS, PIXEL_NORM, PATCH_LAYOUT = "pixels_hwc", "pixel_norm", "patch_layout"
 _MAGIC = b"HELIOSIMG2\n"
 _PIXELS = "pixels_hwc"      # the record's uint8 pixels
 _LEN = struct.Struct("<I")
@@ -95,6 +98,18 @@ class PreparedImage:
 
     def named_tensors(self) -> list[tuple[str, np.ndarray]]:
         return list(self.tensors.items())
+
+    def raw_tensors(self) -> dict[str, np.ndarray]:
+        """What FetchPixels' `pixel_dtype: "uint8"` sends in pixel_values' place, then the
+        stored tensors: the resized image, the fused mean and std, the patch layout
+        (services/common/pixel_patches.py makes pixel_values of them)."""
+        pixels = self.pixels
+        raw = {RAW_PIXELS: pixels.pixels,
+               PIXEL_NORM: np.array([pixels.mean, pixels.std], dtype=np.float32),
+               PATCH_LAYOUT: np.array([pixels.patch_size, pixels.merge_size, pixels.temporal],
+                                      dtype=np.int64)}
+        return {**raw, **{name: self.stored[name] for name in TENSOR_ORDER
+                          if name in self.stored}}
 
 
 def dtype_name(array: np.ndarray) -> str:

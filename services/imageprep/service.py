@@ -56,9 +56,7 @@ MAX_FETCH_IDENTITIES = 4096
 FLOAT32, BFLOAT16, UINT8 = "float32", "bfloat16", "uint8"
 PIXEL_DTYPES = (FLOAT32, BFLOAT16, UINT8)
 # UINT8: no pixel_values; the receiver computes them (services/common/pixel_patches.py) from
-RAW_PIXELS = "pixels_hwc"       # uint8 [H, W, 3]: the resized image
-PIXEL_NORM = "pixel_norm"       # float32 [2, 3]: the fused mean and std
-PATCH_LAYOUT = "patch_layout"   # int64 [3]: patch_size, merge_size, temporal_patch_size
+# PreparedImage.raw_tensors
 
 
 def pixel_dtype_of(requested: str) -> str:
@@ -108,11 +106,9 @@ def _pixel_chunks(image: PreparedImage, pixel_dtype: str, size: int) -> Iterator
     row_bytes = pixels.patches_per_block_row * pixels.shape[1] * itemsize
     per_group = max(1, size // row_bytes)
     if pixel_dtype == UINT8:     # the raw pixels and what makes pixel_values of them
-        layout = np.array([pixels.patch_size, pixels.merge_size, pixels.temporal], np.int64)
-        for name, array in ((RAW_PIXELS, pixels.pixels),
-                            (PIXEL_NORM, np.array([pixels.mean, pixels.std], np.float32)),
-                            (PATCH_LAYOUT, layout)):
-            yield from _array_chunks(image.identity, name, array, size)
+        for name, array in image.raw_tensors().items():
+            if name not in image.stored:            # those follow, as with pixel_values
+                yield from _array_chunks(image.identity, name, array, size)
         return
     for first in range(0, pixels.block_rows, per_group):
         last = min(first + per_group, pixels.block_rows)

@@ -118,10 +118,12 @@ def forced_logprobs(model, prompt: Prompt, tokens: list[int]) -> list[tuple[floa
     return [(float(row.max()), float(row[t])) for row, t in zip(logprobs, tokens, strict=True)]
 
 
-@pytest.mark.parametrize("runner", ["graph", "torch"])
-def test_engine_core_on_cuda(checkpoint, runner):
+@pytest.mark.parametrize(("runner", "raw"), [("graph", False), ("torch", False),
+                                             ("graph", True)])
+def test_engine_core_on_cuda(checkpoint, runner, raw):
     """The whole engine on CUDA (float32; each runner): concurrent text and image requests,
-    then the same image again (feature-cache hit on the device), equal to the CPU engine."""
+    then the same image again (feature-cache hit on the device), equal to the CPU engine;
+    `raw`: the CUDA engine fetches raw uint8 pixels and computes pixel_values on the GPU."""
     name, directory = checkpoint
     source = open_model(directory)
     profile = SPECS[name].profile
@@ -132,7 +134,7 @@ def test_engine_core_on_cuda(checkpoint, runner):
         engine = make_engine(source, device=device, dtype="float32", page_size=16,
                              imageprep_address="127.0.0.1:9",
                              runner=runner if device == "cuda" else "torch")
-        pixels = DictPixels()
+        pixels = DictPixels(raw=raw and device == "cuda")
         engine.runner.vision.pixels = pixels
         for rid, prompt in prompts.items():
             pixels.add(prompt)

@@ -28,15 +28,18 @@ NEW = 5
 
 
 class DictPixels:
-    """The pixel source, served from prepared images in memory (counts what is fetched)."""
+    """The pixel source, served from prepared images in memory (counts what is fetched):
+    pixel_values, or with `raw` what FetchPixels' uint8 form sends (the engine's default)."""
 
-    def __init__(self) -> None:
+    def __init__(self, raw: bool = False) -> None:
         self.images: dict[bytes, dict[str, np.ndarray]] = {}
         self.fetched: list[bytes] = []
+        self.raw = raw
 
     def add(self, prompt: Prompt) -> None:
         for image in prompt.images:
-            self.images[image.identity] = dict(image.named_tensors())
+            self.images[image.identity] = image.raw_tensors() if self.raw else \
+                dict(image.named_tensors())
 
     def fetch(self, identities):
         self.fetched += list(identities)
@@ -200,3 +203,23 @@ def test_refusals(setup, demo_core) -> None:
     with pytest.raises(UnsupportedError, match="does not accept images"):
         text_engine.scheduler.admit(request("img", dataclasses.replace(
             prompt, ids=[i % 100 for i in prompt.ids])))
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_raw_pixels_give_transformers_tokens(name, vl_checkpoint_dirs, vl_reference_models):
+    """The engine's default pixel path: the stage fetches the raw uint8 image and the tower
+    computes pixel_values itself; the tokens are transformers' greedy ones."""
+    source = open_model(vl_checkpoint_dirs[name])
+    engine = make_engine(source, page_size=4, prefill_chunk_size=64,
+                         max_num_batched_tokens=64, imageprep_address="127.0.0.1:9")
+    pixels = DictPixels(raw=True)
+    engine.runner.vision.pixels = pixels
+    profile = SPECS[name].profile
+    prompt = compose([random_text(4, 12), prepared_image(profile, 170, 250, 12),
+                      random_text(5, 13)])
+    pixels.add(prompt)
+    assert "pixels_hwc" in pixels.images[prompt.images[0].identity]
+    engine.scheduler.admit(request("raw", prompt))
+    tokens, _ = drive(engine, Telemetry("test", enabled_until=float("inf")))
+    assert tokens["raw"] == reference_generate(vl_reference_models[name], prompt, NEW)[0]
+    assert pixels.fetched == [prompt.images[0].identity]
