@@ -77,6 +77,63 @@ def test_fused_experts_matches_reference(tokens, experts, top_k, hidden, inter, 
     assert_close(got, reference(x, w_gate_up, w_down, weights, ids, b1, b2, activation, 1.5))
 
 
+MXFP4_CASES = [  # tokens, experts, top_k, hidden, inter, activation, bias, skew
+    (1, 8, 2, 64, 32, "swiglu_oai", True, False),       # decode tiles, gpt-oss's activation
+    (7, 8, 3, 96, 64, "silu", False, True),             # K not a multiple of the tile
+    (40, 4, 2, 64, 96, "swiglu_oai", True, True),       # mid tiles, ragged loads
+    (300, 4, 2, 32, 32, "silu", False, False),           # prefill tiles, K = one group
+]
+
+
+def mxfp4_experts(w_gate_up, w_down, dtype):
+    from services.engine.model.mxfp4 import Mxfp4Weight, quantize_mxfp4
+
+    return tuple(Mxfp4Weight(*quantize_mxfp4(w.float()), dtype) for w in (w_gate_up, w_down))
+
+
+@pytest.mark.parametrize("tokens,experts,top_k,hidden,inter,activation,bias,skew", MXFP4_CASES)
+def test_mxfp4_experts_match_the_dequantized_reference(tokens, experts, top_k, hidden, inter,
+                                                        activation, bias, skew, gen, device,
+                                                        dot_dtype) -> None:
+    """MXFP4 expert matrices (blocks + E8M0 scales, dequantized tile by tile in the GEMM
+    kernels) against the reference on the same weights dequantized, routing fused in too."""
+    from services.engine.kernels import fused_experts, fused_moe_routed
+
+    x, w_gate_up, w_down, b1, b2, logits = moe_case(
+        tokens, experts, top_k, hidden, inter, bias=bias, skew=skew, gen=gen, dtype=dot_dtype,
+        device=device)
+    packed_gate_up, packed_down = mxfp4_experts(w_gate_up, w_down, dot_dtype)
+    dense_gate_up, dense_down = packed_gate_up.dequantize(), packed_down.dequantize()
+    weights, ids = moe.softmax_topk(logits, top_k, renormalize=True)
+    want = reference(x, dense_gate_up, dense_down, weights, ids, b1, b2, activation, 1.5)
+    got = fused_experts(x, packed_gate_up, packed_down, weights, ids, gate_up_bias=b1,
+                        down_bias=b2, activation=activation, limit=1.5)
+    assert got.dtype == x.dtype and got.shape == x.shape
+    assert_close(got, want)
+    # the kernels' dequantization is exact: the dense kernels on the dequantized weights agree
+    dense = fused_experts(x, dense_gate_up, dense_down, weights, ids, gate_up_bias=b1,
+                          down_bias=b2, activation=activation, limit=1.5)
+    torch.testing.assert_close(got, dense, rtol=0, atol=0)
+    routed, _, routed_ids = fused_moe_routed(x, logits, packed_gate_up, packed_down, top_k, True,
+                                             gate_up_bias=b1, down_bias=b2,
+                                             activation=activation, limit=1.5)
+    assert torch.equal(routed_ids, ids)
+    assert_close(routed, want)
+
+
+def test_mxfp4_refusals(gen, device, dot_dtype) -> None:
+    from services.engine.kernels import fused_experts
+
+    x, w_gate_up, w_down, _, _, logits = moe_case(
+        3, 4, 2, 32, 32, bias=False, skew=False, gen=gen, dtype=dot_dtype, device=device)
+    packed_gate_up, packed_down = mxfp4_experts(w_gate_up, w_down, dot_dtype)
+    weights, ids = moe.softmax_topk(logits, 2, True)
+    with pytest.raises(ValidationError, match="both expert matrices MXFP4, or neither"):
+        fused_experts(x, packed_gate_up, w_down, weights, ids)
+    with pytest.raises(ValidationError, match="share a dtype"):
+        fused_experts(x.float(), packed_gate_up, packed_down, weights, ids)
+
+
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_routing_fused_in_and_the_load_counter(renormalize, gen, device, dot_dtype) -> None:
     from services.engine.kernels import fused_moe_routed
@@ -186,3 +243,32 @@ def test_fused_moe_launches_compile_for_sm90() -> None:
         assert local_loads == 0 and registers <= 255, f"{label} {kernel}: spills ({registers})"
         if kernel in ("_gate_up_kernel", "_down_kernel"):
             assert mma, f"{label} {kernel}: no tensor-core MMA in the SASS"
+
+
+def test_mxfp4_expert_gemms_compile_for_sm90() -> None:
+    """The MXFP4 GEMM launches at the gpt-oss-20b shape (decode, mid and prefill tile plans)
+    compile for the H200 without spills, the dequantized tiles on tensor cores."""
+    code = (
+        "import json, torch\n"
+        "from tests.kernels.sm90_compile import capture_launches, compile_launch, report\n"
+        "from services.engine.kernels.fused_moe import fused_experts\n"
+        "from services.engine.model.mxfp4 import Mxfp4Weight\n"
+        "e, k, h, i = 32, 4, 2880, 2880\n"
+        "def packed(n, kk):\n"
+        "    return Mxfp4Weight(torch.zeros(e, n, kk // 2, dtype=torch.uint8), torch.zeros(e, n, kk // 32, dtype=torch.uint8), torch.bfloat16)\n"
+        "rows = []\n"
+        "for t in (1, 64, 2048):\n"
+        "    x = torch.zeros(t, h, dtype=torch.bfloat16)\n"
+        "    with capture_launches() as launches:\n"
+        "        fused_experts(x, packed(2 * i, h), packed(h, i), torch.zeros(t, k), torch.zeros(t, k, dtype=torch.int32), gate_up_bias=torch.zeros(e, 2 * i, dtype=torch.bfloat16), down_bias=torch.zeros(e, h, dtype=torch.bfloat16), activation='swiglu_oai')\n"
+        "    for launch in launches:\n"
+        "        if launch.fn.fn.__name__ in ('_gate_up_kernel', '_down_kernel'):\n"
+        "            r = report(f'T={t}', compile_launch(launch))\n"
+        "            rows.append([t, launch.fn.fn.__name__, r.registers, r.local_loads, r.mma])\n"
+        "print(json.dumps(rows))\n"
+    )
+    rows = compiled_json(code)
+    assert len(rows) == 6
+    for tokens, kernel, registers, local_loads, mma in rows:
+        assert local_loads == 0 and registers <= 255, f"T={tokens} {kernel}: spills"
+        assert mma, f"T={tokens} {kernel}: no tensor-core MMA in the SASS"

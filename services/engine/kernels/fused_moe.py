@@ -6,7 +6,11 @@
                                          renormalize, ...)   # routes too
 
 Shapes and semantics are `services/engine/model/moe.py`'s (x [T, H], w_gate_up [E, 2I, H],
-w_down [E, H, I], topk [T, k]). Four launches, none of them reading a value on the host:
+w_down [E, H, I], topk [T, k]). The expert matrices are tensors in x's dtype, or both MXFP4
+(model/mxfp4.py's `Mxfp4Weight`: blocks uint8 [E, N, K/2] and E8M0 scales [E, N, K/32]; the
+GEMM kernels then load a quarter of the bytes and dequantize each tile in registers,
+`_mxfp4_tile`, exactly, before the tensor-core dot). Four launches, none of them reading a
+value on the host:
 
 1. `_route_align_kernel`, one program: (with `fused_moe_routed`) softmax top-k of the router logits,
    renormalized or not; a histogram of the T*k (token, expert) slots per expert; each
@@ -37,6 +41,7 @@ stalled serving for seconds on the H200).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -209,11 +214,38 @@ def _swiglu(gate, up, limit, alpha, ACTIVATION: tl.constexpr):
     return y
 
 
+@triton.jit
+def _e2m1(code):
+    """FP4 E2M1 codes (int, 0..15) -> float32: sign bit 3; magnitudes 0, 0.5, 1, 1.5, 2, 3,
+    4, 6 built as float bits (exponent e - 1 + 127, one mantissa bit)."""
+    code = code.to(tl.int32)
+    mag = code & 7
+    e = mag >> 1
+    bits = tl.where(mag >= 2, ((e + 126) << 23) | ((mag & 1) << 22),
+                    tl.where(mag == 1, 126 << 23, 0))
+    return (bits | ((code >> 3) << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _mxfp4_tile(packed, scales, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """An MXFP4 weight tile -> float32 [BLOCK_K, BLOCK_N]: packed uint8 [BLOCK_K / 2,
+    BLOCK_N] (element 2j of the K range in byte j's low nibble, 2j + 1 in its high one),
+    scales uint8 [BLOCK_K / 32, BLOCK_N] (E8M0: 2 ** (s - 127), as float bits; 0 is
+    2 ** -127, a denormal). Exact: FP4 values times powers of two."""
+    values = tl.join(_e2m1(packed & 0xF), _e2m1(packed >> 4))         # [K/2, N, 2]
+    values = tl.reshape(tl.permute(values, (0, 2, 1)), (BLOCK_K, BLOCK_N))
+    scale = (scales.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    scale = tl.where(scales == 0, 5.877471754111438e-39, scale)
+    values = tl.reshape(values, (BLOCK_K // 32, 32, BLOCK_N)) * scale[:, None, :]
+    return tl.reshape(values, (BLOCK_K, BLOCK_N))
+
+
 @triton.jit(do_not_specialize=["num_slots"])
 def _gate_up_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, sorted_ptr, block_expert_ptr, num_rows_ptr,
-    num_slots, hidden, inter, stride_x, stride_we, stride_wn, stride_out, limit, alpha,
-    TOP_K: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+    x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, block_expert_ptr, num_rows_ptr,
+    num_slots, hidden, inter, stride_x, stride_we, stride_wn, stride_wse, stride_wsn,
+    stride_out, limit, alpha,
+    TOP_K: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, MXFP4: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     block = tl.program_id(0)
@@ -226,22 +258,39 @@ def _gate_up_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < inter
     ks = tl.arange(0, BLOCK_K)
+    # MXFP4: the K range's bytes (two values each) and its scales (one per 32 values)
+    kw = tl.arange(0, BLOCK_K // 2) if MXFP4 else ks
+    kg = tl.arange(0, BLOCK_K // 32 if MXFP4 else 1)
     a_ptrs = x_ptr + tokens[:, None] * stride_x + ks[None, :]
-    g_ptrs = w_ptr + expert * stride_we + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]
+    g_ptrs = w_ptr + expert * stride_we + cols[None, :].to(tl.int64) * stride_wn + kw[:, None]
     u_ptrs = g_ptrs + inter * stride_wn
+    gs_ptrs = ws_ptr + expert * stride_wse + cols[None, :].to(tl.int64) * stride_wsn + kg[:, None]
+    us_ptrs = gs_ptrs + inter * stride_wsn
     acc_gate = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
         kmask = k0 + ks < hidden
         a = tl.load(a_ptrs, mask=valid[:, None] & kmask[None, :], other=0.0)
-        wmask = kmask[:, None] & cmask[None, :]
-        b_gate = tl.load(g_ptrs, mask=wmask, other=0.0)
-        b_up = tl.load(u_ptrs, mask=wmask, other=0.0)
+        if MXFP4:
+            wmask = (k0 // 2 + kw < hidden // 2)[:, None] & cmask[None, :]
+            smask = (k0 // 32 + kg < hidden // 32)[:, None] & cmask[None, :]
+            b_gate = _mxfp4_tile(tl.load(g_ptrs, mask=wmask, other=0),
+                                 tl.load(gs_ptrs, mask=smask, other=0),
+                                 BLOCK_K, BLOCK_N).to(a.dtype)
+            b_up = _mxfp4_tile(tl.load(u_ptrs, mask=wmask, other=0),
+                               tl.load(us_ptrs, mask=smask, other=0),
+                               BLOCK_K, BLOCK_N).to(a.dtype)
+            gs_ptrs += BLOCK_K // 32
+            us_ptrs += BLOCK_K // 32
+        else:
+            wmask = kmask[:, None] & cmask[None, :]
+            b_gate = tl.load(g_ptrs, mask=wmask, other=0.0)
+            b_up = tl.load(u_ptrs, mask=wmask, other=0.0)
         acc_gate = tl.dot(a, b_gate, acc_gate, input_precision=PRECISION)
         acc_up = tl.dot(a, b_up, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K
-        g_ptrs += BLOCK_K
-        u_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K // 2 if MXFP4 else BLOCK_K
+        u_ptrs += BLOCK_K // 2 if MXFP4 else BLOCK_K
     if HAS_BIAS:
         bias = bias_ptr + expert * 2 * inter + cols
         acc_gate += tl.load(bias, mask=cmask, other=0.0).to(tl.float32)[None, :]
@@ -253,10 +302,11 @@ def _gate_up_kernel(
 
 @triton.jit(do_not_specialize=["num_slots"])
 def _down_kernel(
-    h_ptr, w_ptr, bias_ptr, weights_ptr, out_ptr, sorted_ptr, block_expert_ptr, num_rows_ptr,
-    num_slots, hidden, inter, stride_h, stride_we, stride_wn, stride_out,
-    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    h_ptr, w_ptr, ws_ptr, bias_ptr, weights_ptr, out_ptr, sorted_ptr, block_expert_ptr,
+    num_rows_ptr, num_slots, hidden, inter, stride_h, stride_we, stride_wn, stride_wse,
+    stride_wsn, stride_out,
+    HAS_BIAS: tl.constexpr, MXFP4: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     block = tl.program_id(0)
     if block * BLOCK_M >= tl.load(num_rows_ptr):
@@ -268,16 +318,28 @@ def _down_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < hidden
     ks = tl.arange(0, BLOCK_K)
+    kw = tl.arange(0, BLOCK_K // 2) if MXFP4 else ks        # as in _gate_up_kernel
+    kg = tl.arange(0, BLOCK_K // 32 if MXFP4 else 1)
     a_ptrs = h_ptr + rows[:, None] * stride_h + ks[None, :]
-    b_ptrs = w_ptr + expert * stride_we + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]
+    b_ptrs = w_ptr + expert * stride_we + cols[None, :].to(tl.int64) * stride_wn + kw[:, None]
+    s_ptrs = ws_ptr + expert * stride_wse + cols[None, :].to(tl.int64) * stride_wsn + kg[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, inter, BLOCK_K):
         kmask = k0 + ks < inter
         a = tl.load(a_ptrs, mask=valid[:, None] & kmask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=kmask[:, None] & cmask[None, :], other=0.0)
+        if MXFP4:
+            b = _mxfp4_tile(
+                tl.load(b_ptrs, mask=(k0 // 2 + kw < inter // 2)[:, None] & cmask[None, :],
+                        other=0),
+                tl.load(s_ptrs, mask=(k0 // 32 + kg < inter // 32)[:, None] & cmask[None, :],
+                        other=0),
+                BLOCK_K, BLOCK_N).to(a.dtype)
+            s_ptrs += BLOCK_K // 32
+        else:
+            b = tl.load(b_ptrs, mask=kmask[:, None] & cmask[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K // 2 if MXFP4 else BLOCK_K
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * hidden + cols, mask=cmask,
                        other=0.0).to(tl.float32)[None, :]
@@ -299,7 +361,14 @@ def _topk_sum_kernel(y_ptr, out_ptr, hidden, stride_out, TOP_K: tl.constexpr,
     tl.store(out_ptr + token * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _check(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
+def _packed(weight: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A weight's data and, for MXFP4 (model/mxfp4.py's Mxfp4Weight: blocks [E, N, K/2],
+    scales [E, N, K/32]), its scales; a dense weight [E, N, K] has none."""
+    scales = getattr(weight, "scales", None)
+    return (weight.blocks, scales) if scales is not None else (weight, None)
+
+
+def _check(x: torch.Tensor, w_gate_up: Any, w_down: Any, top_k: int,
            activation: str, gate_up_bias: torch.Tensor | None,
            down_bias: torch.Tensor | None) -> None:
     check_float("fused_moe x", x)
@@ -312,8 +381,12 @@ def _check(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k
                               f"{tuple(w_gate_up.shape)}, w_down {tuple(w_down.shape)} disagree")
     if w_gate_up.dtype != x.dtype or w_down.dtype != x.dtype:
         raise ValidationError("fused_moe: weights and x must share a dtype")
-    for name, t in (("x", x), ("w_gate_up", w_gate_up), ("w_down", w_down)):
-        if t.stride(-1) != 1:
+    (gate_up, gate_up_scales), (down, down_scales) = _packed(w_gate_up), _packed(w_down)
+    if (gate_up_scales is None) != (down_scales is None):
+        raise ValidationError("fused_moe: both expert matrices MXFP4, or neither")
+    for name, t in (("x", x), ("w_gate_up", gate_up), ("w_down", down),
+                    ("w_gate_up scales", gate_up_scales), ("w_down scales", down_scales)):
+        if t is not None and t.stride(-1) != 1:
             raise ValidationError(f"fused_moe: {name} needs a contiguous last dim")
     if not 1 <= top_k <= num_experts:
         raise ValidationError(f"fused_moe: top_k {top_k} of {num_experts} experts")
@@ -326,7 +399,7 @@ def _check(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, top_k
         raise ValidationError(f"fused_moe: down_bias {tuple(down_bias.shape)}")
 
 
-def _run(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+def _run(x: torch.Tensor, w_gate_up: Any, w_down: Any,
          router_logits: torch.Tensor | None, topk_weights: torch.Tensor,
          topk_ids: torch.Tensor, top_k: int, renormalize: bool,
          gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None, activation: str,
@@ -362,28 +435,33 @@ def _run(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     # fp32 operands multiply exactly (the CPU-parity runs); bf16/fp16 on tensor cores
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     hidden_rows = torch.empty(slots, inter, dtype=x.dtype, device=device)
+    (gate_up, gate_up_scales), (down, down_scales) = _packed(w_gate_up), _packed(w_down)
+    mxfp4 = gate_up_scales is not None
+    gate_up_scales = gate_up if gate_up_scales is None else gate_up_scales
+    down_scales = down if down_scales is None else down_scales
     _gate_up_kernel[(plan.max_blocks, cdiv(inter, plan.block_n1))](
-        x, w_gate_up, gate_up_bias if gate_up_bias is not None else w_gate_up, hidden_rows,
-        sorted_rows, block_expert, num_rows, slots, hidden, inter, x.stride(0),
-        w_gate_up.stride(0), w_gate_up.stride(1), hidden_rows.stride(0), float(limit),
-        float(alpha), TOP_K=top_k, ACTIVATION=activation, HAS_BIAS=gate_up_bias is not None,
+        x, gate_up, gate_up_scales, gate_up_bias if gate_up_bias is not None else gate_up,
+        hidden_rows, sorted_rows, block_expert, num_rows, slots, hidden, inter, x.stride(0),
+        gate_up.stride(0), gate_up.stride(1), gate_up_scales.stride(0),
+        gate_up_scales.stride(1), hidden_rows.stride(0), float(limit), float(alpha),
+        TOP_K=top_k, ACTIVATION=activation, HAS_BIAS=gate_up_bias is not None, MXFP4=mxfp4,
         PRECISION=precision, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n1, BLOCK_K=plan.block_k1,
         num_warps=plan.num_warps, num_stages=plan.num_stages)
     partial = torch.empty(slots, hidden, dtype=torch.float32, device=device)
     _down_kernel[(plan.max_blocks, cdiv(hidden, plan.block_n2))](
-        hidden_rows, w_down, down_bias if down_bias is not None else w_down, topk_weights,
-        partial, sorted_rows, block_expert, num_rows, slots, hidden, inter,
-        hidden_rows.stride(0), w_down.stride(0), w_down.stride(1), partial.stride(0),
-        HAS_BIAS=down_bias is not None, PRECISION=precision, BLOCK_M=plan.block_m,
-        BLOCK_N=plan.block_n2, BLOCK_K=plan.block_k2, num_warps=plan.num_warps,
-        num_stages=plan.num_stages)
+        hidden_rows, down, down_scales, down_bias if down_bias is not None else down,
+        topk_weights, partial, sorted_rows, block_expert, num_rows, slots, hidden, inter,
+        hidden_rows.stride(0), down.stride(0), down.stride(1), down_scales.stride(0),
+        down_scales.stride(1), partial.stride(0), HAS_BIAS=down_bias is not None, MXFP4=mxfp4,
+        PRECISION=precision, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n2,
+        BLOCK_K=plan.block_k2, num_warps=plan.num_warps, num_stages=plan.num_stages)
     block = min(1024, next_power_of_2(hidden))
     _topk_sum_kernel[(num_tokens, cdiv(hidden, block))](
         partial, out, hidden, out.stride(0), TOP_K=top_k, BLOCK=block, num_warps=4)
     return out
 
 
-def fused_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+def fused_experts(x: torch.Tensor, w_gate_up: Any, w_down: Any,
                   topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                   gate_up_bias: torch.Tensor | None = None,
                   down_bias: torch.Tensor | None = None, activation: str = "silu",
@@ -403,8 +481,8 @@ def fused_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
                 activation, limit, alpha, expert_tokens, num_real_tokens)
 
 
-def fused_moe_routed(x: torch.Tensor, router_logits: torch.Tensor, w_gate_up: torch.Tensor,
-              w_down: torch.Tensor, top_k: int, renormalize: bool, *,
+def fused_moe_routed(x: torch.Tensor, router_logits: torch.Tensor, w_gate_up: Any,
+              w_down: Any, top_k: int, renormalize: bool, *,
               gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
               activation: str = "silu", limit: float = 7.0, alpha: float = 1.702,
               expert_tokens: torch.Tensor | None = None,

@@ -1,5 +1,6 @@
 """MXFP4 weights (OCP microscaling FP4, as gpt-oss checkpoints store their experts),
-dequantized at load.
+dequantized at load, or kept packed (`Mxfp4Weight`, engine setting `mxfp4_experts: keep`) for
+the fused-MoE kernel to dequantize tile by tile (kernels/fused_moe.py).
 
 A tensor is stored as two: `*_blocks` uint8 [..., G, 16] (32 FP4 E2M1 values per group, two
 per byte: the low nibble is the even element, the high nibble the odd one) and `*_scales`
@@ -13,6 +14,8 @@ and the bandwidth of reading 16-bit experts per step (docs/engine-model.md, gpt-
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -38,3 +41,74 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor,
     exponent = scales.to(torch.int32) - SCALE_BIAS
     values = torch.ldexp(values, exponent.unsqueeze(-1).to(torch.float32))
     return values.flatten(-2).to(dtype)                                 # [..., G * 32]
+
+
+@dataclass(frozen=True, slots=True)
+class Mxfp4Weight:
+    """Expert matrices [E, N, K] kept as MXFP4: `blocks` uint8 [E, N, K / 2] (a group's 16
+    bytes in a row, the even element in the low nibble), `scales` uint8 [E, N, K / 32]; their
+    values are computed in `dtype` (the model's). It answers what the experts op asks of a
+    weight: `shape` (the logical [E, N, K]), `dim()`, `device`, `is_cuda`, and `[e]` (expert
+    e dequantized: the plain-torch path)."""
+
+    blocks: torch.Tensor
+    scales: torch.Tensor
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        if self.blocks.dtype != torch.uint8 or self.scales.dtype != torch.uint8:
+            raise ValueError("MXFP4 blocks and scales are uint8")
+        experts, rows, half = self.blocks.shape
+        if tuple(self.scales.shape) != (experts, rows, half * 2 // GROUP) or half % (GROUP // 2):
+            raise ValueError(f"MXFP4 blocks {tuple(self.blocks.shape)} do not match scales "
+                             f"{tuple(self.scales.shape)} (blocks [E, N, K/2], scales "
+                             "[E, N, K/32])")
+
+    @property
+    def shape(self) -> torch.Size:
+        experts, rows, half = self.blocks.shape
+        return torch.Size((experts, rows, half * 2))
+
+    def dim(self) -> int:
+        return 3
+
+    @property
+    def device(self) -> torch.device:
+        return self.blocks.device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.blocks.is_cuda
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.numel() + self.scales.numel()
+
+    def __getitem__(self, expert: int) -> torch.Tensor:
+        rows, half = self.blocks.shape[1:]
+        return dequantize_mxfp4(self.blocks[expert].view(rows, half // 16, 16),
+                                self.scales[expert], self.dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        """All experts, [E, N, K] in `dtype`."""
+        experts, rows, half = self.blocks.shape
+        return dequantize_mxfp4(self.blocks.view(experts, rows, half // 16, 16), self.scales,
+                                self.dtype)
+
+
+def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., K] -> (blocks uint8 [..., K / 2], scales uint8 [..., K / 32]): each group of 32
+    scaled by a power of two so its largest magnitude fits E2M1's 6, then every value rounded
+    to the nearest E2M1 value (tests and dummy weights; checkpoints come quantized)."""
+    if weight.shape[-1] % GROUP:
+        raise ValueError(f"MXFP4 needs the last dim to be a multiple of {GROUP}")
+    groups = weight.float().unflatten(-1, (-1, GROUP))                  # [..., G, 32]
+    peak = groups.abs().amax(dim=-1).clamp_min(2.0 ** -126)
+    exponent = torch.ceil(torch.log2(peak / 6.0)).clamp(-127, 127)
+    scaled = groups / torch.exp2(exponent).unsqueeze(-1)
+    magnitudes = torch.tensor(FP4_VALUES[:8], dtype=torch.float32, device=weight.device)
+    codes = (scaled.abs().unsqueeze(-1) - magnitudes).abs().argmin(dim=-1)
+    codes = codes + 8 * (scaled < 0).long() * (codes > 0).long()
+    pairs = codes.to(torch.uint8).unflatten(-1, (GROUP // 2, 2))
+    blocks = (pairs[..., 0] | (pairs[..., 1] << 4)).flatten(-2)         # [..., K / 2]
+    return blocks, (exponent + SCALE_BIAS).to(torch.uint8)
