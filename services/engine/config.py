@@ -33,6 +33,9 @@ class EngineConfig(ServiceConfig):
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
     dtype: str = option("auto", "compute dtype: auto (float32 on CPU, bfloat16 on GPU), "
                                 "float32, bfloat16 or float16")
+    mxfp4_experts: str = option("dequantize", "a checkpoint's MXFP4 experts (gpt-oss): "
+                                "dequantize (to the model dtype at load) or keep (packed, "
+                                "4.25 bits a weight; the fused-MoE kernel dequantizes tiles)")
     quantization: str = option("", "weights: empty (as the checkpoint stores them; FP8 "
                                    "checkpoints run FP8) or fp8 (quantize a dense checkpoint's "
                                    "decoder projections to e4m3 at load, one scale per output "
@@ -119,6 +122,9 @@ class EngineConfig(ServiceConfig):
         if self.vision_attention not in ("sdpa", "triton"):
             raise ValidationError(f"vision_attention must be sdpa or triton, not "
                                   f"{self.vision_attention!r}", param="vision_attention")
+        if self.mxfp4_experts not in ("dequantize", "keep"):
+            raise ValidationError(f"mxfp4_experts must be dequantize or keep, not "
+                                  f"{self.mxfp4_experts!r}", param="mxfp4_experts")
         if self.vision_pixels not in ("raw", "values"):
             raise ValidationError(f"vision_pixels must be raw or values, not "
                                   f"{self.vision_pixels!r}", param="vision_pixels")

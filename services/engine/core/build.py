@@ -264,7 +264,8 @@ def build_engine(config: EngineConfig, source: ModelSource,
     device = resolve_device(config.device)
     check_vision_attention(config, device)
     dtype = default_dtype(device) if config.dtype == "auto" else _DTYPES[config.dtype]
-    model_config = ModelConfig.from_dict(source.config, config.quantization)
+    model_config = ModelConfig.from_dict(source.config, config.quantization,
+                                         config.mxfp4_experts)
     manifest = source.manifest
     context = min(config.max_model_len or manifest.max_model_len, manifest.max_model_len,
                   model_config.max_context)
@@ -282,7 +283,8 @@ def build_engine(config: EngineConfig, source: ModelSource,
                                  seed=config.dummy_seed)
     else:
         model = load_model(source, device, dtype, max_positions=context,
-                           quantization=config.quantization)
+                           quantization=config.quantization,
+                           mxfp4_experts=config.mxfp4_experts)
     drafter: Drafter | Eagle3Drafter | None = None
     if config.speculative_method == "draft":    # its pages share the KV budget (drafter.py)
         phases.start("load the draft model")

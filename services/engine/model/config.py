@@ -69,6 +69,7 @@ class MoEConfig:
     router_bias: bool = False
     swiglu_limit: float = 7.0            # "swiglu_oai" clamp
     swiglu_alpha: float = 1.702          # "swiglu_oai" sigmoid scale
+    expert_format: str = "dense"         # "mxfp4": expert matrices kept packed (mxfp4.py)
 
     def __post_init__(self) -> None:
         if self.num_experts < 1 or not 1 <= self.top_k <= self.num_experts:
@@ -194,11 +195,12 @@ class ModelConfig:
         return limit
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any], quantization: str = "") -> ModelConfig:
+    def from_dict(cls, config: Mapping[str, Any], quantization: str = "",
+                  mxfp4_experts: str = "dequantize") -> ModelConfig:
         """Parse config.json through the registry (registry.parse_model_config)."""
         from services.engine.model.registry import parse_model_config
 
-        return parse_model_config(config, quantization)
+        return parse_model_config(config, quantization, mxfp4_experts)
 
     @property
     def kv_bytes_per_token(self) -> int:

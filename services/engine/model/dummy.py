@@ -6,7 +6,8 @@ of a forward pass does not depend on the values, and nothing is read from disk. 
 pure function of the seed (per device type: the CPU and CUDA generators differ), drawn with a
 small standard deviation so activations stay finite in bf16 through every layer: matrices and
 embeddings N(0, 0.02) (transformers' `initializer_range`), norm weights 1, biases 0. An FP8
-projection draws its dense rows the same way and quantizes them with its scheme.
+projection draws its dense rows the same way and quantizes them with its scheme; kept MXFP4
+experts draw random codes under scales of 2 ** -7 (values of about that deviation).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.config import ModelConfig
 from services.engine.model.layers.fp8_linear import Fp8Linear
+from services.engine.model.mxfp4 import SCALE_BIAS
 from services.engine.model.registry import build_model
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,12 @@ def init_dummy_weights(model: CausalLM, seed: int = 0, std: float = STD) -> Caus
             elif name.endswith("bias"):
                 param.zero_()
             continue
-        if param.dim() >= 2:
+        if param.dtype == torch.uint8:      # kept MXFP4 experts (moe.py Mxfp4Experts)
+            if name.endswith("_scales"):     # 2 ** -7: E2M1 values of ~0.01 (about STD)
+                param.fill_(SCALE_BIAS - 7)
+            else:                             # any codes
+                param.random_(0, 256, generator=generator)
+        elif param.dim() >= 2:
             param.normal_(0.0, std, generator=generator)
         elif name.endswith("bias"):
             param.zero_()

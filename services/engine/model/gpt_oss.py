@@ -44,7 +44,7 @@ from services.engine.model.config import (
 )
 from services.engine.model.layers import Attention, RMSNorm
 from services.engine.model.layers.weights import WeightShapeError, load_whole, parameter
-from services.engine.model.moe import MoECausalLM, SparseMoeBlock, topk_softmax
+from services.engine.model.moe import MoECausalLM, Mxfp4Experts, SparseMoeBlock, topk_softmax
 from services.engine.model.mxfp4 import GROUP, dequantize_mxfp4
 
 NAME = "GptOssForCausalLM"
@@ -148,6 +148,27 @@ def _expert_matrix_loader(transposed: Callable[[torch.Tensor], torch.Tensor],
     return load
 
 
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _packed_loader(rows: Callable[[torch.Tensor], torch.Tensor], blocks: bool
+                   ) -> Callable[[nn.Parameter, torch.Tensor, str | None], None]:
+    """The loader of a kept MXFP4 half (mxfp4_experts: keep): the checkpoint's `*_blocks`
+    [E, R, K/32, 16] into the parameter [E, R, K/2], or `*_scales` [E, R, K/32], rows
+    reordered by `rows` (gate_up: gate rows then up rows)."""
+
+    def load(param: nn.Parameter, tensor: torch.Tensor, shard: str | None) -> None:
+        experts, out_rows, width = param.shape
+        expected = (experts, out_rows, width // (GROUP // 2), GROUP // 2) if blocks else \
+            (experts, out_rows, width)
+        _check(tensor, expected)
+        for e in range(experts):        # one expert at a time: bounded host memory
+            param.data[e].copy_(rows(tensor[e].reshape(out_rows, width)))
+
+    return load
+
+
 def _interleaved_bias_loader(param: nn.Parameter, tensor: torch.Tensor, shard: str | None
                              ) -> None:
     _check(tensor, tuple(param.shape))
@@ -173,12 +194,19 @@ class GptOssMoeBlock(SparseMoeBlock):
                  dtype: torch.dtype) -> None:
         super().__init__(config, moe, device=device, dtype=dtype)
         experts = self.experts
-        covers = {DENSE: MXFP4_SHARDS}
-        _set_loader(experts.w_gate_up, _expert_matrix_loader(
-            lambda t: _deinterleave_rows(t.transpose(1, 2)), _deinterleave_rows),
-            MXFP4_SHARDS, covers)
-        _set_loader(experts.w_down, _expert_matrix_loader(
-            lambda t: t.transpose(1, 2), lambda t: t), MXFP4_SHARDS, covers)
+        if isinstance(experts, Mxfp4Experts):       # kept packed: rows reordered, no decode
+            for name, rows in (("w_gate_up", _deinterleave_rows), ("w_down", _same)):
+                _set_loader(getattr(experts, f"{name}_blocks"), _packed_loader(rows, True),
+                            (None,), {})
+                _set_loader(getattr(experts, f"{name}_scales"), _packed_loader(rows, False),
+                            (None,), {})
+        else:
+            covers = {DENSE: MXFP4_SHARDS}
+            _set_loader(experts.w_gate_up, _expert_matrix_loader(
+                lambda t: _deinterleave_rows(t.transpose(1, 2)), _deinterleave_rows),
+                MXFP4_SHARDS, covers)
+            _set_loader(experts.w_down, _expert_matrix_loader(
+                lambda t: t.transpose(1, 2), _same), MXFP4_SHARDS, covers)
         _set_loader(experts.gate_up_bias, _interleaved_bias_loader, (None,), {})
         _set_loader(experts.down_bias, load_whole, (None,), {})
 
@@ -232,6 +260,9 @@ class GptOssForCausalLM(MoECausalLM):
             prefix, projection, suffix = match.groups()
             if suffix == "_bias":
                 return prefix + _BIAS_PARAMS[projection], None
+            moe = self.config.moe
+            if moe is not None and moe.expert_format == "mxfp4":    # kept: its own parameter
+                return prefix + _EXPERT_PARAMS[projection] + (suffix or "_dense"), None
             return prefix + _EXPERT_PARAMS[projection], _SHARDS[suffix]
         return super().checkpoint_target(name.replace(".mlp.router.", ".mlp.gate."))
 
@@ -240,6 +271,8 @@ class GptOssForCausalLM(MoECausalLM):
         for projection, param in _EXPERT_PARAMS.items():
             if leaf == param:
                 return f"{prefix}.{projection}" + (f"_{shard}" if shard in MXFP4_SHARDS else "")
+            if leaf in (f"{param}_blocks", f"{param}_scales"):
+                return f"{prefix}.{projection}{leaf[len(param):]}"
             if leaf == _BIAS_PARAMS[projection]:
                 return f"{prefix}.{projection}_bias"
         return super().checkpoint_name(param_name, shard).replace(".mlp.gate.", ".mlp.router.")

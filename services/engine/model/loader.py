@@ -24,7 +24,7 @@ def default_dtype(device: torch.device | str) -> torch.dtype:
 @torch.inference_mode()
 def load_model(source: ModelSource, device: torch.device | str = "cpu",
                dtype: torch.dtype | None = None, *, max_positions: int | None = None,
-               quantization: str = "") -> CausalLM:
+               quantization: str = "", mxfp4_experts: str = "dequantize") -> CausalLM:
     """Build the model for `source` on `device` and fill it from the checkpoint.
 
     dtype defaults to float32 on the CPU and bfloat16 elsewhere; max_positions (the rotary
@@ -32,9 +32,10 @@ def load_model(source: ModelSource, device: torch.device | str = "cpu",
     Unsupported architectures raise UnsupportedError listing the supported ones; weights
     that do not match the config raise ManifestError naming the tensor. An FP8 checkpoint
     (its `quantization_config`) loads as FP8; `quantization="fp8"` quantizes a dense one
-    at load (model/quantization.py).
+    at load (model/quantization.py). `mxfp4_experts="keep"` keeps a checkpoint's MXFP4
+    experts packed (model/mxfp4.py).
     """
-    config = parse_model_config(source.config, quantization)
+    config = parse_model_config(source.config, quantization, mxfp4_experts)
     dtype = dtype or default_dtype(device)
     model = build_model(config, device, dtype, max_positions)
     load_weights(model, checkpoint_tensors(source), source=str(source.root))

@@ -49,6 +49,7 @@ from services.engine.model.expert_weights import (
 )
 from services.engine.model.layers import Attention, GatedMLP, Linear, RMSNorm
 from services.engine.model.layers.weights import parameter
+from services.engine.model.mxfp4 import GROUP, Mxfp4Weight
 
 log = logging.getLogger(__name__)
 
@@ -214,15 +215,12 @@ class Experts(nn.Module):
         self.num_experts, self.hidden_size = num_experts, hidden_size
         self.intermediate_size = intermediate_size
         self.activation, self.limit, self.alpha = activation, limit, alpha
+        self.dtype = dtype
         gate_up = tuple(f"{e}.{part}" for e in range(num_experts) for part in ("gate", "up"))
         down = tuple(str(e) for e in range(num_experts))
         rows = expert_rows_loader(num_experts, intermediate_size)
         whole = expert_loader(num_experts)
-        self.w_gate_up = parameter(num_experts, 2 * intermediate_size, hidden_size,
-                                   device=device, dtype=dtype, loader=rows, shards=gate_up,
-                                   covers={FUSED: gate_up})
-        self.w_down = parameter(num_experts, hidden_size, intermediate_size, device=device,
-                                dtype=dtype, loader=whole, shards=down, covers={FUSED: down})
+        self._matrices(device, dtype, rows, gate_up, whole, down)
         self.gate_up_bias = self.down_bias = None
         if bias:
             self.gate_up_bias = parameter(num_experts, 2 * intermediate_size, device=device,
@@ -231,11 +229,57 @@ class Experts(nn.Module):
             self.down_bias = parameter(num_experts, hidden_size, device=device, dtype=dtype,
                                        loader=whole, shards=down, covers={FUSED: down})
 
+    def _matrices(self, device: torch.device | str, dtype: torch.dtype,
+                  rows: Callable[..., None], gate_up: tuple[str, ...],
+                  whole: Callable[..., None], down: tuple[str, ...]) -> None:
+        """`w_gate_up` [E, 2I, H] and `w_down` [E, H, I] in `dtype`, loaded per expert
+        (`gate_up` / `down` shards) or fused."""
+        self.w_gate_up = parameter(self.num_experts, 2 * self.intermediate_size,
+                                   self.hidden_size, device=device, dtype=dtype, loader=rows,
+                                   shards=gate_up, covers={FUSED: gate_up})
+        self.w_down = parameter(self.num_experts, self.hidden_size, self.intermediate_size,
+                                device=device, dtype=dtype, loader=whole, shards=down,
+                                covers={FUSED: down})
+
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
                 ) -> torch.Tensor:
         return fused_experts(x, self.w_gate_up, self.w_down, topk_weights, topk_ids,
                              gate_up_bias=self.gate_up_bias, down_bias=self.down_bias,
                              activation=self.activation, limit=self.limit, alpha=self.alpha)
+
+
+class Mxfp4Experts(Experts):
+    """The experts with MXFP4 matrices (MoEConfig expert_format "mxfp4", engine setting
+    `mxfp4_experts: keep`): `w_gate_up_blocks` uint8 [E, 2I, H/2] + `w_gate_up_scales`
+    [E, 2I, H/32], `w_down_blocks` [E, H, I/2] + `w_down_scales` [E, H, I/32] (a family's
+    loaders fill them: gpt_oss.py); `w_gate_up` / `w_down` are their `Mxfp4Weight`s (the
+    fused-MoE kernel dequantizes tiles, the torch path one expert at a time). Biases dense."""
+
+    w_gate_up_blocks: nn.Parameter
+    w_gate_up_scales: nn.Parameter
+    w_down_blocks: nn.Parameter
+    w_down_scales: nn.Parameter
+
+    def _matrices(self, device: torch.device | str, dtype: torch.dtype,
+                  rows: Callable[..., None], gate_up: tuple[str, ...],
+                  whole: Callable[..., None], down: tuple[str, ...]) -> None:
+        experts, hidden, inter = self.num_experts, self.hidden_size, self.intermediate_size
+        if hidden % GROUP or inter % GROUP:
+            raise ValueError(f"MXFP4 experts need hidden ({hidden}) and intermediate "
+                             f"({inter}) sizes that are multiples of {GROUP}")
+        for name, out, k in (("w_gate_up", 2 * inter, hidden), ("w_down", hidden, inter)):
+            setattr(self, f"{name}_blocks",
+                    parameter(experts, out, k // 2, device=device, dtype=torch.uint8))
+            setattr(self, f"{name}_scales",
+                    parameter(experts, out, k // GROUP, device=device, dtype=torch.uint8))
+
+    @property
+    def w_gate_up(self) -> Mxfp4Weight:            # type: ignore[override]
+        return Mxfp4Weight(self.w_gate_up_blocks, self.w_gate_up_scales, self.dtype)
+
+    @property
+    def w_down(self) -> Mxfp4Weight:               # type: ignore[override]
+        return Mxfp4Weight(self.w_down_blocks, self.w_down_scales, self.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,7 +357,8 @@ class SparseMoeBlock(nn.Module):
         self.top_k, self.renormalize = moe.top_k, moe.renormalize
         self.gate = Linear(config.hidden_size, moe.num_experts, bias=moe.router_bias,
                            device=device, dtype=dtype)
-        self.experts = Experts(moe.num_experts, config.hidden_size, moe.intermediate_size,
+        experts = Mxfp4Experts if moe.expert_format == "mxfp4" else Experts
+        self.experts = experts(moe.num_experts, config.hidden_size, moe.intermediate_size,
                                bias=moe.expert_bias, activation=moe.activation,
                                limit=moe.swiglu_limit, alpha=moe.swiglu_alpha, device=device,
                                dtype=dtype)

@@ -15,9 +15,17 @@ and the bandwidth of reading 16-bit experts per step (docs/engine-model.md, gpt-
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from services.common.errors import ValidationError
+
+if TYPE_CHECKING:
+    from services.engine.model.config import ModelConfig
 
 # E2M1 codes 0..15: sign bit 3, then exponent/mantissa (0, 0.5, 1, 1.5, 2, 3, 4, 6)
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
@@ -112,3 +120,28 @@ def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     pairs = codes.to(torch.uint8).unflatten(-1, (GROUP // 2, 2))
     blocks = (pairs[..., 0] | (pairs[..., 1] << 4)).flatten(-2)         # [..., K / 2]
     return blocks, (exponent + SCALE_BIAS).to(torch.uint8)
+
+
+MXFP4_EXPERTS = ("dequantize", "keep")      # the engine setting's values
+
+
+def keep_mxfp4_experts(model_config: ModelConfig, config: Mapping[str, Any],
+                       setting: str = "keep") -> ModelConfig:
+    """The engine setting `mxfp4_experts`: "keep" marks the experts MXFP4 (MoEConfig
+    expert_format), for a mixture of experts whose checkpoint stores them so
+    (`quantization_config.quant_method: mxfp4`); anything else is refused naming it."""
+    if setting not in MXFP4_EXPERTS:
+        raise ValidationError(f"mxfp4_experts must be one of {', '.join(MXFP4_EXPERTS)}, "
+                              f"not {setting!r}", param="mxfp4_experts")
+    if setting == "dequantize":
+        return model_config
+    quant = config.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, Mapping) else None
+    if model_config.moe is None or method != "mxfp4":
+        raise ValidationError(
+            f"mxfp4_experts: keep needs a mixture-of-experts checkpoint whose experts are MXFP4 "
+            f"(quantization_config.quant_method mxfp4); {model_config.architecture} here has "
+            f"{'experts' if model_config.moe else 'no experts'} and quant_method "
+            f"{method or '(none)'}", param="mxfp4_experts")
+    return dataclasses.replace(model_config, moe=dataclasses.replace(
+        model_config.moe, expert_format="mxfp4"))

@@ -24,6 +24,7 @@ from services.engine.model import gemma3, gpt_oss, llama, mixtral, qwen, qwen3_m
 from services.engine.model.architecture import Architecture
 from services.engine.model.causal_lm import CausalLM
 from services.engine.model.config import ModelConfig
+from services.engine.model.mxfp4 import keep_mxfp4_experts
 
 FAMILIES = (llama, qwen, gemma3, gpt_oss, qwen_vl, qwen3_moe, mixtral)
 
@@ -44,11 +45,15 @@ def resolve(config: Mapping[str, Any]) -> Architecture:
     return entry
 
 
-def parse_model_config(config: Mapping[str, Any], quantization: str = "") -> ModelConfig:
+def parse_model_config(config: Mapping[str, Any], quantization: str = "",
+                       mxfp4_experts: str = "dequantize") -> ModelConfig:
     """config.json -> ModelConfig (unsupported architectures and features raise
     UnsupportedError; malformed values ValidationError). The FP8 scheme comes from the
-    checkpoint's `quantization_config`, else from `quantization` ("fp8": online)."""
+    checkpoint's `quantization_config`, else from `quantization` ("fp8": online).
+    `mxfp4_experts` "keep": a checkpoint's MXFP4 experts stay packed (mxfp4.py)."""
     model_config = resolve(config).parse_config(config)
+    if mxfp4_experts != "dequantize":
+        model_config = keep_mxfp4_experts(model_config, config, mxfp4_experts)
     scheme = parse_quantization(config, quantization)
     return dataclasses.replace(model_config, quantization=scheme) if scheme else model_config
 

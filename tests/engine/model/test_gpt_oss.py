@@ -167,6 +167,68 @@ def test_mxfp4_blocks_of_the_wrong_shape_are_refused(mxfp4_checkpoint, tmp_path)
         load_model(open_model(broken))
 
 
+def test_kept_mxfp4_experts_hold_the_checkpoint_bytes(mxfp4_checkpoint) -> None:
+    """`mxfp4_experts: keep`: the experts stay packed (4.25 bits a weight) and stand for
+    exactly the values the dequantizing load gives; the greedy tokens and logprobs are the
+    same (the torch path dequantizes one expert at a time)."""
+    from services.engine.model.moe import Mxfp4Experts, expert_weight_bytes
+    from services.engine.model.mxfp4 import Mxfp4Weight
+
+    directory, _ = mxfp4_checkpoint
+    dense = load_model(open_model(directory))
+    kept = load_model(open_model(directory), mxfp4_experts="keep")
+    for ours, theirs in zip(kept.model.layers, dense.model.layers, strict=True):
+        experts = ours.mlp.experts
+        assert isinstance(experts, Mxfp4Experts)
+        assert isinstance(experts.w_gate_up, Mxfp4Weight)
+        assert torch.equal(experts.w_gate_up.dequantize(), theirs.mlp.experts.w_gate_up)
+        assert torch.equal(experts.w_down.dequantize(), theirs.mlp.experts.w_down)
+        assert torch.equal(experts.gate_up_bias, theirs.mlp.experts.gate_up_bias)
+    # float32 experts: 32 bits a weight against 4 + 8/32
+    assert expert_weight_bytes(kept) < expert_weight_bytes(dense) / 6
+    outputs = []
+    for model in (dense, kept):
+        driver = PagedDriver(model, page_size=4, seed=6)
+        for prompt in (make_prompt(11, seed=50), make_prompt(4, seed=51)):
+            driver.add(prompt, 8)
+        driver.run(chunk_size=5)
+        outputs.append([(seq.generated, seq.logprobs) for seq in driver.sequences])
+    assert outputs[0] == outputs[1]
+
+
+def test_keeping_mxfp4_needs_mxfp4_experts(checkpoint_dirs) -> None:
+    from services.common.errors import ValidationError
+
+    with pytest.raises(ValidationError, match="mxfp4_experts: keep needs .* quant_method "
+                                              r"\(none\)"):
+        load_model(open_model(checkpoint_dirs["gpt-oss"]), mxfp4_experts="keep")
+    with pytest.raises(ValidationError, match="has no experts"):
+        load_model(open_model(checkpoint_dirs["llama"]), mxfp4_experts="keep")
+    with pytest.raises(ValidationError, match="mxfp4_experts must be one of"):
+        ModelConfig.from_dict(GPT_OSS_20B, mxfp4_experts="fp4")
+
+
+def test_dummy_weights_with_kept_mxfp4_experts() -> None:
+    """A benchmark's dummy gpt-oss with kept experts: random codes under small scales give
+    finite logits (the engine's load_format dummy)."""
+    from services.engine.model.dummy import load_dummy_model
+
+    config = {**GPT_OSS_20B, "hidden_size": 64, "intermediate_size": 64,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
+              "vocab_size": 128, "layer_types": ["sliding_attention", "full_attention"]}
+    model = load_dummy_model(ModelConfig.from_dict(config, mxfp4_experts="keep"), "cpu",
+                             torch.float32, max_positions=64)
+    experts = model.model.layers[0].mlp.experts
+    assert experts.w_gate_up_blocks.dtype == torch.uint8
+    assert 0 < float(experts.w_gate_up.dequantize().abs().max()) <= 6 * 2 ** -7
+    driver = PagedDriver(model, page_size=4, seed=1)
+    driver.add([1, 2, 3, 4, 5], 3)
+    driver.run(chunk_size=8)
+    assert len(driver.sequences[0].generated) == 3
+    assert all(torch.isfinite(torch.tensor(driver.sequences[0].logprobs)))
+
+
 def test_gpt_oss_20b_config() -> None:
     config = ModelConfig.from_dict(GPT_OSS_20B)
     assert [layer.sliding_window for layer in config.layers] == [128, 0] * 12
@@ -187,3 +249,20 @@ def test_other_quantizations_are_refused() -> None:
     config = {**GPT_OSS_20B, "quantization_config": {"quant_method": "awq"}}
     with pytest.raises(UnsupportedError, match="awq"):
         ModelConfig.from_dict(config)
+
+
+def test_the_engine_setting_reaches_the_model(mxfp4_checkpoint, tmp_path) -> None:
+    """`mxfp4_experts` (flag, env, YAML like every engine setting) is validated, and
+    build_engine loads the experts kept when it says keep."""
+    from services.common.errors import ValidationError
+    from services.engine.config import EngineConfig
+    from services.engine.model.moe import Experts, Mxfp4Experts
+    from tests.engine.runner.conftest import make_engine
+
+    directory, _ = mxfp4_checkpoint
+    with pytest.raises(ValidationError, match="mxfp4_experts must be dequantize or keep"):
+        EngineConfig(model=str(tmp_path), mxfp4_experts="packed")
+    for setting, kind in (("keep", Mxfp4Experts), ("dequantize", Experts)):
+        engine = make_engine(open_model(directory), mxfp4_experts=setting)
+        experts = engine.runner.model.model.layers[0].mlp.experts
+        assert type(experts) is kind
