@@ -2,7 +2,13 @@
 
     python benchmarks/bench_moe.py --shape qwen3-30b-a3b --out benchmarks/out/gpu
     python benchmarks/bench_moe.py --shape gpt-oss-20b --out benchmarks/out/gpu
+    python benchmarks/bench_moe.py --shape gpt-oss-20b --mxfp4-experts keep --skip-hf
     python benchmarks/bench_moe.py --smoke          # CPU check of the script (tiny lengths)
+
+`--mxfp4-experts keep` (gpt-oss): the engine keeps the experts MXFP4 (the checkpoint's
+format: its config says `quant_method: mxfp4`, and dummy weights draw packed codes), and the
+limit counts the expert matrices at 4.25 bits a weight; the HF baseline stays bf16. Run it
+beside the default (dequantized to bf16) to choose the format by measurement.
 
 One engine process (`helios serve engine --load-format dummy`: random bf16 weights at the
 real shape, benchmarks/model_shapes.py) serves both measurements, then HF transformers runs
@@ -30,6 +36,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -89,9 +96,16 @@ class MoEResult:
     errors: list[str] = field(default_factory=list)
 
 
-def step_limit(config: dict, batch: int, context: int, shares: list[float] | None) -> Limit:
+MXFP4_BYTES = 17 / 32      # bytes a weight: 4 bits + one 8-bit scale per 32
+
+
+def step_limit(config: dict, batch: int, context: int, shares: list[float] | None,
+               mxfp4: bool = False) -> Limit:
     active = expected_active_experts(config, batch, shares)
     weights = parameter_count(config, active) * 2
+    if mxfp4:     # the expert matrices (not their biases) at MXFP4's bytes
+        _, _, inter, sparse = experts_of(config)
+        weights -= sparse * active * 3 * config["hidden_size"] * inter * (2 - MXFP4_BYTES)
     kv = kv_bytes_per_token(config) * context * batch
     step_s = (weights + kv) / (COPY_TB_S * 1e12)
     return Limit(batch, context, round(active, 2), weights / 1e9, kv / 1e9, step_s * 1e3,
@@ -166,6 +180,8 @@ def measure_engine(name: str, model_dir: Path, result: MoEResult, args) -> None:
                  "--max-num-seqs", str(args.concurrency)]
         if args.smoke:
             flags += ["--kv-cache-bytes", str(64 << 20)]
+        if args.mxfp4_experts == "keep":
+            flags += ["--mxfp4-experts", "keep"]
         started = time.perf_counter()
         with ServiceProcess.start(flags, Path(args.out) / f"engine-moe-{name}.log") as engine:
             engine.wait_grpc_serving(address, timeout=args.startup_timeout)
@@ -225,6 +241,8 @@ def main() -> int:
     parser.add_argument("--startup-timeout", type=float, default=600.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--mxfp4-experts", choices=("dequantize", "keep"),
+                        default="dequantize", help="the engine setting (gpt-oss)")
     parser.add_argument("--smoke", action="store_true", help="CPU check: tiny lengths")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = parser.parse_args()
@@ -238,6 +256,7 @@ def main() -> int:
         args.input_len, args.output_len, args.concurrency = 8, 4, 2
         args.hf_output_len, args.max_model_len = 3, 64
     args.out.mkdir(parents=True, exist_ok=True)
+    name = f"moe-{args.shape}" + ("-mxfp4" if args.mxfp4_experts == "keep" else "")
     config = SHAPES[args.shape]
     result = MoEResult(args.shape, torch.cuda.get_device_name(0)
                        if torch.cuda.is_available() else "cpu",
@@ -252,19 +271,26 @@ def main() -> int:
                 small["layer_types"] = small["layer_types"][:3]
             (model_dir / "config.json").write_text(json.dumps(small))
             SHAPES[args.shape] = config = small
+        engine_dir = model_dir
+        if args.mxfp4_experts == "keep":    # the engine's copy says its experts are MXFP4
+            engine_dir = Path(tmp) / f"{args.shape}-mxfp4"
+            shutil.copytree(model_dir, engine_dir)
+            (engine_dir / "config.json").write_text(json.dumps(
+                {**config, "quantization_config": {"quant_method": "mxfp4"}}))
         try:
-            measure_engine(args.shape, model_dir, result, args)
+            measure_engine(args.shape, engine_dir, result, args)
         except Exception as exc:
             result.errors.append(f"engine: {type(exc).__name__}: {str(exc)[-2000:]}")
         shares = result.expert_shares or None
+        mxfp4 = args.mxfp4_experts == "keep"
         result.b1_limit = step_limit(config, 1, args.b1_input_len + args.b1_output_len // 2,
-                                     shares)
+                                     shares, mxfp4)
         result.serving_limit = step_limit(config, args.concurrency,
-                                          args.input_len + args.output_len // 2, shares)
+                                          args.input_len + args.output_len // 2, shares, mxfp4)
         result.b1_fraction = result.b1_tok_s / result.b1_limit.tok_s
         result.serving_fraction = result.serving_tok_s / result.serving_limit.tok_s
         # the engine's figures first: a run cut off during HF generate still leaves them
-        (args.out / f"moe-{args.shape}.json").write_text(json.dumps(asdict(result), indent=2))
+        (args.out / f"{name}.json").write_text(json.dumps(asdict(result), indent=2))
         print(f"engine: batch-1 {result.b1_tok_s:.1f} tok/s ({result.b1_fraction:.2f} of "
               f"limit), C={args.concurrency} {result.serving_tok_s:.1f} tok/s "
               f"({result.serving_fraction:.2f})", flush=True)
@@ -273,7 +299,7 @@ def main() -> int:
                 measure_hf(model_dir, result, args)
             except Exception as exc:
                 result.errors.append(f"hf: {type(exc).__name__}: {exc}")
-    (args.out / f"moe-{args.shape}.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
+    (args.out / f"{name}.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
     print_table(result)
     return 0 if not result.errors and result.b1_tok_s > 0 and result.serving_tok_s > 0 else 1
 
