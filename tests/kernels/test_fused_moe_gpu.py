@@ -39,6 +39,27 @@ def test_decode_batches_match_reference(tokens, shape, gen) -> None:
     assert_close(got, reference(x, w1, w2, weights, ids, b1, b2, activation))
 
 
+@pytest.mark.parametrize("tokens", (1, 4, 64, 256, 2048))
+def test_mxfp4_experts_at_the_gpt_oss_shape(tokens, gen) -> None:
+    """Kept MXFP4 experts (mxfp4_experts: keep) against the reference and against the bf16
+    kernels on the same weights dequantized, routing fused in."""
+    from services.engine.kernels import fused_experts, fused_moe_routed
+    from tests.kernels.test_fused_moe import mxfp4_experts
+
+    x, w1, w2, b1, b2, logits, top_k, activation = _case(tokens, GPT_OSS_20B, gen)
+    packed1, packed2 = mxfp4_experts(w1, w2, torch.bfloat16)
+    dense1, dense2 = packed1.dequantize(), packed2.dequantize()
+    weights, ids = moe.softmax_topk(logits, top_k, renormalize=True)
+    got = fused_experts(x, packed1, packed2, weights, ids, gate_up_bias=b1, down_bias=b2,
+                        activation=activation)
+    assert_close(got, reference(x, dense1, dense2, weights, ids, b1, b2, activation))
+    assert_close(got, fused_experts(x, dense1, dense2, weights, ids, gate_up_bias=b1,
+                                    down_bias=b2, activation=activation))
+    routed, _, _ = fused_moe_routed(x, logits, packed1, packed2, top_k, True, gate_up_bias=b1,
+                                    down_bias=b2, activation=activation)
+    assert_close(routed, got)
+
+
 @pytest.mark.parametrize("tokens", (600, 2048, 8192))
 @pytest.mark.parametrize("shape", [QWEN3_30B, MIXTRAL_SMALL], ids=["qwen3-30b-a3b", "mixtral"])
 def test_prefill_sizes_with_ragged_loads(tokens, shape, gen) -> None:
