@@ -65,8 +65,13 @@ def quantize_mxfp4(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
 def mxfp4_checkpoint(checkpoint_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
                      ) -> tuple[Path, dict[str, torch.Tensor]]:
     """(the MXFP4 checkpoint, each expert matrix's dequantized values [E, R, K] by name)."""
-    source = checkpoint_dirs["gpt-oss"]
     directory = tmp_path_factory.mktemp("gpt-oss-mxfp4")
+    return directory, write_mxfp4_checkpoint(checkpoint_dirs["gpt-oss"], directory)
+
+
+def write_mxfp4_checkpoint(source: Path, directory: Path) -> dict[str, torch.Tensor]:
+    """The dense gpt-oss checkpoint at `source` with its expert matrices as MXFP4, written to
+    `directory`; -> each expert matrix's dequantized values [E, R, K] by name."""
     for path in source.iterdir():
         if path.suffix != ".safetensors":
             shutil.copy(path, directory / path.name)
@@ -83,7 +88,7 @@ def mxfp4_checkpoint(checkpoint_dirs: dict[str, Path], tmp_path_factory: pytest.
     config = json.loads((directory / "config.json").read_text())
     config["quantization_config"] = GPT_OSS_20B["quantization_config"]
     (directory / "config.json").write_text(json.dumps(config))
-    return directory, expected
+    return expected
 
 
 def _deinterleave(t: torch.Tensor) -> torch.Tensor:
