@@ -1,0 +1,110 @@
+"""What the H200 compiler makes of kernel launches, on any machine (no GPU: Triton's compiler
+and ptxas for sm_90, tests/kernels/sm90_compile.py).
+
+    python benchmarks/sm90_report.py moe     # fused-MoE GEMMs at gpt-oss-20b, bf16 vs MXFP4
+    python benchmarks/sm90_report.py fp8     # batch-1 skinny linears at Qwen3-8B, bf16 vs FP8
+
+`moe`: registers, spilled loads, shared memory, tensor-core instructions and global-load
+widths at T = 1, 64 and 2048 tokens (MXFP4: experts kept, `mxfp4_experts: keep`).
+`fp8`: the batch-1 gate/up projection (norm + SiLU fused) with bf16 and with FP8 weights
+(per-channel scales), the same tile: the SASS instruction mix and the weight bytes a K step
+loads, i.e. the instructions the kernel issues per weight byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+EXPERTS, TOP_K, HIDDEN, INTER = 32, 4, 2880, 2880      # gpt-oss-20b
+
+
+def moe() -> None:
+    import torch
+
+    from services.engine.kernels.fused_moe import fused_experts
+    from services.engine.model.mxfp4 import Mxfp4Weight
+    from tests.kernels.sm90_compile import capture_launches, compile_launch, report
+
+    def weight(fmt: str, rows: int, k: int):
+        if fmt == "bf16":
+            return torch.zeros(EXPERTS, rows, k, dtype=torch.bfloat16)
+        return Mxfp4Weight(torch.zeros(EXPERTS, rows, k // 2, dtype=torch.uint8),
+                           torch.zeros(EXPERTS, rows, k // 32, dtype=torch.uint8),
+                           torch.bfloat16)
+
+    print("T     format  kernel           regs  spills  shared  MMA            global loads")
+    for tokens in (1, 64, 2048):
+        x = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16)
+        for fmt in ("bf16", "mxfp4"):
+            with capture_launches() as launches:
+                fused_experts(x, weight(fmt, 2 * INTER, HIDDEN), weight(fmt, HIDDEN, INTER),
+                              torch.zeros(tokens, TOP_K),
+                              torch.zeros(tokens, TOP_K, dtype=torch.int32),
+                              gate_up_bias=torch.zeros(EXPERTS, 2 * INTER, dtype=torch.bfloat16),
+                              down_bias=torch.zeros(EXPERTS, HIDDEN, dtype=torch.bfloat16),
+                              activation="swiglu_oai")
+            for launch in launches:
+                name = launch.fn.fn.__name__
+                if name not in ("_gate_up_kernel", "_down_kernel"):
+                    continue
+                r = report(f"T={tokens}", compile_launch(launch))
+                print(f"{tokens:<6}{fmt:<8}{name:<17}{r.registers:>4}{r.local_loads:>8}"
+                      f"{r.shared_bytes:>8}  {r.mma!s:<15}{r.global_loads}")
+
+
+def fp8() -> None:
+    import dataclasses
+
+    import torch
+
+    from services.common.quantization import Fp8Scheme
+    from services.engine.kernels.fp8_layers import fp8_norm_linear
+    from services.engine.kernels.skinny_linear import norm_linear
+    from services.engine.model.fp8 import Fp8Weight
+    from tests.kernels.sm90_compile import _tool, capture_launches, compile_launch, report
+
+    hidden, inter = 4096, 12288                       # Qwen3-8B
+    x = torch.zeros(1, hidden, dtype=torch.bfloat16)
+    norm = torch.ones(hidden, dtype=torch.bfloat16)
+    fp8_weight = Fp8Weight(torch.zeros(2 * inter, hidden, dtype=torch.float8_e4m3fn),
+                           torch.ones(2 * inter), Fp8Scheme("online", "channel", "token"))
+    with capture_launches() as launches:
+        norm_linear(x, x, norm, 1e-6, torch.zeros(2 * inter, hidden, dtype=torch.bfloat16),
+                    None, activation="silu")
+        fp8_norm_linear(x, x, norm, 1e-6, fp8_weight, None, "silu")
+    print("weights  instructions  per weight byte of a K step  top opcodes")
+    for fmt, itemsize, launch in zip(("bf16", "fp8"), (2, 1), launches, strict=True):
+        if "PDL" in launch.fn.arg_names:
+            launch = dataclasses.replace(launch, kwargs={**launch.kwargs, "PDL": True})
+        compiled = compile_launch(launch)
+        report(fmt, compiled)
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+            cubin.write(compiled.asm["cubin"])
+            cubin.flush()
+            sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", cubin.name],
+                                  capture_output=True, text=True, check=True).stdout
+        ops = collections.Counter(match.group(1) for match in re.finditer(
+            r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w\s+)?([A-Z0-9_]+)", sass))
+        step_bytes = 2 * launch.kwargs["BLOCK_N"] * launch.kwargs["BLOCK_K"] * itemsize
+        total = sum(ops.values())
+        print(f"{fmt:<9}{total:>12}  {total / step_bytes:>27.3f}  {ops.most_common(8)}")
+    print("(static counts over the whole kernel; gate and up tiles, BLOCK_N x BLOCK_K each)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("moe", "fp8"))
+    {"moe": moe, "fp8": fp8}[parser.parse_args().what]()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
