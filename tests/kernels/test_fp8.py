@@ -165,9 +165,18 @@ def test_rowwise_static_scale(device, gen):
     assert rel(out, dequant64(a, a_scale) @ w64.t()) < fp32_gemm_tol(device)
 
 
+@pytest.fixture(params=["cuda-cores", "tensor-cores"])
+def skinny(request, monkeypatch):
+    """Batch 1's FP8 kernel: the CUDA-core one (default) or the tl.dot one
+    (HELIOS_FP8_SKINNY=tensor-cores)."""
+    _, _, fp8_linear = _kernels()
+    monkeypatch.setattr(fp8_linear, "TENSOR_CORES", request.param == "tensor-cores")
+    return request.param
+
+
 @pytest.mark.parametrize("scheme_name", list(SCHEMES))
 @pytest.mark.parametrize("rows", [1, 6])
-def test_fp8_linear(scheme_name, rows, device, gen):
+def test_fp8_linear(scheme_name, rows, device, gen, skinny):
     _, _, fp8_linear = _kernels()
     weight, w64 = make_weight(384, 256, SCHEMES[scheme_name], gen, device)
     x = torch.randn(rows, 256, generator=gen).to(torch.bfloat16)
@@ -185,7 +194,7 @@ def test_fp8_linear(scheme_name, rows, device, gen):
     (1, "group-block", "silu"), (1, "token-channel", "gelu_tanh"), (1, "group-block", None),
     (3, "token-channel", "silu"), (3, "group-block", "gelu_tanh"), (3, "token-channel", None),
     (2, "static-tensor", "silu")])
-def test_fp8_norm_linear(scheme_name, activation, rows, device, gen):
+def test_fp8_norm_linear(scheme_name, activation, rows, device, gen, skinny):
     _, _, fp8_linear = _kernels()
     scheme = SCHEMES[scheme_name]
     weight, w64 = make_weight(256, 256, scheme, gen, device)
@@ -281,3 +290,42 @@ def test_fp8_kernels_compile_for_sm90_without_spills():
             assert fp8_wgmma, f"{name}: no e4m3 wgmma in the PTX"
         if name.startswith("skinny"):
             assert waits, f"{name}: no griddepcontrol.wait"
+
+
+def test_tensor_core_skinny_kernels_compile_for_sm90():
+    """HELIOS_FP8_SKINNY=tensor-cores at Qwen3-8B's batch-1 shapes (per-channel and block
+    scales; the norm, SiLU and plain projections): no spills, the converted e4m3 tiles on
+    tensor cores."""
+    from tests.kernels.test_package import compiled_json
+
+    code = (
+        "import json, torch\n"
+        "from services.common.quantization import Fp8Scheme\n"
+        "from services.engine.kernels import fp8_layers\n"
+        "from services.engine.model.fp8 import Fp8Weight\n"
+        "from tests.kernels.sm90_compile import capture_launches, compile_launch, report\n"
+        "fp8_layers.TENSOR_CORES = True\n"
+        "H, I, QKV = 4096, 12288, 6144\n"
+        "def weight(n, k, block):\n"
+        "    scheme = Fp8Scheme('fp8', 'block', 'group') if block else Fp8Scheme('online', 'channel', 'token')\n"
+        "    scale = torch.ones((n // 128, k // 128) if block else (n,))\n"
+        "    return Fp8Weight(torch.zeros(n, k, dtype=torch.float8_e4m3fn), scale, scheme)\n"
+        "x1, act1 = torch.zeros(1, H, dtype=torch.bfloat16), torch.zeros(1, I, dtype=torch.bfloat16)\n"
+        "g = torch.ones(H, dtype=torch.bfloat16)\n"
+        "with capture_launches() as calls:\n"
+        "    for block in (False, True):\n"
+        "        fp8_layers.fp8_norm_linear(x1, x1, g, 1e-6, weight(QKV, H, block))\n"
+        "        fp8_layers.fp8_norm_linear(x1, x1, g, 1e-6, weight(2 * I, H, block), None, 'silu')\n"
+        "        fp8_layers.fp8_linear(act1, weight(H, I, block))\n"
+        "rows = []\n"
+        "for launch in calls:\n"
+        "    r = report(launch.fn.fn.__name__, compile_launch(launch))\n"
+        "    rows.append([launch.fn.fn.__name__, r.registers, r.local_loads, r.mma])\n"
+        "print(json.dumps(rows))\n"
+    )
+    rows = compiled_json(code)
+    assert len(rows) == 6
+    for name, registers, local_loads, mma in rows:
+        assert name == "_skinny_rows_kernel"
+        assert local_loads == 0 and registers <= 255, f"spills ({registers} registers)"
+        assert mma, "no tensor-core MMA in the SASS"

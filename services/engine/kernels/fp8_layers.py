@@ -9,7 +9,10 @@ skinny_linear.py with the same fused norm, gated activation (SiLU, GELU-tanh), f
 PDL: it streams e4m3 weight rows (half the bytes of bf16, which is the whole cost at batch 1)
 and dequantizes them in registers, the row scale applied once to the dot product (block-wise
 weights: BLOCK_K = 128, each K step's partial sums times that block's scale). The activation
-row is not quantized there (W8A16: the skinny path is the more exact one).
+row is not quantized there (W8A16: the skinny path is the more exact one). With
+`HELIOS_FP8_SKINNY=tensor-cores` (or a plan with block_m > 1) batch 1 runs skinny_linear.py's
+tl.dot kernel instead, the e4m3 tiles converted to the activations' dtype for the MMA, the
+same scales applied (W8A16 too): opt-in until measured on a GPU.
 
 More rows: the activations are quantized by `fp8_quant.py` (fused with the norm for
 `fp8_norm_linear`) and multiplied by `fp8_gemm.py` (torch._scaled_mm or the Triton GEMM for
@@ -18,6 +21,9 @@ the activation kernel on the GEMM's output.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import os
 
 import torch
 import triton
@@ -29,11 +35,22 @@ from services.engine.kernels.common import cdiv, check_float, check_last_dim_con
 from services.engine.kernels.fp8_gemm import block_mm, rowwise_mm
 from services.engine.kernels.fp8_quant import norm_quantize_fp8, quantize_fp8
 from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
-from services.engine.kernels.skinny_linear import LinearPlan, check_activation, plan_linear
+from services.engine.kernels.skinny_linear import (
+    LinearPlan,
+    check_activation,
+    launch_rows,
+    plan_linear,
+    plan_rows,
+)
 from services.engine.model.fp8 import FP8_DTYPE, Fp8Weight
 
 MAX_ROWS = 1
 BLOCK = 128
+# HELIOS_FP8_SKINNY=tensor-cores: batch 1 through skinny_linear's tl.dot kernel (e4m3 tiles
+# converted to the activations' dtype for the MMA) instead of the CUDA-core kernel below,
+# whose conversions and FMAs per weight byte are twice bf16's (RESULTS.md, 2026-12-06).
+# Not measured on a GPU yet: opt-in until it is.
+TENSOR_CORES = os.environ.get("HELIOS_FP8_SKINNY", "").strip().lower() == "tensor-cores"
 
 
 @triton.jit
@@ -148,6 +165,15 @@ def skinny_plan(weight: Fp8Weight, n_out: int, rows: int, device: torch.device,
     return plan
 
 
+def dot_plan(weight: Fp8Weight, n_out: int, gated: bool, normed: bool) -> LinearPlan:
+    """The tensor-core variant's tiling: skinny_linear.plan_rows for one-byte weights, K
+    steps inside one 128-wide scale block for block-wise weights."""
+    plan = plan_rows(n_out, weight.shape[1], gated, normed, elem_bytes=1)
+    if weight.block and plan.block_k > BLOCK:
+        plan = dataclasses.replace(plan, block_k=BLOCK)
+    return plan
+
+
 def _skinny(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
             eps: float, weight: Fp8Weight, bias: torch.Tensor | None, out: torch.Tensor,
             residual_out: torch.Tensor | None, activation: str | None,
@@ -156,10 +182,24 @@ def _skinny(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
     n_out = out.shape[1]
     if rows == 0 or n_out == 0:
         return
-    plan = plan or skinny_plan(weight, n_out, rows, x.device, activation is not None)
     w, scale = weight.qweight, weight.scale
     res = residual if residual is not None else x
     res_out = residual_out if residual_out is not None else x
+    dot = plan.block_m > 1 if plan is not None else TENSOR_CORES
+    if dot:                      # skinny_linear's tl.dot kernel, e4m3 tiles
+        plan = plan or dot_plan(weight, n_out, activation is not None, norm_weight is not None)
+        pointers = (x, res, norm_weight if norm_weight is not None else x, w,
+                    bias if bias is not None else x, out, res_out)
+        sizes = (n_out, k_dim, n_out if activation else 0, float(eps), x.stride(0),
+                 res.stride(0), w.stride(0), out.stride(0), res_out.stride(0))
+        flags = dict(NORM=norm_weight is not None, RESIDUAL=residual is not None,
+                     HAS_BIAS=bias is not None, ACTIVATION=activation or "none",
+                     BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, num_warps=plan.num_warps,
+                     **launch_options(x.device, rows))
+        launch_rows(pointers, sizes, flags, x, rows, n_out, plan, scale,
+                    "block" if weight.block else "channel")
+        return
+    plan = plan or skinny_plan(weight, n_out, rows, x.device, activation is not None)
     _fp8_skinny_kernel[(cdiv(n_out, plan.block_n), rows)](
         x, res, norm_weight if norm_weight is not None else x, w, scale,
         bias if bias is not None else x, out, res_out,

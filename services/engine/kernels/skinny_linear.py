@@ -231,12 +231,13 @@ def _skinny_linear_kernel(
 
 @triton.jit
 def _skinny_rows_kernel(
-    x_ptr, res_ptr, norm_w_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
+    x_ptr, res_ptr, norm_w_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr, ws_ptr,
     rows, n_out, k_dim, up_offset, eps,
-    stride_x, stride_r, stride_w, stride_o, stride_ro,
+    stride_x, stride_r, stride_w, stride_o, stride_ro, stride_ws,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    W_SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr,
 ):
     # The few-rows twin of _skinny_linear_kernel: each program streams its BLOCK_N weight rows
     # once for BLOCK_M token rows, tl.dot of the weight tile with the transposed row tile (the
@@ -244,7 +245,10 @@ def _skinny_rows_kernel(
     # (asynchronous copies into shared memory). One pass over K: the norm's 1/rms, known only
     # at the end, scales the fp32 sums, so the MMA takes (x [+ residual]) * g rounded to the
     # input dtype where the unfused norm rounds (x [+ residual]) * g / rms: the same rounding
-    # step, at a different point (the residual sum and gate / up round as unfused)
+    # step, at a different point (the residual sum and gate / up round as unfused).
+    # W_SCALE "channel" / "block": e4m3 weights (fp8_layers.py), each tile converted to the
+    # activations' dtype (exact) for the MMA; a row's scale multiplies its sums at the end,
+    # a 128x128 block's scale each K step's partial sums (BLOCK_K divides SCALE_BLOCK)
     pid_n = tl.program_id(0)
     m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = m < rows
@@ -280,16 +284,34 @@ def _skinny_rows_kernel(
             a = (a * g[None, :]).to(act_dtype)        # the row's 1/rms scales the sums below
         a_t = tl.trans(a)                                              # [BK, BM]
         w = tl.load(w_rows + k[None, :], mask=w_mask, other=0.0)
+        if W_SCALE != "none":
+            w = w.to(act_dtype)
         if DOT_PRECISION == "ieee":  # fp32 operands (exact products of 16-bit ones)
             w = w.to(tl.float32)
             a_t = a_t.to(tl.float32)
-        acc = tl.dot(w, a_t, acc, input_precision=DOT_PRECISION)
+        if W_SCALE == "block":
+            kb = k0 // SCALE_BLOCK
+            s_w = tl.load(ws_ptr + (n // SCALE_BLOCK) * stride_ws + kb, mask=n_mask, other=0.0)
+            acc += tl.dot(w, a_t, input_precision=DOT_PRECISION) * s_w[:, None]
+        else:
+            acc = tl.dot(w, a_t, acc, input_precision=DOT_PRECISION)
         if ACTIVATION != "none":
             u = tl.load(up_rows + k[None, :], mask=w_mask, other=0.0)
+            if W_SCALE != "none":
+                u = u.to(act_dtype)
             if DOT_PRECISION == "ieee":
                 u = u.to(tl.float32)
-            acc_up = tl.dot(u, a_t, acc_up, input_precision=DOT_PRECISION)
+            if W_SCALE == "block":
+                s_u = tl.load(ws_ptr + ((n + up_offset) // SCALE_BLOCK) * stride_ws + kb,
+                              mask=n_mask, other=0.0)
+                acc_up += tl.dot(u, a_t, input_precision=DOT_PRECISION) * s_u[:, None]
+            else:
+                acc_up = tl.dot(u, a_t, acc_up, input_precision=DOT_PRECISION)
     let_next_launch(PDL)
+    if W_SCALE == "channel":
+        acc = acc * tl.load(ws_ptr + n, mask=n_mask, other=0.0)[:, None]
+        if ACTIVATION != "none":
+            acc_up = acc_up * tl.load(ws_ptr + up_offset + n, mask=n_mask, other=0.0)[:, None]
     if NORM:
         rstd = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=1) / k_dim + eps)   # [BM]
         acc = acc * rstd[None, :]
@@ -363,14 +385,29 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
     if plan.block_m == 1:
         _skinny_linear_kernel[(cdiv(n_out, plan.block_n), rows)](*pointers, *sizes, **flags)
     else:
-        # "ieee": fp32 operands, fp32 products. fp32 inputs need it (tf32 would round them),
-        # and so does Triton's interpreter, whose tl.dot misreads bf16 operands (raw bits);
-        # on CUDA 16-bit operands go to the MMA as they are (fp32 accumulation either way)
-        interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-        precision = "ieee" if x.dtype == torch.float32 or interpreted else "tf32"
-        _skinny_rows_kernel[(cdiv(n_out, plan.block_n), cdiv(rows, plan.block_m))](
-            *pointers, rows, *sizes, BLOCK_M=plan.block_m, NUM_STAGES=plan.num_stages,
-            DOT_PRECISION=precision, **flags)
+        launch_rows(pointers, sizes, flags, x, rows, n_out, plan)
+
+
+SCALE_BLOCK = 128     # block-wise e4m3 weights: one scale per 128 x 128 block
+
+
+def launch_rows(pointers: tuple[torch.Tensor, ...], sizes: tuple[object, ...],
+                flags: dict[str, object], x: torch.Tensor, rows: int, n_out: int,
+                plan: LinearPlan, scale: torch.Tensor | None = None,
+                scale_kind: str = "none") -> None:
+    """_skinny_rows_kernel over `rows` (BLOCK_M a program), with _skinny_linear_kernel's
+    pointers, sizes and flags; `scale` / `scale_kind` ("channel", "block") for e4m3 weights
+    (fp8_layers.py)."""
+    # "ieee": fp32 operands, fp32 products. fp32 inputs need it (tf32 would round them),
+    # and so does Triton's interpreter, whose tl.dot misreads bf16 operands (raw bits);
+    # on CUDA 16-bit operands go to the MMA as they are (fp32 accumulation either way)
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    precision = "ieee" if x.dtype == torch.float32 or interpreted else "tf32"
+    scales = scale if scale is not None else x
+    _skinny_rows_kernel[(cdiv(n_out, plan.block_n), cdiv(rows, plan.block_m))](
+        *pointers, scales, rows, *sizes, scales.stride(0) if scales.dim() > 1 else 1,
+        BLOCK_M=plan.block_m, NUM_STAGES=plan.num_stages, DOT_PRECISION=precision,
+        W_SCALE=scale_kind, SCALE_BLOCK=SCALE_BLOCK, **flags)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
