@@ -3,13 +3,15 @@
     python benchmarks/bench_fp8.py --out benchmarks/out/gpu        # ~5 minutes on one H200
     python benchmarks/bench_fp8.py --smoke           # CPU check of the script (Qwen3-0.6B)
 
-Three engine processes (`--load-format dummy`; weights drawn on the device, FP8 ones drawn in
+Four engine processes (`--load-format dummy`; weights drawn on the device, FP8 ones drawn in
 bf16 and quantized per row at load), each serving over gRPC (benchmarks/bench_serving.py's
 client; benchmarks/bench_decode.py's batch-1 runs):
 
 - bf16:                 batch-1 decode, 64 concurrent 1024/1024, 256 concurrent 1024/1024
 - fp8 weights:          batch-1 decode, 64 concurrent 1024/1024     (`--quantization fp8`)
 - fp8 weights + fp8 KV: 256 concurrent 1024/1024                     (+ `--kv-cache-dtype fp8`)
+- fp8 b1 tensor cores:  batch-1 decode with `HELIOS_FP8_SKINNY=tensor-cores` (the tl.dot
+                        kernel for batch 1, opt-in until this row shows it faster)
 
 Per engine: KV pages (ModelInfo), GPU memory in use after the runs (nvidia-smi; the KV pool
 takes kv_cache_memory_fraction of what the weights leave, so it is nearly all of the GPU in
@@ -61,6 +63,7 @@ class EngineRow:
     decode_limit_tok_s: float = 0.0
     levels: dict[str, dict] = field(default_factory=dict)   # "C=64" -> summary
     errors: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)        # the engine's environment
 
 
 def projection_parameters(config: dict) -> int:
@@ -172,7 +175,7 @@ def run_engine(row: EngineRow, levels: list[int], decode: bool, model_dir: Path,
             flags += ["--kv-cache-bytes", str(64 << 20), "--runner", "graph"]
         started = time.perf_counter()
         log = Path(args.out) / f"engine-fp8-{re.sub(r'[^A-Za-z0-9]+', '_', row.label)}.log"
-        with ServiceProcess.start(flags, log) as engine:
+        with ServiceProcess.start(flags, log, env=row.env) as engine:
             engine.wait_grpc_serving(address, timeout=args.startup_timeout)
             row.startup_s = time.perf_counter() - started
             if decode:
@@ -236,13 +239,17 @@ def main() -> int:
     context = args.decode_input_len + args.decode_output_len
     rows = [EngineRow("bf16", []), EngineRow("fp8 weights", ["--quantization", "fp8"]),
             EngineRow("fp8 weights + fp8 KV", ["--quantization", "fp8", "--kv-cache-dtype",
-                                               "fp8"])]
-    for row, fp8_w, fp8_kv in zip(rows, (False, True, True), (False, False, True), strict=True):
+                                               "fp8"]),
+            EngineRow("fp8 b1 tensor cores", ["--quantization", "fp8"],
+                      env={"HELIOS_FP8_SKINNY": "tensor-cores"})]
+    for row, fp8_w, fp8_kv in zip(rows, (False, True, True, True), (False, False, True, False),
+                                  strict=True):
         row.decode_limit_tok_s = COPY_TB_S * 1e12 / step_bytes(config, fp8_w, fp8_kv, context)
     gemm = gemm_timings(args.smoke)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_shape(shape, Path(tmp) / shape)
-        plan = ((rows[0], wide, True), (rows[1], wide[:1], True), (rows[2], wide[1:], False))
+        plan = ((rows[0], wide, True), (rows[1], wide[:1], True), (rows[2], wide[1:], False),
+                (rows[3], [], True))
         for row, levels, decode in plan:
             try:
                 run_engine(row, levels, decode, model_dir, args)
