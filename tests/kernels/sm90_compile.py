@@ -154,6 +154,34 @@ def qwen3_8b_launches() -> list[tuple[str, Launch]]:
     return list(zip(names, calls, strict=True))
 
 
+def gpt_oss_moe_launches(fmt: str, tokens: int) -> list[Launch]:
+    """The fused-MoE GEMM launches (gate/up, down) at gpt-oss-20b's shape for `tokens` tokens,
+    the expert matrices bf16 or "mxfp4" (kept packed: model/mxfp4.py's Mxfp4Weight)."""
+    import torch
+
+    from services.engine.kernels.fused_moe import fused_experts
+    from services.engine.model.mxfp4 import Mxfp4Weight
+
+    experts, top_k, hidden, inter = 32, 4, 2880, 2880
+
+    def weight(rows: int, k: int) -> Any:
+        if fmt == "bf16":
+            return torch.zeros(experts, rows, k, dtype=torch.bfloat16)
+        return Mxfp4Weight(torch.zeros(experts, rows, k // 2, dtype=torch.uint8),
+                           torch.zeros(experts, rows, k // 32, dtype=torch.uint8),
+                           torch.bfloat16)
+
+    x = torch.zeros(tokens, hidden, dtype=torch.bfloat16)
+    with capture_launches() as launches:
+        fused_experts(x, weight(2 * inter, hidden), weight(hidden, inter),
+                      torch.zeros(tokens, top_k), torch.zeros(tokens, top_k, dtype=torch.int32),
+                      gate_up_bias=torch.zeros(experts, 2 * inter, dtype=torch.bfloat16),
+                      down_bias=torch.zeros(experts, hidden, dtype=torch.bfloat16),
+                      activation="swiglu_oai")
+    return [launch for launch in launches
+            if launch.fn.fn.__name__ in ("_gate_up_kernel", "_down_kernel")]
+
+
 def main() -> None:
     print(f"{'launch':34} {'regs':>5} {'stack':>6} {'smem':>7} {'LDL':>4}  {'global loads':28} mma")
     for name, launch in qwen3_8b_launches():

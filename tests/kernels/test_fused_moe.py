@@ -207,11 +207,12 @@ def test_row_buffer_bound_holds_for_every_load() -> None:
 
 def test_fused_moe_launches_compile_for_sm90() -> None:
     """The launches at the gpt-oss-20b shape (decode: align, swiglu_oai with biases, down,
-    top-k sum) and the Qwen3-30B-A3B one (decode with the routing fused in; the prefill tile
-    plan) compile for the H200 without spills, the GEMMs on tensor cores."""
+    top-k sum; and the GEMMs with MXFP4 experts at the decode, mid and prefill plans) and the
+    Qwen3-30B-A3B one (decode with the routing fused in; the prefill tile plan) compile for
+    the H200 without spills, the GEMMs on tensor cores."""
     code = (
         "import json, torch\n"
-        "from tests.kernels.sm90_compile import capture_launches, compile_launch, report\n"
+        "from tests.kernels.sm90_compile import capture_launches, compile_launch, gpt_oss_moe_launches, report\n"
         "from services.engine.kernels.fused_moe import fused_experts, fused_moe_routed\n"
         "rows = []\n"
         "def calls(t, e, k, h, i, act, bias, route):\n"
@@ -235,40 +236,15 @@ def test_fused_moe_launches_compile_for_sm90() -> None:
         "            continue\n"
         "        r = report(label, compile_launch(launch))\n"
         "        rows.append([label, launch.fn.fn.__name__, r.registers, r.local_loads, r.mma])\n"
+        "for t in (1, 64, 2048):\n"
+        "    for launch in gpt_oss_moe_launches('mxfp4', t):\n"
+        "        r = report(f'mxfp4 T={t}', compile_launch(launch))\n"
+        "        rows.append([f'gpt-oss mxfp4 T={t}', launch.fn.fn.__name__, r.registers, r.local_loads, r.mma])\n"
         "print(json.dumps(rows))\n"
     )
     rows = compiled_json(code)
-    assert len(rows) == 8
+    assert len(rows) == 8 + 6
     for label, kernel, registers, local_loads, mma in rows:
         assert local_loads == 0 and registers <= 255, f"{label} {kernel}: spills ({registers})"
         if kernel in ("_gate_up_kernel", "_down_kernel"):
             assert mma, f"{label} {kernel}: no tensor-core MMA in the SASS"
-
-
-def test_mxfp4_expert_gemms_compile_for_sm90() -> None:
-    """The MXFP4 GEMM launches at the gpt-oss-20b shape (decode, mid and prefill tile plans)
-    compile for the H200 without spills, the dequantized tiles on tensor cores."""
-    code = (
-        "import json, torch\n"
-        "from tests.kernels.sm90_compile import capture_launches, compile_launch, report\n"
-        "from services.engine.kernels.fused_moe import fused_experts\n"
-        "from services.engine.model.mxfp4 import Mxfp4Weight\n"
-        "e, k, h, i = 32, 4, 2880, 2880\n"
-        "def packed(n, kk):\n"
-        "    return Mxfp4Weight(torch.zeros(e, n, kk // 2, dtype=torch.uint8), torch.zeros(e, n, kk // 32, dtype=torch.uint8), torch.bfloat16)\n"
-        "rows = []\n"
-        "for t in (1, 64, 2048):\n"
-        "    x = torch.zeros(t, h, dtype=torch.bfloat16)\n"
-        "    with capture_launches() as launches:\n"
-        "        fused_experts(x, packed(2 * i, h), packed(h, i), torch.zeros(t, k), torch.zeros(t, k, dtype=torch.int32), gate_up_bias=torch.zeros(e, 2 * i, dtype=torch.bfloat16), down_bias=torch.zeros(e, h, dtype=torch.bfloat16), activation='swiglu_oai')\n"
-        "    for launch in launches:\n"
-        "        if launch.fn.fn.__name__ in ('_gate_up_kernel', '_down_kernel'):\n"
-        "            r = report(f'T={t}', compile_launch(launch))\n"
-        "            rows.append([t, launch.fn.fn.__name__, r.registers, r.local_loads, r.mma])\n"
-        "print(json.dumps(rows))\n"
-    )
-    rows = compiled_json(code)
-    assert len(rows) == 6
-    for tokens, kernel, registers, local_loads, mma in rows:
-        assert local_loads == 0 and registers <= 255, f"T={tokens} {kernel}: spills"
-        assert mma, f"T={tokens} {kernel}: no tensor-core MMA in the SASS"
