@@ -10,9 +10,11 @@ PDL: it streams e4m3 weight rows (half the bytes of bf16, which is the whole cos
 and dequantizes them in registers, the row scale applied once to the dot product (block-wise
 weights: BLOCK_K = 128, each K step's partial sums times that block's scale). The activation
 row is not quantized there (W8A16: the skinny path is the more exact one). With
-`HELIOS_FP8_SKINNY=tensor-cores` (or a plan with block_m > 1) batch 1 runs skinny_linear.py's
-tl.dot kernel instead, the e4m3 tiles converted to the activations' dtype for the MMA, the
-same scales applied (W8A16 too): opt-in until measured on a GPU.
+`HELIOS_FP8_SKINNY=tensor-cores` (or a plan with block_m > 1) up to 16 rows (`DOT_ROWS`: batch-1
+to batch-16 decode, speculative verification) run skinny_linear.py's tl.dot kernel instead,
+the e4m3 tiles converted to the activations' dtype for the MMA, the same scales applied (W8A16
+too, the weights read once for the 16 rows, no activation quantization): opt-in until measured
+on a GPU.
 
 More rows: the activations are quantized by `fp8_quant.py` (fused with the norm for
 `fp8_norm_linear`) and multiplied by `fp8_gemm.py` (torch._scaled_mm or the Triton GEMM for
@@ -51,6 +53,12 @@ BLOCK = 128
 # whose conversions and FMAs per weight byte are twice bf16's (RESULTS.md, 2026-12-06).
 # Not measured on a GPU yet: opt-in until it is.
 TENSOR_CORES = os.environ.get("HELIOS_FP8_SKINNY", "").strip().lower() == "tensor-cores"
+DOT_ROWS = 16    # with TENSOR_CORES, up to this many rows take it too (W8A16, one weight read)
+
+
+def _skinny_rows() -> int:
+    """The most rows the W8A16 kernels take; more are quantized for the FP8 GEMM."""
+    return DOT_ROWS if TENSOR_CORES else MAX_ROWS
 
 
 @triton.jit
@@ -226,7 +234,7 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = N
     """x [M, K] @ W^T + bias -> [M, N] in out_dtype (x's by default)."""
     _check(x, weight, bias)
     out_dtype = out_dtype or x.dtype
-    if x.shape[0] <= MAX_ROWS or plan is not None:
+    if x.shape[0] <= _skinny_rows() or plan is not None:
         out = torch.empty((x.shape[0], weight.shape[0]), dtype=out_dtype, device=x.device)
         _skinny(x, None, None, 0.0, weight, bias, out, None, None, plan)
         return out
@@ -253,7 +261,7 @@ def fp8_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
     n_rows = weight.shape[0]
     if activation and n_rows % 2:
         raise ValidationError(f"weight: {n_rows} rows cannot split into gate and up halves")
-    if rows > MAX_ROWS and plan is None:
+    if rows > _skinny_rows() and plan is None:
         scheme = weight.scheme
         q, scales, new_residual = norm_quantize_fp8(x, residual, norm_weight, eps,
                                                     scheme.activations, scheme.group_size,
