@@ -71,10 +71,17 @@ SHAPES["gpt-oss-20b"] = {
     "eos_token_id": [200002, 199999], "pad_token_id": 199999, "torch_dtype": "bfloat16",
     "initializer_range": 0.02, "use_cache": True}
 
+# 117 B parameters: 234 GB in bf16, more than one GPU holds; with its experts kept MXFP4
+# (bench_moe.py --mxfp4-experts keep) ~65 GB
+SHAPES["gpt-oss-120b"] = {**SHAPES["gpt-oss-20b"], "num_hidden_layers": 36,
+                          "num_local_experts": 128,
+                          "layer_types": ["sliding_attention", "full_attention"] * 18}
+
 TOKENIZERS = {"qwen3-0.6b": "qwen3", "qwen3-8b": "qwen3", "llama-3.1-8b": "llama3_1",
               "qwen3-30b-a3b": "qwen3",
               # o200k_harmony when the assets pin it; the Qwen3 tokenizer times the same
-              "gpt-oss-20b": "gptoss" if "gptoss" in assets.PINNED else "qwen3"}
+              "gpt-oss-20b": "gptoss" if "gptoss" in assets.PINNED else "qwen3",
+              "gpt-oss-120b": "gptoss" if "gptoss" in assets.PINNED else "qwen3"}
 
 
 def experts_of(config: dict) -> tuple[int, int, int, int]:
