@@ -273,13 +273,23 @@ class Mxfp4Experts(Experts):
             setattr(self, f"{name}_scales",
                     parameter(experts, out, k // GROUP, device=device, dtype=torch.uint8))
 
+    def _packed(self, name: str) -> Mxfp4Weight:
+        """The Mxfp4Weight of `name`'s parameters, made once (every eager forward asks) and
+        again only if a parameter object was replaced."""
+        blocks, scales = getattr(self, f"{name}_blocks"), getattr(self, f"{name}_scales")
+        cache: dict[str, Mxfp4Weight] = self.__dict__.setdefault("_packed_weights", {})
+        weight = cache.get(name)
+        if weight is None or weight.blocks is not blocks or weight.scales is not scales:
+            weight = cache[name] = Mxfp4Weight(blocks, scales, self.dtype)
+        return weight
+
     @property
     def w_gate_up(self) -> Mxfp4Weight:            # type: ignore[override]
-        return Mxfp4Weight(self.w_gate_up_blocks, self.w_gate_up_scales, self.dtype)
+        return self._packed("w_gate_up")
 
     @property
     def w_down(self) -> Mxfp4Weight:               # type: ignore[override]
-        return Mxfp4Weight(self.w_down_blocks, self.w_down_scales, self.dtype)
+        return self._packed("w_down")
 
 
 # ---------------------------------------------------------------------------------------------
