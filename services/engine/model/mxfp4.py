@@ -88,10 +88,6 @@ class Mxfp4Weight:
     def is_cuda(self) -> bool:
         return self.blocks.is_cuda
 
-    @property
-    def nbytes(self) -> int:
-        return self.blocks.numel() + self.scales.numel()
-
     def __getitem__(self, expert: int) -> torch.Tensor:
         rows, half = self.blocks.shape[1:]
         return dequantize_mxfp4(self.blocks[expert].view(rows, half // 16, 16),
