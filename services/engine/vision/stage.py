@@ -140,8 +140,14 @@ class VisionStage:
         tensors = self.ahead.fetch(identities)
         fetched = time.perf_counter()
         self.counters.fetch_s += fetched - started
-        inputs = [VisionInput.from_tensors(identity, named, self.merge)
-                  for identity, named in zip(identities, tensors, strict=True)]
+        try:        # tensors this tower cannot take fail the requests that need them
+            inputs = [VisionInput.from_tensors(identity, named, self.merge)
+                      for identity, named in zip(identities, tensors, strict=True)]
+            self.model.visual.check(inputs)
+        except (KeyError, ValueError) as exc:
+            raise ImageUnavailable(f"imageprep sent image tensors this model cannot use "
+                                   f"({type(exc).__name__}: {exc}); is imageprep's profile "
+                                   "this model's?") from exc
         if self.model.device.type == "cuda":
             # on the model stream, before the step that reads the features: no host wait
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(

@@ -41,6 +41,15 @@ def _tensor(value: Any) -> torch.Tensor:
     return torch.as_tensor(value)
 
 
+def _rows(value: Any, name: str, count: int, width: int) -> torch.Tensor:
+    """A per-patch tensor [count, width] (ValueError naming it otherwise)."""
+    tensor = _tensor(value)
+    if tensor.numel() != count * width:
+        raise ValueError(f"{name} has shape {list(tensor.shape)}; {count} patches need "
+                         f"[{count}, {width}]")
+    return tensor.reshape(count, width)
+
+
 @dataclass(frozen=True, slots=True)
 class RawPixels:
     """An image's resized uint8 pixels and the constants that make its pixel_values
@@ -147,11 +156,12 @@ class VisionInput:
             raise ValueError(f"grid {grid} is not a multiple of the spatial merge {merge}")
         raw = tensors.get("vision_positions")
         positions = (merge_block_positions(grid, merge) if raw is None
-                     else _tensor(raw).long().reshape(count, 2))
+                     else _rows(raw, "vision_positions", count, 2).long())
         indices, weights = tensors.get("interp_indices"), tensors.get("interp_weights")
         return cls(identity, grid, pixels, positions,
-                   None if indices is None else _tensor(indices).long(),
-                   None if weights is None else _tensor(weights).float())
+                   None if indices is None else _rows(indices, "interp_indices", count, 4).long(),
+                   None if weights is None else _rows(weights, "interp_weights", count,
+                                                      4).float())
 
     def to(self, device: torch.device | str) -> VisionInput:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:

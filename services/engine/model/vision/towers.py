@@ -184,13 +184,16 @@ class Qwen3VisionTower(VisionTower):
             PatchMerger(config, post_shuffle=True, device=device, dtype=dtype)
             for _ in config.deepstack_visual_indexes])
 
-    @torch.inference_mode()
-    def forward(self, images: Sequence[VisionInput]) -> list[ImageFeatures]:
-        self.check(images)
+    def check(self, images: Sequence[VisionInput]) -> None:
+        super().check(images)
         if any(image.interp_indices is None or image.interp_weights is None
                for image in images):
             raise ValueError("Qwen3-VL images need their position-table taps "
                              "(interp_indices, interp_weights)")
+
+    @torch.inference_mode()
+    def forward(self, images: Sequence[VisionInput]) -> list[ImageFeatures]:
+        self.check(images)
         device = self.device
         pixels = _on_device([image.pixel_values for image in images], device)
         indices = _on_device([image.interp_indices for image in images], device)  # type: ignore[misc]

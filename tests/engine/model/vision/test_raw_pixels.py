@@ -135,3 +135,72 @@ def test_vision_pixels_setting(tmp_path):
     assert EngineConfig(model=str(tmp_path), vision_pixels="values").vision_pixels == "values"
     with pytest.raises(ValidationError, match="vision_pixels must be raw or values"):
         EngineConfig(model=str(tmp_path), vision_pixels="float16")
+
+
+@pytest.mark.parametrize("fault", ["unavailable", "wrong merge", "wrong patch", "no grid"])
+def test_a_bad_image_fails_its_request_alone(fault, vl_checkpoint_dirs):
+    """imageprep cannot return an image, or returns tensors this tower cannot take (a
+    profile prepared for another model): the requests needing that image end with an
+    `unavailable` error that says so; the others, text and image, finish; the engine lives."""
+    from services.common.core import open_model
+    from services.engine.scheduler.requests import FinishReason
+    from services.engine.vision.pixels import ImageUnavailable
+    from services.engine.vision.preflight import prepare_plan_images
+    from tests.engine.model.vision.checkpoints import prepared_image
+    from tests.engine.model.vision.prompts import compose, random_text
+    from tests.engine.model.vision.test_engine_vision import DictPixels, request
+    from tests.engine.runner.conftest import make_engine
+
+    engine = make_engine(open_model(vl_checkpoint_dirs["qwen2_5_vl"]), page_size=4,
+                         prefill_chunk_size=64, max_num_batched_tokens=64,
+                         imageprep_address="127.0.0.1:9")
+    bad_image, good_image = (prepared_image("qwen2_5_vl", 140, 140, s) for s in (7, 8))
+
+    class Faulty(DictPixels):
+        def fetch(self, identities):
+            got = super().fetch(identities)
+            if bad_image.identity not in identities:
+                return got
+            if fault == "unavailable":
+                raise ImageUnavailable("imageprep lost it")
+            index = list(identities).index(bad_image.identity)
+            got[index] = tensors = dict(got[index])       # the stored ones stay whole
+            if fault == "wrong merge":
+                tensors["patch_layout"] = np.array([14, 4, 2], np.int64)
+            elif fault == "wrong patch":
+                tensors["patch_layout"] = np.array([7, 2, 2], np.int64)
+                tensors["grid_thw"] = np.array([[1, 20, 20]], np.int64)
+            else:
+                del tensors["grid_thw"]
+            return got
+
+    pixels = Faulty(raw=True)
+    engine.runner.vision.pixels = pixels
+    prompts = {"bad": compose([random_text(3, 1), bad_image, random_text(4, 2)]),
+               "good": compose([random_text(5, 3), good_image, random_text(2, 4)]),
+               "text": compose([random_text(12, 5)])}
+    for rid, prompt in prompts.items():
+        pixels.add(prompt)
+        engine.scheduler.admit(request(rid, prompt))
+    scheduler, runner = engine.scheduler, engine.runner
+    finished, errors = {}, {}
+    while scheduler.has_work:
+        plan = scheduler.plan()
+        if plan is not None:
+            fence = scheduler.state.resources.fences.next_fence
+            for update in prepare_plan_images(scheduler, runner.vision, plan, fence):
+                errors[update.request_id] = update.deltas[0]
+                finished[update.request_id] = update.deltas[0].finish_reason
+            plan = scheduler.plan()
+            if plan is not None:
+                runner.submit(scheduler.commit(plan, fence))
+        if runner.outstanding:
+            for update in scheduler.complete(runner.wait()):
+                for delta in update.deltas:
+                    if delta.finish_reason is not None:
+                        finished[update.request_id] = delta.finish_reason
+    assert finished["bad"] == FinishReason.ERROR
+    assert errors["bad"].error_kind == "unavailable"
+    expected = "imageprep lost it" if fault == "unavailable" else "cannot use"
+    assert expected in errors["bad"].error
+    assert finished["good"] != FinishReason.ERROR and finished["text"] != FinishReason.ERROR
