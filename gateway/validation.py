@@ -121,16 +121,24 @@ def _non_finite_path(value: Any, path: str) -> tuple[str, str] | None:
 _MAYBE_NON_FINITE = re.compile(rb"NaN|Infinity|[0-9][eE][+]?[0-9]{3}")
 
 
-def _outside_strings(body: bytes) -> list[bytes]:
+QUOTE_WALK_LIMIT = 4096     # _outside_strings walks at most this many quotes
+
+
+def _outside_strings(body: bytes) -> list[bytes] | None:
     """The pieces of a JSON body outside its strings, where numbers and literals are. A base64
     image in a string spells NaN, Infinity and 1e234-like runs by chance (~50 times in a 2 MB
     data URL), and scanning all of it cost 18-32 ms (Python's regex over 2 MB); finding the
     quotes (memchr) skips the strings' bytes. A quote after an odd run of backslashes inside
-    a string is escaped. An unterminated string is left to the route's parser."""
+    a string is escaped. An unterminated string is left to the route's parser. None past
+    QUOTE_WALK_LIMIT quotes."""
     pieces: list[bytes] = []
     start, inside = 0, False    # where this outside piece, or this string's content, starts
     quote = body.find(b'"')
+    walked = 0
     while quote != -1:
+        walked += 1
+        if walked > QUOTE_WALK_LIMIT:
+            return None
         if not inside:
             pieces.append(body[start:quote])
             inside, start = True, quote + 1
@@ -151,7 +159,11 @@ def check_finite(body: bytes) -> ValidationError | None:
     FastAPI's body parsing) accepts them, and numbers such as 1e999 parse as infinity: refuse
     both anywhere in the body with a 400 naming the field, so no route (typed float fields or
     free-form ones such as Ollama `options`) ever sees a non-finite number."""
-    if not any(_MAYBE_NON_FINITE.search(piece) for piece in _outside_strings(body)):
+    # Many quotes (an array of a million short strings): one regex scan of the whole body is
+    # cheaper than walking them all (24 against 250 ms for 2.5 MB)
+    pieces = _outside_strings(body)
+    if not any(_MAYBE_NON_FINITE.search(piece) for piece in
+               (pieces if pieces is not None else [body])):
         return None
     try:
         value = json.loads(body, parse_constant=_NonFinite, parse_float=_non_finite_float,

@@ -79,3 +79,17 @@ def test_random_bodies_agree_with_a_full_parse():
 
 def test_an_unterminated_string_is_left_to_the_parser():
     assert validation.check_finite(b'{"a": "no end NaN') is None
+
+
+def test_a_body_of_many_strings_is_scanned_whole():
+    """Past QUOTE_WALK_LIMIT quotes the check scans the whole body once (walking a million
+    quotes took ten times longer); a non-finite value is still found, and words inside the
+    strings only cost the hooked parse."""
+    many = ["x"] * (validation.QUOTE_WALK_LIMIT // 2 + 1)
+    assert validation._outside_strings(json.dumps(many).encode()) is None
+    assert validation._outside_strings(json.dumps(many[:-2]).encode()) is not None
+    assert validation.check_finite(json.dumps({"a": many, "b": 1.5}).encode()) is None
+    body = json.dumps({"a": many}).encode()[:-1] + b', "b": NaN}'
+    error = validation.check_finite(body)
+    assert error is not None and error.param == "b"
+    assert validation.check_finite(json.dumps({"a": [*many, "NaN 1e999"]}).encode()) is None
