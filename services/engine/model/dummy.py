@@ -49,7 +49,7 @@ def init_dummy_weights(model: CausalLM, seed: int = 0, std: float = STD) -> Caus
             elif name.endswith("bias"):
                 param.zero_()
             continue
-        if param.dtype == torch.uint8:      # kept MXFP4 experts (moe.py Mxfp4Experts)
+        if param.dtype == torch.uint8:      # kept MXFP4 experts (expert_weights.py Mxfp4Experts)
             if name.endswith("_scales"):     # 2 ** -7: E2M1 values of ~0.01 (about STD)
                 param.fill_(SCALE_BIAS - 7)
             else:                             # any codes

@@ -1,5 +1,6 @@
-"""Expert checkpoint layouts: which `Experts` parameter (and shard) each checkpoint tensor
-fills, and the loaders that place it (model/moe.py's `Experts` uses them).
+"""The experts' weights: the `Experts` parameters (dense, or `Mxfp4Experts` kept MXFP4), which
+parameter (and shard) each checkpoint tensor fills, and the loaders that place it (model/moe.py
+runs the experts over them).
 
 Checkpoints name experts per expert (`<block>.experts.<e>.gate_proj|up_proj|down_proj.weight`,
 Mixtral's `w1|w3|w2`) or fused (`<block>.experts.gate_up_proj` [E, 2I, H], `down_proj`
@@ -15,8 +16,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from services.engine.model.layers.weights import WeightShapeError
+from services.engine.model.layers.weights import WeightShapeError, parameter
+from services.engine.model.mxfp4 import GROUP, Mxfp4Weight
 
+MOE_ACTIVATIONS = ("silu", "swiglu_oai")   # model/moe.py's expert_activation
 FUSED = "fused"          # the shard of a fused-experts checkpoint tensor (all experts at once)
 
 # checkpoint projection names -> which part of the expert they fill
@@ -89,3 +92,86 @@ def _copy(destination: torch.Tensor, tensor: torch.Tensor) -> None:
     if tuple(tensor.shape) != tuple(destination.shape):
         raise WeightShapeError(tuple(tensor.shape), tuple(destination.shape))
     destination.copy_(tensor)
+
+
+class Experts(nn.Module):
+    """E experts' weights, fused: `w_gate_up` [E, 2I, H], `w_down` [E, H, I] (+ biases)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
+                 bias: bool = False, activation: str = "silu", limit: float = 7.0,
+                 alpha: float = 1.702, device: torch.device | str, dtype: torch.dtype) -> None:
+        super().__init__()
+        if activation not in MOE_ACTIVATIONS:
+            raise ValueError(f"unknown expert activation {activation!r}")
+        self.num_experts, self.hidden_size = num_experts, hidden_size
+        self.intermediate_size = intermediate_size
+        self.activation, self.limit, self.alpha = activation, limit, alpha
+        self.dtype = dtype
+        gate_up = tuple(f"{e}.{part}" for e in range(num_experts) for part in ("gate", "up"))
+        down = tuple(str(e) for e in range(num_experts))
+        rows = expert_rows_loader(num_experts, intermediate_size)
+        whole = expert_loader(num_experts)
+        self._matrices(device, dtype, rows, gate_up, whole, down)
+        self.gate_up_bias = self.down_bias = None
+        if bias:
+            self.gate_up_bias = parameter(num_experts, 2 * intermediate_size, device=device,
+                                          dtype=dtype, loader=rows, shards=gate_up,
+                                          covers={FUSED: gate_up})
+            self.down_bias = parameter(num_experts, hidden_size, device=device, dtype=dtype,
+                                       loader=whole, shards=down, covers={FUSED: down})
+
+    def _matrices(self, device: torch.device | str, dtype: torch.dtype,
+                  rows: Callable[..., None], gate_up: tuple[str, ...],
+                  whole: Callable[..., None], down: tuple[str, ...]) -> None:
+        """`w_gate_up` [E, 2I, H] and `w_down` [E, H, I] in `dtype`, loaded per expert
+        (`gate_up` / `down` shards) or fused."""
+        self.w_gate_up = parameter(self.num_experts, 2 * self.intermediate_size,
+                                   self.hidden_size, device=device, dtype=dtype, loader=rows,
+                                   shards=gate_up, covers={FUSED: gate_up})
+        self.w_down = parameter(self.num_experts, self.hidden_size, self.intermediate_size,
+                                device=device, dtype=dtype, loader=whole, shards=down,
+                                covers={FUSED: down})
+
+
+class Mxfp4Experts(Experts):
+    """The experts with MXFP4 matrices (MoEConfig expert_format "mxfp4", engine setting
+    `mxfp4_experts: keep`): `w_gate_up_blocks` uint8 [E, 2I, H/2] + `w_gate_up_scales`
+    [E, 2I, H/32], `w_down_blocks` [E, H, I/2] + `w_down_scales` [E, H, I/32] (a family's
+    loaders fill them: gpt_oss.py); `w_gate_up` / `w_down` are their `Mxfp4Weight`s (the
+    fused-MoE kernel dequantizes tiles, the torch path one expert at a time). Biases dense."""
+
+    w_gate_up_blocks: nn.Parameter
+    w_gate_up_scales: nn.Parameter
+    w_down_blocks: nn.Parameter
+    w_down_scales: nn.Parameter
+
+    def _matrices(self, device: torch.device | str, dtype: torch.dtype,
+                  rows: Callable[..., None], gate_up: tuple[str, ...],
+                  whole: Callable[..., None], down: tuple[str, ...]) -> None:
+        experts, hidden, inter = self.num_experts, self.hidden_size, self.intermediate_size
+        if hidden % GROUP or inter % GROUP:
+            raise ValueError(f"MXFP4 experts need hidden ({hidden}) and intermediate "
+                             f"({inter}) sizes that are multiples of {GROUP}")
+        for name, out, k in (("w_gate_up", 2 * inter, hidden), ("w_down", hidden, inter)):
+            setattr(self, f"{name}_blocks",
+                    parameter(experts, out, k // 2, device=device, dtype=torch.uint8))
+            setattr(self, f"{name}_scales",
+                    parameter(experts, out, k // GROUP, device=device, dtype=torch.uint8))
+
+    def _packed(self, name: str) -> Mxfp4Weight:
+        """The Mxfp4Weight of `name`'s parameters, made once (every eager forward asks) and
+        again only if a parameter object was replaced."""
+        blocks, scales = getattr(self, f"{name}_blocks"), getattr(self, f"{name}_scales")
+        cache: dict[str, Mxfp4Weight] = self.__dict__.setdefault("_packed_weights", {})
+        weight = cache.get(name)
+        if weight is None or weight.blocks is not blocks or weight.scales is not scales:
+            weight = cache[name] = Mxfp4Weight(blocks, scales, self.dtype)
+        return weight
+
+    @property
+    def w_gate_up(self) -> Mxfp4Weight:            # type: ignore[override]
+        return self._packed("w_gate_up")
+
+    @property
+    def w_down(self) -> Mxfp4Weight:               # type: ignore[override]
+        return self._packed("w_down")

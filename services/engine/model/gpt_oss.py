@@ -17,7 +17,7 @@ them into the MoE layout (`w_gate_up` [E, 2I, H]: gate rows then up rows; `w_dow
 The released checkpoints keep the expert matrices as MXFP4 (`quantization_config.quant_method:
 mxfp4`: `*_blocks` + `*_scales`, in [E, rows, K / 32, ...] with the output rows first); they
 are dequantized at load to the model dtype (`mxfp4.py`: exact in bf16), or with the engine
-setting `mxfp4_experts: keep` kept packed (moe.py's `Mxfp4Experts`, rows de-interleaved) for
+setting `mxfp4_experts: keep` kept packed (expert_weights.py's `Mxfp4Experts`, rows de-interleaved) for
 the fused-MoE kernel to dequantize tile by tile.
 """
 
@@ -44,9 +44,10 @@ from services.engine.model.config import (
     parse_rope,
     shape_fields,
 )
+from services.engine.model.expert_weights import Mxfp4Experts
 from services.engine.model.layers import Attention, RMSNorm
 from services.engine.model.layers.weights import WeightShapeError, load_whole, parameter
-from services.engine.model.moe import MoECausalLM, Mxfp4Experts, SparseMoeBlock, topk_softmax
+from services.engine.model.moe import MoECausalLM, SparseMoeBlock, topk_softmax
 from services.engine.model.mxfp4 import GROUP, dequantize_mxfp4
 
 NAME = "GptOssForCausalLM"

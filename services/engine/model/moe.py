@@ -18,9 +18,9 @@ fused_experts`, docs/kernels.md) when x is on CUDA and the kernels are available
 per expert, its selected tokens only (reads the routing on the host), or, while a CUDA graph
 is being captured, every expert over every token masked by the routing (no host reads).
 
-Checkpoint layouts (per-expert or fused expert tensors) and their loaders are
-`expert_weights.py`'s; `expert_checkpoint_target` maps a checkpoint name onto the `Experts`
-parameters.
+The experts' parameters (`Experts`, dense, or `Mxfp4Experts`), the checkpoint layouts
+(per-expert or fused expert tensors) and their loaders are `expert_weights.py`'s;
+`expert_checkpoint_target` maps a checkpoint name onto the `Experts` parameters.
 """
 
 from __future__ import annotations
@@ -43,17 +43,14 @@ from services.engine.model.causal_lm import CausalLM
 from services.engine.model.config import ModelConfig, MoEConfig
 from services.engine.model.expert_weights import (
     FUSED,
+    MOE_ACTIVATIONS,
+    Experts,
+    Mxfp4Experts,
     expert_checkpoint_target,
-    expert_loader,
-    expert_rows_loader,
 )
 from services.engine.model.layers import Attention, GatedMLP, Linear, RMSNorm
-from services.engine.model.layers.weights import parameter
-from services.engine.model.mxfp4 import GROUP, Mxfp4Weight
 
 log = logging.getLogger(__name__)
-
-MOE_ACTIVATIONS = ("silu", "swiglu_oai")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,99 +197,6 @@ def fused_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------------
-# The experts' parameters (their checkpoint loaders: expert_weights.py)
-
-
-class Experts(nn.Module):
-    """E experts' weights, fused: `w_gate_up` [E, 2I, H], `w_down` [E, H, I] (+ biases)."""
-
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
-                 bias: bool = False, activation: str = "silu", limit: float = 7.0,
-                 alpha: float = 1.702, device: torch.device | str, dtype: torch.dtype) -> None:
-        super().__init__()
-        if activation not in MOE_ACTIVATIONS:
-            raise ValueError(f"unknown expert activation {activation!r}")
-        self.num_experts, self.hidden_size = num_experts, hidden_size
-        self.intermediate_size = intermediate_size
-        self.activation, self.limit, self.alpha = activation, limit, alpha
-        self.dtype = dtype
-        gate_up = tuple(f"{e}.{part}" for e in range(num_experts) for part in ("gate", "up"))
-        down = tuple(str(e) for e in range(num_experts))
-        rows = expert_rows_loader(num_experts, intermediate_size)
-        whole = expert_loader(num_experts)
-        self._matrices(device, dtype, rows, gate_up, whole, down)
-        self.gate_up_bias = self.down_bias = None
-        if bias:
-            self.gate_up_bias = parameter(num_experts, 2 * intermediate_size, device=device,
-                                          dtype=dtype, loader=rows, shards=gate_up,
-                                          covers={FUSED: gate_up})
-            self.down_bias = parameter(num_experts, hidden_size, device=device, dtype=dtype,
-                                       loader=whole, shards=down, covers={FUSED: down})
-
-    def _matrices(self, device: torch.device | str, dtype: torch.dtype,
-                  rows: Callable[..., None], gate_up: tuple[str, ...],
-                  whole: Callable[..., None], down: tuple[str, ...]) -> None:
-        """`w_gate_up` [E, 2I, H] and `w_down` [E, H, I] in `dtype`, loaded per expert
-        (`gate_up` / `down` shards) or fused."""
-        self.w_gate_up = parameter(self.num_experts, 2 * self.intermediate_size,
-                                   self.hidden_size, device=device, dtype=dtype, loader=rows,
-                                   shards=gate_up, covers={FUSED: gate_up})
-        self.w_down = parameter(self.num_experts, self.hidden_size, self.intermediate_size,
-                                device=device, dtype=dtype, loader=whole, shards=down,
-                                covers={FUSED: down})
-
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
-                ) -> torch.Tensor:
-        return fused_experts(x, self.w_gate_up, self.w_down, topk_weights, topk_ids,
-                             gate_up_bias=self.gate_up_bias, down_bias=self.down_bias,
-                             activation=self.activation, limit=self.limit, alpha=self.alpha)
-
-
-class Mxfp4Experts(Experts):
-    """The experts with MXFP4 matrices (MoEConfig expert_format "mxfp4", engine setting
-    `mxfp4_experts: keep`): `w_gate_up_blocks` uint8 [E, 2I, H/2] + `w_gate_up_scales`
-    [E, 2I, H/32], `w_down_blocks` [E, H, I/2] + `w_down_scales` [E, H, I/32] (a family's
-    loaders fill them: gpt_oss.py); `w_gate_up` / `w_down` are their `Mxfp4Weight`s (the
-    fused-MoE kernel dequantizes tiles, the torch path one expert at a time). Biases dense."""
-
-    w_gate_up_blocks: nn.Parameter
-    w_gate_up_scales: nn.Parameter
-    w_down_blocks: nn.Parameter
-    w_down_scales: nn.Parameter
-
-    def _matrices(self, device: torch.device | str, dtype: torch.dtype,
-                  rows: Callable[..., None], gate_up: tuple[str, ...],
-                  whole: Callable[..., None], down: tuple[str, ...]) -> None:
-        experts, hidden, inter = self.num_experts, self.hidden_size, self.intermediate_size
-        if hidden % GROUP or inter % GROUP:
-            raise ValueError(f"MXFP4 experts need hidden ({hidden}) and intermediate "
-                             f"({inter}) sizes that are multiples of {GROUP}")
-        for name, out, k in (("w_gate_up", 2 * inter, hidden), ("w_down", hidden, inter)):
-            setattr(self, f"{name}_blocks",
-                    parameter(experts, out, k // 2, device=device, dtype=torch.uint8))
-            setattr(self, f"{name}_scales",
-                    parameter(experts, out, k // GROUP, device=device, dtype=torch.uint8))
-
-    def _packed(self, name: str) -> Mxfp4Weight:
-        """The Mxfp4Weight of `name`'s parameters, made once (every eager forward asks) and
-        again only if a parameter object was replaced."""
-        blocks, scales = getattr(self, f"{name}_blocks"), getattr(self, f"{name}_scales")
-        cache: dict[str, Mxfp4Weight] = self.__dict__.setdefault("_packed_weights", {})
-        weight = cache.get(name)
-        if weight is None or weight.blocks is not blocks or weight.scales is not scales:
-            weight = cache[name] = Mxfp4Weight(blocks, scales, self.dtype)
-        return weight
-
-    @property
-    def w_gate_up(self) -> Mxfp4Weight:            # type: ignore[override]
-        return self._packed("w_gate_up")
-
-    @property
-    def w_down(self) -> Mxfp4Weight:               # type: ignore[override]
-        return self._packed("w_down")
-
-
-# ---------------------------------------------------------------------------------------------
 # Expert load (GetLoad, the dashboard) and expert weight bytes (memory accounting)
 
 
@@ -423,7 +327,10 @@ class SparseMoeBlock(nn.Module):
         real = (torch.arange(x.shape[0], device=x.device) < num_real).to(torch.int64)
         self.expert_tokens.index_add_(0, ids.flatten().long(),
                                       real.repeat_interleave(ids.shape[1]))
-        return experts(x, weights, ids)
+        return fused_experts(x, experts.w_gate_up, experts.w_down, weights, ids,
+                             gate_up_bias=experts.gate_up_bias, down_bias=experts.down_bias,
+                             activation=experts.activation, limit=experts.limit,
+                             alpha=experts.alpha)
 
 
 class MoEDecoderLayer(nn.Module):

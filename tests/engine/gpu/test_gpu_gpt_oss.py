@@ -40,7 +40,7 @@ def test_gpt_oss_in_bf16_against_a_float32_reference(gpt_oss_checkpoint):
 def test_kept_mxfp4_experts_match_the_dequantized_cpu_path(gpt_oss_checkpoint, tmp_path):
     """`mxfp4_experts: keep` on CUDA (float32; the fused-MoE kernels dequantize each tile,
     in decode graphs and prefill) gives the CPU path's tokens on the dequantized experts."""
-    from services.engine.model.moe import Mxfp4Experts
+    from services.engine.model.expert_weights import Mxfp4Experts
     from tests.engine.model.test_gpt_oss import write_mxfp4_checkpoint
 
     directory = tmp_path / "gpt-oss-mxfp4"

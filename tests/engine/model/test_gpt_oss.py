@@ -176,7 +176,8 @@ def test_kept_mxfp4_experts_hold_the_checkpoint_bytes(mxfp4_checkpoint) -> None:
     """`mxfp4_experts: keep`: the experts stay packed (4.25 bits a weight) and stand for
     exactly the values the dequantizing load gives; the greedy tokens and logprobs are the
     same (the torch path dequantizes one expert at a time)."""
-    from services.engine.model.moe import Mxfp4Experts, expert_weight_bytes
+    from services.engine.model.expert_weights import Mxfp4Experts
+    from services.engine.model.moe import expert_weight_bytes
     from services.engine.model.mxfp4 import Mxfp4Weight
 
     directory, _ = mxfp4_checkpoint
@@ -261,7 +262,7 @@ def test_the_engine_setting_reaches_the_model(mxfp4_checkpoint, tmp_path) -> Non
     build_engine loads the experts kept when it says keep."""
     from services.common.errors import ValidationError
     from services.engine.config import EngineConfig
-    from services.engine.model.moe import Experts, Mxfp4Experts
+    from services.engine.model.expert_weights import Experts, Mxfp4Experts
     from tests.engine.runner.conftest import make_engine
 
     directory, _ = mxfp4_checkpoint
