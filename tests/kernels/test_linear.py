@@ -205,7 +205,7 @@ def test_explicit_plans(k, n, plan, device, gen, monkeypatch) -> None:
     for count in (3, 20):
         rows = _rand(gen, count, k, dtype=dtype, device=device, scale=2.0)
         out = torch.full((count, n), float("nan"), dtype=dtype, device=device)
-        skinny_linear._launch(rows, None, None, 0.0, w, b, out, None, None, plan)
+        skinny_linear.launch(rows, None, None, 0.0, w, b, out, None, None, plan)
         _check(out, _ref_linear(rows, w, b), dtype)
     _norm_case(gen, device, dtype, 20, k, n - n % 2, bias=True, residual=True,
                activation="silu", plan=plan)

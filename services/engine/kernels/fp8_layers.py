@@ -38,16 +38,17 @@ from services.engine.kernels.fp8_gemm import block_mm, rowwise_mm
 from services.engine.kernels.fp8_quant import norm_quantize_fp8, quantize_fp8
 from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
 from services.engine.kernels.skinny_linear import (
+    SCALE_BLOCK,
     LinearPlan,
     check_activation,
-    launch_rows,
+    launch,
     plan_linear,
     plan_rows,
 )
 from services.engine.model.fp8 import FP8_DTYPE, Fp8Weight
 
 MAX_ROWS = 1
-BLOCK = 128
+BLOCK = SCALE_BLOCK       # 128 x 128 weight blocks
 # HELIOS_FP8_SKINNY=tensor-cores: batch 1 through skinny_linear's tl.dot kernel (e4m3 tiles
 # converted to the activations' dtype for the MMA) instead of the CUDA-core kernel below,
 # whose conversions and FMAs per weight byte are twice bf16's (RESULTS.md, 2026-12-06).
@@ -195,17 +196,9 @@ def _skinny(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
     res_out = residual_out if residual_out is not None else x
     dot = plan.block_m > 1 if plan is not None else TENSOR_CORES
     if dot:                      # skinny_linear's tl.dot kernel, e4m3 tiles
-        plan = plan or dot_plan(weight, n_out, activation is not None, norm_weight is not None)
-        pointers = (x, res, norm_weight if norm_weight is not None else x, w,
-                    bias if bias is not None else x, out, res_out)
-        sizes = (n_out, k_dim, n_out if activation else 0, float(eps), x.stride(0),
-                 res.stride(0), w.stride(0), out.stride(0), res_out.stride(0))
-        flags = dict(NORM=norm_weight is not None, RESIDUAL=residual is not None,
-                     HAS_BIAS=bias is not None, ACTIVATION=activation or "none",
-                     BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, num_warps=plan.num_warps,
-                     **launch_options(x.device, rows))
-        launch_rows(pointers, sizes, flags, x, rows, n_out, plan, scale,
-                    "block" if weight.block else "channel")
+        launch(x, residual, norm_weight, eps, w, bias, out, residual_out, activation,
+               plan or dot_plan(weight, n_out, activation is not None, norm_weight is not None),
+               scale=scale, scale_kind="block" if weight.block else "channel")
         return
     plan = plan or skinny_plan(weight, n_out, rows, x.device, activation is not None)
     _fp8_skinny_kernel[(cdiv(n_out, plan.block_n), rows)](

@@ -8,8 +8,8 @@
 Shapes and semantics are `services/engine/model/moe.py`'s (x [T, H], w_gate_up [E, 2I, H],
 w_down [E, H, I], topk [T, k]). The expert matrices are tensors in x's dtype, or both MXFP4
 (model/mxfp4.py's `Mxfp4Weight`: blocks uint8 [E, N, K/2] and E8M0 scales [E, N, K/32]; the
-GEMM kernels then load a quarter of the bytes and dequantize each tile in registers,
-`_mxfp4_tile`, exactly, before the tensor-core dot). Four launches, none of them reading a
+GEMM kernels then load a quarter of the bytes and dequantize each tile exactly in registers,
+kernels/mxfp4_tile.py, before the tensor-core dot). Four launches, none of them reading a
 value on the host:
 
 1. `_route_align_kernel`, one program: (with `fused_moe_routed`) softmax top-k of the router logits,
@@ -49,6 +49,7 @@ import triton.language as tl
 
 from services.common.errors import ValidationError
 from services.engine.kernels.common import cdiv, check_float, next_power_of_2
+from services.engine.kernels.mxfp4_tile import mxfp4_tile
 
 MOE_ACTIVATIONS = ("silu", "swiglu_oai")
 
@@ -214,32 +215,6 @@ def _swiglu(gate, up, limit, alpha, ACTIVATION: tl.constexpr):
     return y
 
 
-@triton.jit
-def _e2m1(code):
-    """FP4 E2M1 codes (int, 0..15) -> float32: sign bit 3; magnitudes 0, 0.5, 1, 1.5, 2, 3,
-    4, 6 built as float bits (exponent e - 1 + 127, one mantissa bit)."""
-    code = code.to(tl.int32)
-    mag = code & 7
-    e = mag >> 1
-    bits = tl.where(mag >= 2, ((e + 126) << 23) | ((mag & 1) << 22),
-                    tl.where(mag == 1, 126 << 23, 0))
-    return (bits | ((code >> 3) << 31)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _mxfp4_tile(packed, scales, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """An MXFP4 weight tile -> float32 [BLOCK_K, BLOCK_N]: packed uint8 [BLOCK_K / 2,
-    BLOCK_N] (element 2j of the K range in byte j's low nibble, 2j + 1 in its high one),
-    scales uint8 [BLOCK_K / 32, BLOCK_N] (E8M0: 2 ** (s - 127), as float bits; 0 is
-    2 ** -127, a denormal). Exact: FP4 values times powers of two."""
-    values = tl.join(_e2m1(packed & 0xF), _e2m1(packed >> 4))         # [K/2, N, 2]
-    values = tl.reshape(tl.permute(values, (0, 2, 1)), (BLOCK_K, BLOCK_N))
-    scale = (scales.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-    scale = tl.where(scales == 0, 5.877471754111438e-39, scale)
-    values = tl.reshape(values, (BLOCK_K // 32, 32, BLOCK_N)) * scale[:, None, :]
-    return tl.reshape(values, (BLOCK_K, BLOCK_N))
-
-
 @triton.jit(do_not_specialize=["num_slots"])
 def _gate_up_kernel(
     x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, block_expert_ptr, num_rows_ptr,
@@ -276,10 +251,10 @@ def _gate_up_kernel(
             # lets the byte loads be 16 wide; hidden // 2 computed here allowed 8
             wmask = (k0 // 2 + kw < packed_k)[:, None] & cmask[None, :]
             smask = (k0 // 32 + kg < hidden // 32)[:, None] & cmask[None, :]
-            b_gate = _mxfp4_tile(tl.load(g_ptrs, mask=wmask, other=0),
+            b_gate = mxfp4_tile(tl.load(g_ptrs, mask=wmask, other=0),
                                  tl.load(gs_ptrs, mask=smask, other=0),
                                  BLOCK_K, BLOCK_N).to(a.dtype)
-            b_up = _mxfp4_tile(tl.load(u_ptrs, mask=wmask, other=0),
+            b_up = mxfp4_tile(tl.load(u_ptrs, mask=wmask, other=0),
                                tl.load(us_ptrs, mask=smask, other=0),
                                BLOCK_K, BLOCK_N).to(a.dtype)
             gs_ptrs += BLOCK_K // 32
@@ -330,7 +305,7 @@ def _down_kernel(
         kmask = k0 + ks < inter
         a = tl.load(a_ptrs, mask=valid[:, None] & kmask[None, :], other=0.0)
         if MXFP4:
-            b = _mxfp4_tile(
+            b = mxfp4_tile(
                 tl.load(b_ptrs, mask=(k0 // 2 + kw < packed_k)[:, None] & cmask[None, :],
                         other=0),
                 tl.load(s_ptrs, mask=(k0 // 32 + kg < inter // 32)[:, None] & cmask[None, :],

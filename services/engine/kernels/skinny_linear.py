@@ -361,10 +361,17 @@ def check_activation(activation: object) -> str | None:
     return activation  # type: ignore[return-value]
 
 
-def _launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
-            eps: float, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
-            residual_out: torch.Tensor | None, activation: str | None,
-            plan: LinearPlan | None = None) -> None:
+SCALE_BLOCK = 128     # block-wise e4m3 weights: one scale per 128 x 128 block
+
+
+def launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
+           eps: float, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+           residual_out: torch.Tensor | None, activation: str | None,
+           plan: LinearPlan | None = None, *, scale: torch.Tensor | None = None,
+           scale_kind: str = "none") -> None:
+    """One kernel launch of `linear` / `norm_linear` into `out` (and `residual_out`): the
+    one-row kernel or, for a plan with block_m > 1, the tl.dot kernel; `scale` /
+    `scale_kind` ("channel", "block": e4m3 weights, fp8_layers.py) need the latter."""
     activation = check_activation(activation)
     rows, k_dim = x.shape
     n_out = out.shape[1]
@@ -383,21 +390,9 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
                  BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, num_warps=plan.num_warps,
                  **launch_options(x.device, rows))
     if plan.block_m == 1:
+        assert scale is None, "scaled (e4m3) weights take the tl.dot kernel"
         _skinny_linear_kernel[(cdiv(n_out, plan.block_n), rows)](*pointers, *sizes, **flags)
-    else:
-        launch_rows(pointers, sizes, flags, x, rows, n_out, plan)
-
-
-SCALE_BLOCK = 128     # block-wise e4m3 weights: one scale per 128 x 128 block
-
-
-def launch_rows(pointers: tuple[torch.Tensor, ...], sizes: tuple[object, ...],
-                flags: dict[str, object], x: torch.Tensor, rows: int, n_out: int,
-                plan: LinearPlan, scale: torch.Tensor | None = None,
-                scale_kind: str = "none") -> None:
-    """_skinny_rows_kernel over `rows` (BLOCK_M a program), with _skinny_linear_kernel's
-    pointers, sizes and flags; `scale` / `scale_kind` ("channel", "block") for e4m3 weights
-    (fp8_layers.py)."""
+        return
     # "ieee": fp32 operands, fp32 products. fp32 inputs need it (tf32 would round them),
     # and so does Triton's interpreter, whose tl.dot misreads bf16 operands (raw bits);
     # on CUDA 16-bit operands go to the MMA as they are (fp32 accumulation either way)
@@ -424,7 +419,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
         return reference_linear(x, weight, bias, out_dtype)
     out = torch.empty((x.shape[0], weight.shape[0]), dtype=out_dtype, device=x.device)
-    _launch(x, None, None, 0.0, weight, bias, out, None, None, plan)
+    launch(x, None, None, 0.0, weight, bias, out, None, None, plan)
     return out
 
 
@@ -462,5 +457,5 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
     residual_out = None
     if residual is not None:
         residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _launch(x, residual, norm_weight, eps, weight, bias, out, residual_out, activation, plan)
+    launch(x, residual, norm_weight, eps, weight, bias, out, residual_out, activation, plan)
     return out, (residual_out if residual_out is not None else x)
