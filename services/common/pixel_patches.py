@@ -26,6 +26,12 @@ from collections.abc import Sequence
 
 import torch
 
+# FetchPixels' raw form (`pixel_dtype: RAW_DTYPE`): the tensors sent in pixel_values' place,
+# from which `pixel_values` makes them: the resized image uint8 [H, W, 3], the fused mean and
+# std float32 [2, 3], and int64 [3] patch size, merge size, temporal copies
+RAW_DTYPE = "uint8"
+RAW_PIXELS, PIXEL_NORM, PATCH_LAYOUT = "pixels_hwc", "pixel_norm", "patch_layout"
+
 
 def patch_blocks(pixels: torch.Tensor, patch_size: int, merge_size: int) -> torch.Tensor:
     """[1, C, H, W] -> a view [H/(PM), W/(PM), M, M, C, P, P]: (block row, block column, row

@@ -30,17 +30,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.common.pixel_patches import PATCH_LAYOUT, PIXEL_NORM, RAW_PIXELS
 from services.imageprep.patches import PixelPatches
 
 TENSOR_ORDER = ("pixel_values", "grid_thw", "vision_positions", "interp_indices",
                 "interp_weights", "cu_patches")
 _DTYPES: dict[str, np.dtype] = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8"),
                                 "int32": np.dtype("<i4"), "uint8": np.dtype("u1")}
-# FetchPixels' raw form (`raw_tensors`): pixels_hwc uint8 [H, W, 3], pixel_norm float32
-# [2, 3] (the fused mean and std), patch_layout int64 [3] (patch, merge, temporal copies)
-RAW_PIXELS, PIXEL_NORM, PATCH_LAYOUT = "pixels_hwc", "pixel_norm", "patch_layout"
 _MAGIC = b"HELIOSIMG2\n"
-_PIXELS = "pixels_hwc"      # the record's uint8 pixels
 _LEN = struct.Struct("<I")
 
 
@@ -125,7 +122,7 @@ def encode_record(image: PreparedImage) -> bytes:
     chunks: list[bytes | memoryview] = []
     offset = 0
     stored = [(name, image.stored[name]) for name in TENSOR_ORDER if name in image.stored]
-    for name, array in [*stored, (_PIXELS, image.pixels.pixels)]:
+    for name, array in [*stored, (RAW_PIXELS, image.pixels.pixels)]:
         data = np.ascontiguousarray(array).data.cast("B")
         tensors.append({"name": name, "dtype": dtype_name(array), "shape": list(array.shape),
                         "offset": offset, "nbytes": data.nbytes})
@@ -169,7 +166,7 @@ def decode_record(blob: bytes | memoryview) -> PreparedImage:
         identity = bytes.fromhex(header["identity"])
         geometry = ImageGeometry(*(int(v) for v in header["geometry"]))
         spec = header["patches"]
-        pixels = PixelPatches(tensors.pop(_PIXELS), int(spec["patch_size"]),
+        pixels = PixelPatches(tensors.pop(RAW_PIXELS), int(spec["patch_size"]),
                               int(spec["merge_size"]), int(spec["temporal"]),
                               tuple(float(v) for v in spec["mean"]),  # type: ignore[arg-type]
                               tuple(float(v) for v in spec["std"]))   # type: ignore[arg-type]

@@ -34,6 +34,7 @@ from services.common.errors import (
     UnavailableError,
     ValidationError,
 )
+from services.common.pixel_patches import RAW_DTYPE
 from services.imageprep.cache.retention import RetentionCache
 from services.imageprep.config import ImagePrepConfig
 from services.imageprep.decode import DecodeLimits
@@ -53,10 +54,9 @@ from services.imageprep.requests import (
 log = logging.getLogger(__name__)
 
 MAX_FETCH_IDENTITIES = 4096
-FLOAT32, BFLOAT16, UINT8 = "float32", "bfloat16", "uint8"
+FLOAT32, BFLOAT16 = "float32", "bfloat16"
+UINT8 = RAW_DTYPE           # no pixel_values: PreparedImage.raw_tensors, which make them
 PIXEL_DTYPES = (FLOAT32, BFLOAT16, UINT8)
-# UINT8: no pixel_values; the receiver computes them (services/common/pixel_patches.py) from
-# PreparedImage.raw_tensors
 
 
 def pixel_dtype_of(requested: str) -> str:

@@ -20,6 +20,7 @@ import torch
 
 from services.common.core import ModelSource
 from services.common.errors import UnsupportedError, ValidationError
+from services.common.pixel_patches import RAW_DTYPE
 from services.common.startup import StartupPhases
 from services.engine.config import EngineConfig
 from services.engine.core.messages import CoreInfo
@@ -53,7 +54,7 @@ from services.engine.scheduler.resources import KVResources
 from services.engine.scheduler.scheduler import Scheduler
 from services.engine.scheduler.state import SchedulerConfig
 from services.engine.vision.features import FeatureCache
-from services.engine.vision.pixels import UINT8, ImagePrepPixels
+from services.engine.vision.pixels import ImagePrepPixels
 from services.engine.vision.stage import VisionStage
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ def build_vision(config: EngineConfig, model: object) -> VisionStage | None:
     # raw uint8 pixels, pixel_values computed on the device; or pixel_values themselves, in
     # bf16 for a bf16 tower (half the bytes; imageprep rounds as its cast)
     values_dtype = "bfloat16" if model.visual.dtype == torch.bfloat16 else ""
-    dtype = UINT8 if config.vision_pixels == "raw" else values_dtype
+    dtype = RAW_DTYPE if config.vision_pixels == "raw" else values_dtype
     pixels = ImagePrepPixels(config.imageprep_address, pixel_dtype=dtype,
                              fallback_dtype=values_dtype) if config.imageprep_address else None
     if pixels is None:

@@ -29,10 +29,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from services.common.errors import UnavailableError
+from services.common.pixel_patches import RAW_DTYPE
 
 log = logging.getLogger(__name__)
 
-UINT8 = "uint8"         # FetchPixelsRequest.pixel_dtype: the raw pixels, not pixel_values
 _DTYPES: dict[str, np.dtype] = {"float32": np.dtype("<f4"), "int64": np.dtype("<i8"),
                                 "int32": np.dtype("<i4"), "bfloat16": np.dtype("<u2"),
                                 "uint8": np.dtype("u1")}
@@ -96,7 +96,7 @@ class ImagePrepPixels:
     (one from before it) is then asked for `fallback_dtype` from that call on. "bfloat16" (a
     bf16 tower) halves float32's bytes: imageprep rounds as the tower's own cast would."""
 
-    def __init__(self, address: str, timeout_s: float = 60.0, pixel_dtype: str = UINT8,
+    def __init__(self, address: str, timeout_s: float = 60.0, pixel_dtype: str = RAW_DTYPE,
                  fallback_dtype: str = "") -> None:
         import grpc
 
@@ -121,7 +121,7 @@ class ImagePrepPixels:
             try:
                 chunks = list(self._stub.FetchPixels(request, timeout=self.timeout_s))
             except grpc.RpcError as exc:
-                if not (self.pixel_dtype == UINT8 and
+                if not (self.pixel_dtype == RAW_DTYPE and
                         exc.code() == grpc.StatusCode.INVALID_ARGUMENT and
                         "pixel_dtype" in (exc.details() or "")):
                     raise

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from services.common.pixel_patches import pixel_values
+from services.common.pixel_patches import PATCH_LAYOUT, PIXEL_NORM, RAW_PIXELS, pixel_values
 
 
 def merge_block_positions(grid: tuple[int, int, int], merge: int) -> torch.Tensor:
@@ -80,9 +80,9 @@ class RawPixels:
     @classmethod
     def from_tensors(cls, tensors: Mapping[str, Any]) -> RawPixels:
         """From FetchPixels' pixels_hwc, pixel_norm and patch_layout."""
-        hwc = _tensor(tensors["pixels_hwc"])
-        norm = _tensor(tensors["pixel_norm"]).float()
-        layout = [int(v) for v in _tensor(tensors["patch_layout"]).reshape(-1).tolist()]
+        hwc = _tensor(tensors[RAW_PIXELS])
+        norm = _tensor(tensors[PIXEL_NORM]).float()
+        layout = [int(v) for v in _tensor(tensors[PATCH_LAYOUT]).reshape(-1).tolist()]
         if hwc.dtype != torch.uint8 or hwc.dim() != 3:
             raise ValueError(f"pixels_hwc is {hwc.dtype} {list(hwc.shape)}; raw pixels are "
                              "uint8 [H, W, C]")
@@ -96,10 +96,6 @@ class RawPixels:
                              f"patch x merge ({side})")
         return cls(hwc, layout[0], layout[1], layout[2], tuple(norm[0].tolist()),
                    tuple(norm[1].tolist()))
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> RawPixels:
-        return RawPixels(self.hwc.to(device, non_blocking=non_blocking), self.patch_size,
-                         self.merge_size, self.temporal, self.mean, self.std)
 
 
 def on_device(pixels: torch.Tensor | RawPixels, device: torch.device | str) -> torch.Tensor:
@@ -139,7 +135,7 @@ class VisionInput:
             raise ValueError(f"grid_thw holds {len(grid_values)} values; one image is 3")
         grid = (grid_values[0], grid_values[1], grid_values[2])
         pixels: torch.Tensor | RawPixels
-        if "pixels_hwc" in tensors:
+        if RAW_PIXELS in tensors:
             pixels = RawPixels.from_tensors(tensors)
             if pixels.merge_size != merge:
                 raise ValueError(f"the pixels were prepared for a spatial merge of "
@@ -162,15 +158,6 @@ class VisionInput:
                    None if indices is None else _rows(indices, "interp_indices", count, 4).long(),
                    None if weights is None else _rows(weights, "interp_weights", count,
                                                       4).float())
-
-    def to(self, device: torch.device | str) -> VisionInput:
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device, non_blocking=True)
-
-        return VisionInput(self.identity, self.grid, self.pixel_values.to(device,
-                                                                          non_blocking=True),
-                           self.positions.to(device), move(self.interp_indices),
-                           move(self.interp_weights))
 
 
 @dataclass(frozen=True, slots=True)
