@@ -2,6 +2,7 @@
 
     python benchmarks/bench_fp8.py --out benchmarks/out/gpu        # ~5 minutes on one H200
     python benchmarks/bench_fp8.py --smoke           # CPU check of the script (Qwen3-0.6B)
+    python benchmarks/bench_fp8.py --batch1-only     # the three batch-1 rows, ~2 minutes
 
 Four engine processes (`--load-format dummy`; weights drawn on the device, FP8 ones drawn in
 bf16 and quantized per row at load), each serving over gRPC (benchmarks/bench_serving.py's
@@ -225,6 +226,8 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int, default=2304)
     parser.add_argument("--startup-timeout", type=float, default=600.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch1-only", action="store_true",
+                        help="only the batch-1 rows (bf16, fp8 weights, fp8 b1 tensor cores)")
     parser.add_argument("--smoke", action="store_true", help="CPU check: tiny lengths")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = parser.parse_args()
@@ -250,6 +253,8 @@ def main() -> int:
         model_dir = write_shape(shape, Path(tmp) / shape)
         plan = ((rows[0], wide, True), (rows[1], wide[:1], True), (rows[2], wide[1:], False),
                 (rows[3], [], True))
+        if args.batch1_only:    # no serving levels, and the FP8 KV row has no batch-1 run
+            plan = tuple((row, [], True) for row, _, decode in plan if decode)
         for row, levels, decode in plan:
             try:
                 run_engine(row, levels, decode, model_dir, args)
