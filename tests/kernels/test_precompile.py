@@ -90,6 +90,11 @@ def counting_build(name, *args, **kwargs):
 build._build = counting_build
 import types    # nothing here can load a launcher (no libcuda): stand in for the loaded module
 build._load_module_from_path = lambda name, path: types.SimpleNamespace(launch=lambda *a: None)
+# Triton's driver utilities, as its CUDA driver asks for them: the first worker built them
+import triton.backends.nvidia.driver as nvidia
+build.compile_module_from_src(src=open(os.path.join(nvidia.dirname, "driver.c")).read(),
+                              name="cuda_utils", library_dirs=nvidia.library_dirs(),
+                              include_dirs=nvidia.include_dirs, libraries=nvidia.libraries)
 launchers = []
 for launch in launches:
     kernel = launch.fn.run(*launch.args, grid=launch.grid, warmup=True, **launch.kwargs)
@@ -124,7 +129,8 @@ def test_pool_compiles_what_the_jit_then_finds_in_the_cache() -> None:
     assert result["launchers_missed"] == 0, result
     assert result["launchers_cached"] == [True] * (len(result["launchers_cached"]) - 1) + [
         False], result
-    # Triton's own launcher construction agrees: it built only the undiscovered kernel's
+    # Triton's own launcher construction agrees: it built only the undiscovered kernel's, and
+    # not its driver utilities (`cuda_utils`, the first worker's first job)
     assert result["launchers_built_after"] == ["__triton_launcher"], result
 
 

@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, NoReturn
 
 from services.common.processes import die_with_parent
-from services.engine.kernels.precompile import Variant, compile_variant
+from services.engine.kernels.precompile import Variant, build_driver_utils, compile_variant
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +43,17 @@ class CompileReport:
     launchers_missed: int = 0   # variants whose C launcher a worker could not build
 
 
-def _serve(jobs: Connection, results: Connection) -> NoReturn:
-    """A worker's loop: compile each variant sent until the pipe closes, then exit."""
+def _serve(jobs: Connection, results: Connection, driver_utils: bool) -> NoReturn:
+    """A worker's loop: compile each variant sent until the pipe closes, then exit. The first
+    worker (`driver_utils`) starts by building Triton's driver utilities and reporting it."""
     die_with_parent()                         # with the engine core
     code = 0
     try:
+        if driver_utils:
+            try:
+                results.send((True, (build_driver_utils(), "")))
+            except Exception as exc:
+                results.send((False, f"{type(exc).__name__}: {exc}"))
         while True:
             try:
                 variant, backend, arch, warp_size = jobs.recv()
@@ -77,9 +83,11 @@ class CompilePool:
 
     def __init__(self, workers: list[_Worker]) -> None:
         self._workers = workers
-        self._idle = list(workers)
+        self._idle = list(workers[1:])
         self._queue: deque[tuple[Variant, tuple[str, int, int]]] = deque()
-        self._busy: dict[Connection, tuple[_Worker, Variant]] = {}
+        # the first worker builds Triton's driver utilities first (the job None)
+        self._busy: dict[Connection, tuple[_Worker, Variant | None]] = \
+            {workers[0].results: (workers[0], None)} if workers else {}
         self._submitted = 0
         self._failed = 0
         self._compile_seconds = 0.0
@@ -108,8 +116,8 @@ class CompilePool:
                 for other in started:
                     other.jobs.close()
                     other.results.close()
-                _serve(Connection(job_read, writable=False), Connection(result_write,
-                                                                        readable=False))
+                _serve(Connection(job_read, writable=False),
+                       Connection(result_write, readable=False), driver_utils=not started)
             os.close(job_read)
             os.close(result_write)
             started.append(_Worker(pid, Connection(job_write, readable=False),
@@ -139,6 +147,15 @@ class CompilePool:
         for variant in variants:
             self.submit(variant, target)
         return self.finish()
+
+    def wait_for_driver_utils(self) -> None:
+        """Until the first worker has built Triton's driver utilities (or died): call it
+        before anything in this process touches Triton's driver, which would build them
+        here too (precompile.build_driver_utils)."""
+        with self._lock:
+            while any(job is None for _, job in self._busy.values()):
+                self._collect(timeout=None)
+                self._dispatch()
 
     def finish(self) -> CompileReport:
         """Wait for every submitted variant; the report covers them since the last finish."""
@@ -190,6 +207,11 @@ class CompilePool:
                 self._workers.remove(worker)
             else:
                 self._idle.append(worker)
+            if variant is None:                        # the driver utilities
+                if not ok:
+                    log.warning("Triton's driver utilities were not built in a worker (the "
+                                "engine core builds them): %s", value)
+                continue
             if ok:
                 seconds, missed = value
                 self._compile_seconds += seconds

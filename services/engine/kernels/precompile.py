@@ -254,8 +254,44 @@ def build_launcher(kernel: Any) -> None:
         cache.put(Path(built).read_bytes(), file_name, binary=True)
 
 
-def current_target() -> Any:
-    """The Triton target of the current CUDA device (a GPUTarget)."""
-    from triton.runtime import driver
+def _driver_utils_source() -> tuple[str, Any, str]:
+    """The C source of Triton's CUDA driver utilities (`cuda_utils`), the Triton cache that
+    holds their build and the file name there, as `compile_module_from_src` derives them."""
+    from triton.backends.nvidia import driver as nvidia
+    from triton.runtime.build import platform_key
+    from triton.runtime.cache import get_cache_manager
 
-    return driver.active.get_current_target()
+    code = (Path(nvidia.dirname) / "driver.c").read_text()
+    digest = hashlib.sha256((code + platform_key()).encode("utf-8")).hexdigest()
+    return code, get_cache_manager(digest), f"cuda_utils{sysconfig.get_config_var('EXT_SUFFIX')}"
+
+
+def build_driver_utils() -> float:
+    """Build Triton's CUDA driver utilities (the `cuda_utils` C module, which Triton compiles
+    with the system C compiler the first time anything touches its driver, on a fresh cache)
+    into Triton's cache unless it is there, without loading it: a compile worker's first job,
+    so that the engine core finds it built. Returns the seconds it took."""
+    from triton.backends.nvidia import driver as nvidia
+    from triton.runtime.build import _build
+
+    started = time.perf_counter()
+    code, cache, file_name = _driver_utils_source()
+    if cache.get_file(file_name) is None:
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "cuda_utils.c")
+            Path(path).write_text(code)
+            built = _build("cuda_utils", path, directory, nvidia.library_dirs(),
+                           nvidia.include_dirs, nvidia.libraries, [])
+            cache.put(Path(built).read_bytes(), file_name, binary=True)
+    return time.perf_counter() - started
+
+
+def current_target() -> Any:
+    """The Triton target of the current CUDA device (a GPUTarget), as Triton's CUDA driver
+    derives it, but from torch: touching Triton's driver would build its `cuda_utils` module
+    here, which a compile worker may still be building (`build_driver_utils`)."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+
+    major, minor = torch.cuda.get_device_capability()
+    return GPUTarget("cuda", major * 10 + minor, 32)

@@ -196,6 +196,7 @@ class GraphRunner:
             unnamed = 0
         elif self.is_cuda and expert_weight_bytes(self.model) == 0:
             target = current_target()
+            compile_pool.wait_for_driver_utils()    # the discovery touches Triton's driver
             with discover_variants(lambda variant: compile_pool.submit(variant, target)) \
                     as found:
                 self._start_up(discover=True)
