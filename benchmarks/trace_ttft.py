@@ -9,7 +9,9 @@ the client's send.
 
 Marks (each process's wall clock, one host): the frontend's Generate entered, its engine call,
 each engine message it reads; the engine servicer's Generate and each core message its pipe
-reader dispatches; the core's step completions and pipe writes; the client's first SSE chunk.
+reader dispatches; the core's step completions and pipe writes; the client's body encoded and
+written, the gateway's request (headers) and its whole body received; the client's first SSE
+chunk.
 `--requests` requests of `--input-len` random ids and 2 output tokens; the first `--skip` are
 warm-up. Prints the timeline; writes trace_ttft.json under --out.
 
@@ -47,10 +49,20 @@ async def _send(url: str, bodies: list[tuple[str, dict]], client_log: Path) -> N
     async with httpx.AsyncClient(timeout=120) as client:
         for path, body in bodies:
             marks = [f"{time.time():.6f} client.send"]
-            async with client.stream("POST", url + path, json=body) as response:
+            data = json.dumps(body).encode()
+            marks.append(f"{time.time():.6f} client.encoded")
+
+            async def content(data: bytes = data, marks: list[str] = marks):
+                yield data          # resumed once the transport has written it
+                marks.append(f"{time.time():.6f} client.body_written")
+            headers = {"content-type": "application/json", "content-length": str(len(data))}
+            async with client.stream("POST", url + path, content=content(),
+                                     headers=headers) as response:
+                first = True
                 async for line in response.aiter_lines():
-                    if len(marks) == 1 and _has_text(line):
+                    if first and _has_text(line):
                         marks.append(f"{time.time():.6f} client.first_chunk")
+                        first = False
             with client_log.open("a") as log:
                 log.write("\n".join(marks) + "\n")
             await asyncio.sleep(0.05)

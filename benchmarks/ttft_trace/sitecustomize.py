@@ -78,6 +78,13 @@ def _install(role: str) -> None:
         async def traced_call(self, scope, receive, send):
             if scope.get("type") == "http" and scope.get("method") == "POST":
                 mark("gateway.request")
+                take = receive
+
+                async def receive():     # the last body chunk read: the whole request is in
+                    message = await take()
+                    if message.get("type") == "http.request" and not message.get("more_body"):
+                        mark("gateway.body_received")
+                    return message
             return await enter(self, scope, receive, send)
 
         def traced_generate(self, *args, **kwargs):
