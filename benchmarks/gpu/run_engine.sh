@@ -49,12 +49,15 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
   default_workers=12
   [ "${gpu_mib:-0}" -lt 120000 ] && default_workers=6
+  # -v: each test's result as it ends, so a run cut off by its limit still names what passed
   # shellcheck disable=SC2086
-  timeout "${TEST_TIMEOUT_S:-450}" "$PY" -m pytest ${TEST_PATHS:-tests/engine/gpu tests/kernels} -q \
+  timeout "${TEST_TIMEOUT_S:-450}" "$PY" -m pytest ${TEST_PATHS:-tests/engine/gpu tests/kernels} -v \
     -p no:cacheprovider -n "${TEST_WORKERS:-$default_workers}" -o addopts="" -rfE > "$OUT/tests.log" 2>&1
   test_rc=$?
   echo "== GPU tests: rc=$test_rc in $(( $(date +%s) - start )) s"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -n 20
+  [ "$test_rc" = 124 ] && echo "cut off by TEST_TIMEOUT_S after $(grep -cE \
+    " (PASSED|FAILED|ERROR|SKIPPED) " "$OUT/tests.log") results (tests.log names them)"
   tail -n 2 "$OUT/tests.log"
 fi
 
