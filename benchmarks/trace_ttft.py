@@ -6,6 +6,7 @@ the client's send.
     python benchmarks/trace_ttft.py                      # the CPU demo stack
     python benchmarks/trace_ttft.py --serve /cores/qwen3-8b --config stack.yaml
     python benchmarks/trace_ttft.py --vision tiny        # image chats, a tiny Qwen2.5-VL
+    python benchmarks/trace_ttft.py --chat               # text chats instead of token ids
 
 Marks (each process's wall clock, one host): the frontend's Generate entered, its engine call,
 each engine message it reads; the engine servicer's Generate and each core message its pipe
@@ -129,6 +130,24 @@ def _vision_bodies(args: argparse.Namespace, tmp: Path) -> list[tuple[str, dict]
     return bodies
 
 
+def _chat_bodies(args: argparse.Namespace) -> list[tuple[str, dict]]:
+    """One streaming chat per request: a user message of --input-len random common words
+    (about as many tokens), 2 output tokens. Against completions with token ids it shows
+    what a chat's prompt costs more: the template, and the prefill's stop at the message
+    boundary (a checkpoint target: scheduler/checkpoints.py)."""
+    rng = random.Random(0)
+    words = """time year people way day man thing woman life child world school state family
+        student group country problem hand part place case week company system program question
+        work government number night point home water room mother area money story fact month
+        lot right study book eye job"""
+    vocabulary = words.split()
+    return [("/v1/chat/completions", {
+        "model": args.model, "max_tokens": 2, "temperature": 0.0, "stream": True,
+        "messages": [{"role": "user", "content": " ".join(
+            rng.choice(vocabulary) for _ in range(args.input_len))}]})
+        for _ in range(args.requests)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve", type=Path, help="core or model directory (default: demo)")
@@ -143,6 +162,9 @@ def main() -> int:
     parser.add_argument("--image", default="1024x768", help="--vision: each PNG's WxH")
     parser.add_argument("--vision-pixels", choices=("raw", "values"), default="raw",
                         help="--vision: how the engine fetches pixels (vision_pixels)")
+    parser.add_argument("--chat", action="store_true",
+                        help="text chats (one user message of about --input-len words) "
+                             "instead of completions with token ids")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/out")))
     args = parser.parse_args()
     from tests.support.processes import HeliosRun, free_port
@@ -150,6 +172,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if args.vision:
             bodies = _vision_bodies(args, Path(tmp))
+        elif args.chat:
+            bodies = _chat_bodies(args)
         else:
             rng = random.Random(0)
             bodies = [("/v1/completions", {

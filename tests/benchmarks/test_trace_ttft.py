@@ -22,3 +22,17 @@ def test_marks_are_grouped_per_request_and_reported_as_medians(tmp_path):
     assert [(name, round(ms, 3), n) for name, ms, n in rows] == [
         ("client.send #1", 0.0, 3), ("core.sent #1", 1.0, 3), ("core.sent #2", 5.0, 3),
         ("client.first_chunk #1", 12.0, 3)]
+
+
+def test_chat_bodies_are_streaming_chats_of_the_asked_length():
+    import argparse
+
+    from benchmarks.trace_ttft import _chat_bodies
+
+    bodies = _chat_bodies(argparse.Namespace(model="m", input_len=40, requests=3))
+    assert len(bodies) == 3
+    for path, body in bodies:
+        assert path == "/v1/chat/completions" and body["stream"] and body["model"] == "m"
+        [message] = body["messages"]
+        assert message["role"] == "user" and len(message["content"].split()) == 40
+    assert len({body["messages"][0]["content"] for _, body in bodies}) == 3   # distinct
