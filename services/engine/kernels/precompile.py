@@ -216,17 +216,23 @@ def _launcher_source(kernel: Any) -> tuple[str, Any, str]:
     launch (Triton 3.6: one launcher per signature and constants, built with the system C
     compiler and cached by a digest of its source)."""
     from triton.backends.nvidia import driver as nvidia
-    from triton.runtime.build import platform_key
-    from triton.runtime.cache import get_cache_manager
 
     src, metadata = kernel.src, kernel.metadata
     constants = {((src.fn.arg_names.index(key),) if isinstance(key, str) else key): value
                  for key, value in getattr(src, "constants", {}).items()}
     code = nvidia.make_launcher(constants, dict(src.signature.items()),
                                 getattr(metadata, "tensordesc_meta", None))
+    return _module_source(LAUNCHER_NAME, code)
+
+
+def _module_source(name: str, code: str) -> tuple[str, Any, str]:
+    """A C module's source, the Triton cache holding its build and the file name there:
+    `compile_module_from_src`'s digest of the source and the platform."""
+    from triton.runtime.build import platform_key
+    from triton.runtime.cache import get_cache_manager
+
     digest = hashlib.sha256((code + platform_key()).encode("utf-8")).hexdigest()
-    file_name = f"{LAUNCHER_NAME}{sysconfig.get_config_var('EXT_SUFFIX')}"
-    return code, get_cache_manager(digest), file_name
+    return code, get_cache_manager(digest), f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
 
 
 def launcher_cached(kernel: Any) -> bool:
@@ -240,30 +246,24 @@ def build_launcher(kernel: Any) -> None:
     each new signature's launcher is a C compilation, which the capture would otherwise do at
     each kernel's first launch, one after another (the first start's extra seconds of
     "capture CUDA graphs" on the H100 and H200)."""
+    _build_into_cache(LAUNCHER_NAME, *_launcher_source(kernel))
+
+
+def _build_into_cache(name: str, code: str, cache: Any, file_name: str) -> None:
+    """Compile C module `name` from `code` with the system C compiler, as Triton's CUDA
+    backend does for its launchers and driver utilities, and put it in `cache` under
+    `file_name` unless it is there already."""
     from triton.backends.nvidia import driver as nvidia
     from triton.runtime.build import _build
 
-    code, cache, file_name = _launcher_source(kernel)
     if cache.get_file(file_name) is not None:
         return
     with tempfile.TemporaryDirectory() as directory:
-        path = os.path.join(directory, f"{LAUNCHER_NAME}.c")
+        path = os.path.join(directory, f"{name}.c")
         Path(path).write_text(code)
-        built = _build(LAUNCHER_NAME, path, directory, nvidia.library_dirs(),
-                       nvidia.include_dirs, nvidia.libraries, [])
+        built = _build(name, path, directory, nvidia.library_dirs(), nvidia.include_dirs,
+                       nvidia.libraries, [])
         cache.put(Path(built).read_bytes(), file_name, binary=True)
-
-
-def _driver_utils_source() -> tuple[str, Any, str]:
-    """The C source of Triton's CUDA driver utilities (`cuda_utils`), the Triton cache that
-    holds their build and the file name there, as `compile_module_from_src` derives them."""
-    from triton.backends.nvidia import driver as nvidia
-    from triton.runtime.build import platform_key
-    from triton.runtime.cache import get_cache_manager
-
-    code = (Path(nvidia.dirname) / "driver.c").read_text()
-    digest = hashlib.sha256((code + platform_key()).encode("utf-8")).hexdigest()
-    return code, get_cache_manager(digest), f"cuda_utils{sysconfig.get_config_var('EXT_SUFFIX')}"
 
 
 def build_driver_utils() -> float:
@@ -272,17 +272,10 @@ def build_driver_utils() -> float:
     into Triton's cache unless it is there, without loading it: a compile worker's first job,
     so that the engine core finds it built. Returns the seconds it took."""
     from triton.backends.nvidia import driver as nvidia
-    from triton.runtime.build import _build
 
     started = time.perf_counter()
-    code, cache, file_name = _driver_utils_source()
-    if cache.get_file(file_name) is None:
-        with tempfile.TemporaryDirectory() as directory:
-            path = os.path.join(directory, "cuda_utils.c")
-            Path(path).write_text(code)
-            built = _build("cuda_utils", path, directory, nvidia.library_dirs(),
-                           nvidia.include_dirs, nvidia.libraries, [])
-            cache.put(Path(built).read_bytes(), file_name, binary=True)
+    code = (Path(nvidia.dirname) / "driver.c").read_text()
+    _build_into_cache("cuda_utils", *_module_source("cuda_utils", code))
     return time.perf_counter() - started
 
 
