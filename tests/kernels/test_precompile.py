@@ -150,6 +150,39 @@ def test_the_pool_starts_inside_a_daemonic_process() -> None:
     assert result["compiled_after"] == ["_rms_norm_kernel", "_act_and_mul_kernel"], result
 
 
+def test_waiting_for_the_driver_utilities_finds_them_built() -> None:
+    """The first worker builds Triton's driver utilities (`cuda_utils`) as it starts;
+    `wait_for_driver_utils` returns once they are in Triton's cache, where Triton's driver
+    looks for them, so the engine core's first touch of the driver compiles no C."""
+    result = compiled_json("""
+import json, os, subprocess, tempfile, time
+os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
+stub = tempfile.mkdtemp()
+with open(os.path.join(stub, "stub.c"), "w") as f:
+    f.write("void helios_stand_in(void) {}\\n")
+subprocess.run(["cc", "-shared", "-fPIC", "-o", os.path.join(stub, "libcuda.so.1"),
+                os.path.join(stub, "stub.c")], check=True)
+os.environ.setdefault("TRITON_LIBCUDA_PATH", stub)
+from pathlib import Path
+import triton.backends.nvidia.driver as nvidia
+from services.engine.kernels.compile_pool import CompilePool
+from services.engine.kernels.precompile import _module_source
+
+pool = CompilePool.start(1)
+_, cache, name = _module_source("cuda_utils", (Path(nvidia.dirname) / "driver.c").read_text())
+started = time.perf_counter()
+pool.wait_for_driver_utils()
+waited = time.perf_counter() - started
+after = cache.get_file(name) is not None
+report = pool.finish()          # nothing submitted: the utilities are not a variant
+pool.close()
+print(json.dumps({"after": after, "waited": waited,
+                  "variants": report.variants}))
+""")
+    assert result["after"], result
+    assert result["variants"] == 0, result
+
+
 def test_a_variant_list_is_remembered_per_start_up(tmp_path, monkeypatch) -> None:
     from services.engine.kernels.precompile import (
         Variant,
