@@ -183,6 +183,23 @@ print(json.dumps({"after": after, "waited": waited,
     assert result["variants"] == 0, result
 
 
+def test_the_wait_for_the_driver_utilities_is_bounded() -> None:
+    """A worker stuck building the driver utilities holds the engine core's start-up up to
+    the wait's limit, not forever."""
+    result = compiled_json("""
+import json, time
+from services.engine.kernels import compile_pool
+compile_pool.build_driver_utils = lambda: time.sleep(3) or 3.0   # the fork inherits it
+pool = compile_pool.CompilePool.start(1)
+started = time.perf_counter()
+built = pool.wait_for_driver_utils(timeout=0.5)
+waited = time.perf_counter() - started
+pool.close()                     # reaps the worker once its 3 s are over
+print(json.dumps({"built": built, "waited": waited}))
+""")
+    assert result["built"] is False and 0.5 <= result["waited"] < 2.5, result
+
+
 def test_a_variant_list_is_remembered_per_start_up(tmp_path, monkeypatch) -> None:
     from services.engine.kernels.precompile import (
         Variant,

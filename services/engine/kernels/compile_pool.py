@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 MAX_WORKERS = 16
 PUMP_POLL_S = 0.005     # the pump thread's longest wait for a result while holding the lock
+DRIVER_UTILS_WAIT_S = 60.0   # a C compile of ~1 s; past this the engine core goes on
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,14 +149,22 @@ class CompilePool:
             self.submit(variant, target)
         return self.finish()
 
-    def wait_for_driver_utils(self) -> None:
-        """Until the first worker has built Triton's driver utilities (or died): call it
-        before anything in this process touches Triton's driver, which would build them
-        here too (precompile.build_driver_utils)."""
+    def wait_for_driver_utils(self, timeout: float = DRIVER_UTILS_WAIT_S) -> bool:
+        """Until the first worker has built Triton's driver utilities (or died), at most
+        `timeout` seconds: call it before anything in this process touches Triton's driver,
+        which would build them here too (precompile.build_driver_utils). False if the wait
+        ran out (the driver then builds them here, as without the pool)."""
+        deadline = time.monotonic() + timeout
         with self._lock:
             while any(job is None for _, job in self._busy.values()):
-                self._collect(timeout=None)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("Triton's driver utilities took over %.0f s to build in a "
+                                "worker; the engine core goes on without them", timeout)
+                    return False
+                self._collect(timeout=left)
                 self._dispatch()
+        return True
 
     def finish(self) -> CompileReport:
         """Wait for every submitted variant; the report covers them since the last finish."""
