@@ -9,16 +9,20 @@ from __future__ import annotations
 
 from tests.kernels.test_package import compiled_json
 
-SCRIPT = """
+# A fresh Triton cache, and a stand-in libcuda where the machine has none: the launchers and
+# the driver utilities link against it
+FRESH_CACHE = """
 import json, os, subprocess, sys, tempfile
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
-# the launchers link against libcuda: a stand-in library where the machine has none
 stub = tempfile.mkdtemp()
 with open(os.path.join(stub, "stub.c"), "w") as f:
     f.write("void helios_stand_in(void) {}\\n")
 subprocess.run(["cc", "-shared", "-fPIC", "-o", os.path.join(stub, "libcuda.so.1"),
                 os.path.join(stub, "stub.c")], check=True)
 os.environ.setdefault("TRITON_LIBCUDA_PATH", stub)
+"""
+
+SCRIPT = FRESH_CACHE + """
 import torch
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
@@ -154,15 +158,8 @@ def test_waiting_for_the_driver_utilities_finds_them_built() -> None:
     """The first worker builds Triton's driver utilities (`cuda_utils`) as it starts;
     `wait_for_driver_utils` returns once they are in Triton's cache, where Triton's driver
     looks for them, so the engine core's first touch of the driver compiles no C."""
-    result = compiled_json("""
-import json, os, subprocess, tempfile, time
-os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
-stub = tempfile.mkdtemp()
-with open(os.path.join(stub, "stub.c"), "w") as f:
-    f.write("void helios_stand_in(void) {}\\n")
-subprocess.run(["cc", "-shared", "-fPIC", "-o", os.path.join(stub, "libcuda.so.1"),
-                os.path.join(stub, "stub.c")], check=True)
-os.environ.setdefault("TRITON_LIBCUDA_PATH", stub)
+    result = compiled_json(FRESH_CACHE + """
+import time
 from pathlib import Path
 import triton.backends.nvidia.driver as nvidia
 from services.engine.kernels.compile_pool import CompilePool
