@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+
 def moe() -> None:
     from tests.kernels.sm90_compile import compile_launch, gpt_oss_moe_launches, report
 

@@ -8,7 +8,8 @@
 # .device/cache (pinned tokenizer files: the machine reaches no registry).
 # Env: SKIP_TESTS=1, TEST_PATHS (default: tests/engine/gpu tests/kernels), SKIP_STEP=1, SKIP_DECODE=1, SKIP_SERVING=1, DECODE_SHAPES, DECODE_ARGS,
 #      STEP_ARGS, SERVING_ARGS, TEST_TIMEOUT_S, STEP_TIMEOUT_S, DECODE_TIMEOUT_S,
-#      SERVING_TIMEOUT_S, TEST_WORKERS (default 12, 6 below 120 GB of GPU memory), SKIP_HF=1 (no HF generate rows after the serving levels),
+#      SERVING_TIMEOUT_S, TEST_WORKERS (default 12, 6 below 120 GB of GPU memory),
+#      SKIP_HF=1 (no HF generate rows after the serving levels),
 #      SKIP_PREFIX=1, PREFIX_ARGS, PREFIX_TIMEOUT_S, PREFIX_BASELINE=0 (no block-reuse-off run),
 #      SKIP_HOST_TIER=1, HOST_TIER_ARGS, HOST_GPU_KV_BYTES, HOST_TIER_GIB (the agents workload),
 #      SKIP_COLD_START=0 (bench_cold_start.py, off by default), COLD_TIMEOUT_S, COLD_ARGS,

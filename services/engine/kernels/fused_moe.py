@@ -50,8 +50,7 @@ import triton.language as tl
 from services.common.errors import ValidationError
 from services.engine.kernels.common import cdiv, check_float, next_power_of_2
 from services.engine.kernels.mxfp4_tile import mxfp4_tile
-
-MOE_ACTIVATIONS = ("silu", "swiglu_oai")
+from services.engine.model.expert_weights import MOE_ACTIVATIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,11 +251,11 @@ def _gate_up_kernel(
             wmask = (k0 // 2 + kw < packed_k)[:, None] & cmask[None, :]
             smask = (k0 // 32 + kg < hidden // 32)[:, None] & cmask[None, :]
             b_gate = mxfp4_tile(tl.load(g_ptrs, mask=wmask, other=0),
-                                 tl.load(gs_ptrs, mask=smask, other=0),
-                                 BLOCK_K, BLOCK_N).to(a.dtype)
+                                tl.load(gs_ptrs, mask=smask, other=0),
+                                BLOCK_K, BLOCK_N).to(a.dtype)
             b_up = mxfp4_tile(tl.load(u_ptrs, mask=wmask, other=0),
-                               tl.load(us_ptrs, mask=smask, other=0),
-                               BLOCK_K, BLOCK_N).to(a.dtype)
+                              tl.load(us_ptrs, mask=smask, other=0),
+                              BLOCK_K, BLOCK_N).to(a.dtype)
             gs_ptrs += BLOCK_K // 32
             us_ptrs += BLOCK_K // 32
         else:

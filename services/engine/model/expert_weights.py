@@ -19,7 +19,7 @@ from torch import nn
 from services.engine.model.layers.weights import WeightShapeError, parameter
 from services.engine.model.mxfp4 import GROUP, Mxfp4Weight
 
-MOE_ACTIVATIONS = ("silu", "swiglu_oai")   # model/moe.py's expert_activation
+MOE_ACTIVATIONS = ("silu", "swiglu_oai")   # model/moe.py's and kernels/fused_moe.py's
 FUSED = "fused"          # the shard of a fused-experts checkpoint tensor (all experts at once)
 
 # checkpoint projection names -> which part of the expert they fill

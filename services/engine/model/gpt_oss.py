@@ -17,8 +17,8 @@ them into the MoE layout (`w_gate_up` [E, 2I, H]: gate rows then up rows; `w_dow
 The released checkpoints keep the expert matrices as MXFP4 (`quantization_config.quant_method:
 mxfp4`: `*_blocks` + `*_scales`, in [E, rows, K / 32, ...] with the output rows first); they
 are dequantized at load to the model dtype (`mxfp4.py`: exact in bf16), or with the engine
-setting `mxfp4_experts: keep` kept packed (expert_weights.py's `Mxfp4Experts`, rows de-interleaved) for
-the fused-MoE kernel to dequantize tile by tile.
+setting `mxfp4_experts: keep` kept packed (expert_weights.py's `Mxfp4Experts`, rows
+de-interleaved) for the fused-MoE kernel to dequantize tile by tile.
 """
 
 from __future__ import annotations

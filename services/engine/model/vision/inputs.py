@@ -154,10 +154,11 @@ class VisionInput:
         positions = (merge_block_positions(grid, merge) if raw is None
                      else _rows(raw, "vision_positions", count, 2).long())
         indices, weights = tensors.get("interp_indices"), tensors.get("interp_weights")
-        return cls(identity, grid, pixels, positions,
-                   None if indices is None else _rows(indices, "interp_indices", count, 4).long(),
-                   None if weights is None else _rows(weights, "interp_weights", count,
-                                                      4).float())
+        if indices is not None:
+            indices = _rows(indices, "interp_indices", count, 4).long()
+        if weights is not None:
+            weights = _rows(weights, "interp_weights", count, 4).float()
+        return cls(identity, grid, pixels, positions, indices, weights)
 
 
 @dataclass(frozen=True, slots=True)
