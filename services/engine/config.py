@@ -89,6 +89,11 @@ class EngineConfig(ServiceConfig):
                                          "out)")
     checkpoint_extra_fraction: float = option(
         0.05, "extra prefill work allowed for checkpoints at earlier message boundaries")
+    checkpoint_stops: bool = option(
+        False, "prefill stops at each message-boundary checkpoint (the reference design: the "
+               "checkpoint also saves the boundary's hidden state); off: a chunk runs past a "
+               "boundary and saves its partial page only, so a chat's prompt takes no extra "
+               "step for the end of its last message")
     context_hint: str = option("raise --max-model-len (engine) up to the model's context",
                                "appended to context-overflow errors")
     capacity_hint: str = option("raise --max-num-seqs or the KV cache budget (engine)",

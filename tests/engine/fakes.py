@@ -120,6 +120,10 @@ class FakeRunner:
                 self.last_token[pending] if pending >= 0 else token
         results = []
         for s in step.seqs:
+            for tail in s.tail_captures:      # the partial page alone: no state to resume
+                self.snapshot_state.pop(tail.snapshot_id, None)
+                self.snapshot_tail[tail.snapshot_id] = tuple(
+                    self.kv[tail.page_id][:tail.num_tokens] if tail.num_tokens else [])
             state = b""
             if s.token_ids or (s.capture is not None and s.resume_snapshot is None):
                 state = _fingerprint(self._read(s.page_ids, s.end))

@@ -26,6 +26,9 @@ Rules (the reference design's "Prefix checkpoint policy"):
   endpoint below the lookup limit), never a full-prompt hit, which needs a snapshot. Splitting
   moves no storage and changes no page's owner count, so the pin, fence and leaf-LRU rules hold
   unchanged over blocks.
+- Tail checkpoints (`publish(..., resumable=False)`): a checkpoint captured inside a prefill
+  chunk saves its partial page but no hidden state. Like a block checkpoint it serves only
+  hits that prefill on from its endpoint, never a full-prompt hit.
 - Host tier: with `collect_evicted`, evicting a ready checkpoint also records each complete
   block of its tail that no other cached checkpoint holds, with the pages holding it (the
   first may lie in an ancestor's tail), as an `EvictedBlock` for the host tier to copy down
@@ -161,7 +164,7 @@ class PrefixCheckpointCache:
             for node in self._by_anchor.get(anchor, ()):
                 end = node.ref.endpoint
                 if end <= limit and (found is None or end > found.ref.endpoint) and \
-                        (end < limit or block_at_limit or not node.ref.is_block) and \
+                        (end < limit or block_at_limit or node.ref.resumes) and \
                         node.key == history.key(end):
                     found = node
             if found is None and blocks and (blocks * BLOCK_TOKENS < limit or block_at_limit):
@@ -195,8 +198,10 @@ class PrefixCheckpointCache:
 
     # -- publish ----------------------------------------------------------------------------
     def publish(self, history: PrefixHistory, endpoint: int, parent: CheckpointRef | None,
-                page_ids: Iterable[int], snapshot_id: int, ready_fence: int) -> Publication:
-        """Propose a checkpoint at `endpoint` of `history` (see the module rules)."""
+                page_ids: Iterable[int], snapshot_id: int, ready_fence: int, *,
+                resumable: bool = True) -> Publication:
+        """Propose a checkpoint at `endpoint` of `history` (see the module rules);
+        `resumable` False: a tail checkpoint (its row saved no hidden state)."""
         key = history.key(endpoint)
         existing = self._by_key.get(key)
         if existing is not None:
@@ -206,7 +211,7 @@ class PrefixCheckpointCache:
         parent_node = self._validate_proposal(history, endpoint, parent, pages, snapshot_id)
         start = parent_node.ref.endpoint if parent_node else 0
         first_block, last_block = start // BLOCK_TOKENS, endpoint // BLOCK_TOKENS
-        ref = CheckpointRef(next(self._ids), endpoint, snapshot_id)
+        ref = CheckpointRef(next(self._ids), endpoint, snapshot_id, hidden_saved=resumable)
         node = _Node(
             ref=ref, key=key, anchor=history.anchor_key(endpoint), parent=parent_node,
             tail_pages=pages, ready_fence=ready_fence,

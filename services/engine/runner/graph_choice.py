@@ -11,8 +11,9 @@ graph (decode_graphs.py), or none (the step runs eagerly).
   the step's width (`DecodeGraphs.verify_width_for`). Why a verification ran eagerly is
   counted in `eager_verify_reasons` (diagnostics).
 - A prefill graph: the fed rows and sequences fit a token capacity, every fed sequence
-  samples at most its last row and captures only at its end, nothing scores the prompt, and
-  the page-table cells to upload fit the graph's.
+  samples at most its last row and captures its hidden state only at its end (tail captures
+  inside the chunk copy pages after the graph), nothing scores the prompt, and the page-table
+  cells to upload fit the graph's.
 In every graph a finished choice that only saves its terminal checkpoint (no tokens) rides
 along: its capture copies state after the graph (`GraphRunner._captures`).
 """
@@ -91,7 +92,7 @@ class GraphChoice:
             elif seq.scores or seq.max_emit != len(seq.token_ids):
                 reasons["a prefill chunk or prompt scoring beside it (mixed)"] += 1
                 return None
-            elif seq.restore is not None or seq.capture is not None:
+            elif seq.restore is not None or seq.capture is not None or seq.tail_captures:
                 reasons["a snapshot restore or capture of a fed sequence"] += 1
                 return None
         if not graphs.capacities or len(fed) > graphs.max_capacity:

@@ -393,8 +393,11 @@ class GraphRunner:
         return rows
 
     def _captures(self, step: Step, layout: StepLayout, hidden: torch.Tensor | None) -> None:
-        if all(seq.capture is None for seq in step.seqs):
+        if all(seq.capture is None and not seq.tail_captures for seq in step.seqs):
             return                   # the usual step (the dict below costs ~10 us a round)
+        for seq in step.seqs:        # boundaries a chunk ran past: their partial pages
+            for tail in seq.tail_captures:
+                self.snapshots.capture_tail(tail.snapshot_id, tail.page_id, tail.num_tokens)
         last_rows = dict(zip(layout.forward_seqs, layout.last_rows, strict=True)) \
             if hidden is not None else {}
         for index, seq in enumerate(step.seqs):

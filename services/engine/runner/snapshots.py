@@ -2,7 +2,8 @@
 
 A row holds what a checkpoint needs beyond its complete pages: the partial tail page (K and V
 of positions [P * (T // P), T) for every layer) and the final hidden state at T, from which a
-full-prompt hit samples its first token without replaying any prompt token.
+full-prompt hit samples its first token without replaying any prompt token. A tail capture (a
+boundary a prefill chunk ran past) saves the partial page alone.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ class SnapshotStore:
     def capture(self, row: int, page_id: int, num_tokens: int, hidden: torch.Tensor) -> None:
         """Save hidden [H] and the first `num_tokens` rows of page `page_id` into `row`."""
         self.hidden[row].copy_(hidden)
+        self.capture_tail(row, page_id, num_tokens)
+
+    def capture_tail(self, row: int, page_id: int, num_tokens: int) -> None:
+        """Save the first `num_tokens` rows of page `page_id` into `row` (a tail capture: a
+        boundary inside the step's fed rows, whose K/V no later row of the step changes)."""
         if num_tokens:
             for k_rows, v_rows, k_cache, v_cache in zip(self.k_rows, self.v_rows,
                                                         self.kv.k_caches, self.kv.v_caches,

@@ -147,6 +147,8 @@ class TorchRunner:
             if seq.resume_snapshot is not None:
                 self.last_hidden[seq.handle.slot, (seq.start - 1) % 2].copy_(
                     self.snapshots.hidden[seq.resume_snapshot])
+            for tail in seq.tail_captures:     # boundaries a chunk ran past: partial pages
+                self.snapshots.capture_tail(tail.snapshot_id, tail.page_id, tail.num_tokens)
             if seq.capture is not None:
                 c = seq.capture
                 if index in last_row:

@@ -86,6 +86,8 @@ def apply_result(state: SchedulerState, step: Step, planned: SeqStep, result: Se
     prompt_len = seq.prompt_len
     state.counters.prompt_tokens += max(0, min(result.consumed, prompt_len) -
                                         min(planned.start, prompt_len))
+    for tail in planned.tail_captures:         # boundaries the chunk ran past, in order
+        publish(state, seq, step.fence, tail.endpoint, resumable=False)
     if planned.capture is not None:
         publish(state, seq, step.fence)
     seq.bump()

@@ -105,7 +105,8 @@ class Restore:
 
 @dataclass(frozen=True, slots=True)
 class Capture:
-    """After the forward: save the last fed row's hidden state and the partial tail page."""
+    """After the forward: save the last fed row's hidden state and the partial tail page (a
+    tail capture, `SeqStep.tail_captures`: the partial page alone)."""
 
     snapshot_id: int
     page_id: int          # page holding positions [endpoint - num_tokens, endpoint); -1 if none
@@ -142,6 +143,9 @@ class SeqStep:
     resume_snapshot: int | None = None  # sample from this snapshot's hidden state
     restore: Restore | None = None
     capture: Capture | None = None
+    # checkpoints at message boundaries inside the fed rows (start < endpoint < end), in
+    # order: their partial tail pages only, copied after the forward (no hidden state)
+    tail_captures: tuple[Capture, ...] = ()
     init: SamplingInit | None = None
     # structured output: the tokens this choice's grammar allows now, an int32 bitmask of
     # ceil(V / 32) words (bit t % 32 of word t // 32); None: every token (no grammar). A

@@ -4,8 +4,9 @@
 1. Every resident sequence that is decoding (or resuming sampling from a snapshot) advances by
    one token (zero for a resume), oldest first.
 2. Sequences with prompt (or, after preemption, replayed) tokens left get chunks, oldest first:
-   up to `prefill_chunk_size`, never past their next checkpoint endpoint or their known
-   tokens, within the step's `max_num_batched_tokens`. The oldest such sequence always gets at
+   up to `prefill_chunk_size`, never past their known tokens (nor, with
+   `checkpoint_stops`, their next checkpoint endpoint: without it a chunk captures the
+   boundaries it crosses, scheduler.py), within the step's `max_num_batched_tokens`. The oldest such sequence always gets at
    least one 64-token chunk, so decodes can never starve a prompt. A chunk never splits an
    image span: it stops before one, or takes one whole; only the oldest may take a span past
    the budget (up to `max_image_tokens`), so a step never feeds more than the budget plus
@@ -116,7 +117,8 @@ def select(state: SchedulerState) -> list[PlannedSeq]:
         allowance = max(budget, MIN_CHUNK) if first_prefill else budget
         # the room a whole image span may take (it may outgrow the chunk size)
         room = max(allowance, config.max_image_tokens) if first_prefill else allowance
-        tokens = _chunk(seq, config.prefill_chunk_size, allowance, room)
+        tokens = _chunk(seq, config.prefill_chunk_size, allowance, room,
+                        stops=config.checkpoint_stops)
         if tokens <= 0:
             break
         pages = res.pages_for(seq.num_computed + tokens) - len(seq.page_ids)
@@ -161,12 +163,13 @@ def can_follow(state: SchedulerState, seq: Sequence) -> bool:
     return progress.scheduled_end + 1 not in seq.cache.target_snapshots
 
 
-def _chunk(seq: Sequence, chunk_size: int, allowance: int, room: int) -> int:
-    """Tokens to feed: up to the chunk size and allowance, stopping at the next checkpoint,
-    and never inside an image span (one that starts the chunk is taken whole when it fits
-    `room`)."""
+def _chunk(seq: Sequence, chunk_size: int, allowance: int, room: int, *,
+           stops: bool = False) -> int:
+    """Tokens to feed: up to the chunk size and allowance, stopping at the next checkpoint
+    when `stops` (else the chunk captures what it crosses), and never inside an image span
+    (one that starts the chunk is taken whole when it fits `room`)."""
     limit = seq.total_len
-    for target in seq.cache.targets:
+    for target in seq.cache.targets if stops else ():
         if target > seq.num_computed:
             limit = min(limit, target)
             break

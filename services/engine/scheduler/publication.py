@@ -10,11 +10,14 @@ from services.engine.scheduler.sequence import Phase, Sequence
 from services.engine.scheduler.state import SchedulerState
 
 
-def publish(state: SchedulerState, seq: Sequence, fence: int) -> None:
-    """The step that reached a target endpoint completed: publish its checkpoint."""
+def publish(state: SchedulerState, seq: Sequence, fence: int, endpoint: int | None = None,
+            *, resumable: bool = True) -> None:
+    """The step that reached a target endpoint (by default the sequence's computed length)
+    completed: publish its checkpoint. A tail capture's is not `resumable`: its snapshot row
+    holds the partial page alone."""
     res = state.resources
     cache = seq.cache
-    endpoint = seq.num_computed
+    endpoint = seq.num_computed if endpoint is None else endpoint
     row = cache.take_target(endpoint)
     state.inflight.fulfil(seq, endpoint)     # cached now (or never will be, by this sequence)
     start = cache.base.endpoint if cache.base else 0
@@ -24,7 +27,7 @@ def publish(state: SchedulerState, seq: Sequence, fence: int) -> None:
         res.retire_snapshots([row], fence)
         return
     publication = res.cache.publish(seq.request.history, endpoint, cache.base, tail, row,
-                                    fence)
+                                    fence, resumable=resumable)
     if publication.outcome is PublishOutcome.EXISTING:
         # An equal checkpoint serves lookups already. The sequence keeps its own pages (no
         # remapping) and its base: pinning the duplicate would hold pages it never reads, and

@@ -79,12 +79,15 @@ def make_resident(state: SchedulerState, seq: Sequence, tiered: TieredHit) -> No
     host_tokens = _bring_back(state, seq, tiered)
     endpoint = hit.endpoint + host_tokens
     restore = resume = None
-    # a block checkpoint (no snapshot) is page aligned and never the whole sequence; host
+    # a block checkpoint (no snapshot) is page aligned and never the whole sequence, nor is a
+    # tail checkpoint (a snapshot without the hidden state: lookup never makes it a full hit);
+    # host
     # blocks continue only a block-aligned GPU hit and always leave a token to prefill
     snapshot = hit.checkpoint.snapshot_id if hit.checkpoint is not None else None
     if snapshot is not None and not host_tokens and hit.endpoint % res.page_size:
         restore = (snapshot, hit.endpoint % res.page_size)
     if snapshot is not None and not host_tokens and hit.endpoint == seq.total_len:
+        assert hit.checkpoint is not None and hit.checkpoint.resumes, "lookup: no full hit"
         resume = snapshot
     seq.progress.start(endpoint, restore, resume)
     if seq.index == 0:

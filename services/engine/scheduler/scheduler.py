@@ -261,6 +261,11 @@ class Scheduler:
             capture = Capture(cache.target_snapshots[end],
                               cache.page_ids[end // size] if end % size else -1, end % size,
                               end)
+        # targets the chunk runs past (checkpoint_stops off): their partial pages only
+        tail_captures = tuple(
+            Capture(cache.target_snapshots[t], cache.page_ids[t // size] if t % size else -1,
+                    t % size, t)
+            for t in cache.targets if start < t < end) if num_tokens > 1 else ()
         init = None
         if progress.take_init():
             request = seq.request.request
@@ -293,7 +298,8 @@ class Scheduler:
             page_ids=tuple(cache.page_ids), max_emit=max_emit, output_index=outputs,
             suppress_token_ids=suppress,
             resume_snapshot=progress.resume_snapshot if num_tokens == 0 else None,
-            restore=restore, capture=capture, init=init, allowed_tokens=allowed_tokens,
+            restore=restore, capture=capture, tail_captures=tail_captures, init=init,
+            allowed_tokens=allowed_tokens,
             score_targets=score_targets, score_top=score_top, pool=pool)
 
     def _scoring(self, seq: Sequence, start: int, end: int) -> tuple[tuple[int, ...], str]:

@@ -37,6 +37,25 @@ def test_publish_created_joins_lookup_only_after_its_fence():
     assert hit.checkpoint == pub.checkpoint and hit.page_ids == tuple(range(6))
 
 
+def test_a_tail_checkpoint_serves_only_hits_that_prefill_on():
+    """A checkpoint published with resumable=False (its row saved no hidden state) is never
+    a full-prompt hit; a longer prompt on its history hits it, and so does a host-tier cut at
+    its endpoint (block_at_limit)."""
+    cache = make_cache()
+    h = history(100)
+    below = cache.publish(h, 40, None, range(2), snapshot_id=0, ready_fence=1)
+    tail = cache.publish(h, 70, below.checkpoint, range(2, 4), snapshot_id=1, ready_fence=1,
+                         resumable=False)
+    cache.advance_completed(1)
+    assert below.checkpoint.resumes and not tail.checkpoint.resumes
+    assert not tail.checkpoint.is_block and tail.checkpoint.snapshot_id == 1
+    assert cache.lookup(h).checkpoint == tail.checkpoint               # 100 > 70: prefill on
+    assert cache.lookup(h, 71).page_ids == tuple(range(4))
+    assert cache.lookup(h, 70, block_at_limit=True).checkpoint == tail.checkpoint
+    exact = cache.lookup(h, 70).checkpoint     # exactly 70: not it, the block below it
+    assert exact is not None and exact.is_block and exact.endpoint == 64
+
+
 def test_existing_outcome_leaves_resources_with_the_caller():
     cache = make_cache()
     h = history(40)

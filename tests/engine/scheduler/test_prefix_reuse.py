@@ -42,7 +42,8 @@ def test_partial_hit_at_a_message_boundary():
 
 
 def test_prefill_stops_at_each_selected_checkpoint():
-    scheduler, runner = make_engine(prefill_chunk_size=128, max_num_batched_tokens=256)
+    scheduler, runner = make_engine(prefill_chunk_size=128, max_num_batched_tokens=256,
+                                    checkpoint_stops=True)
     prompt = prompt_of(300)
     scheduler.admit(request("a", prompt, 2, ends=(40, 100, 250)))
     run_until_idle(scheduler, runner)
@@ -53,6 +54,41 @@ def test_prefill_stops_at_each_selected_checkpoint():
     # ... and, after it finished, the terminal state: prompt + output but the last token
     assert captured == [40 % 4, 250 % 4, 300 % 4, 301 % 4]
     assert scheduler.state.resources.cache.num_checkpoints == 4
+
+
+def test_chunks_capture_the_boundaries_they_run_past():
+    """Without checkpoint_stops the chunks are the stop-free ones; each boundary a chunk
+    crosses is a tail capture of that step, published before its chunk-end checkpoint, and
+    serves later prompts that prefill on from it (never a full hit: no hidden state)."""
+    scheduler, runner = make_engine(prefill_chunk_size=128, max_num_batched_tokens=256)
+    prompt = prompt_of(300)
+    scheduler.admit(request("a", prompt, 2, ends=(40, 100, 250)))
+    out = run_until_idle(scheduler, runner)
+    assert out["a"][0] == reference_tokens(prompt, 2, vocab=VOCAB)
+    fed = [s.seqs[0] for s in runner.steps if s.seqs[0].token_ids]
+    assert [s.end for s in fed[:3]] == [128, 256, 300]
+    assert [[c.endpoint for c in s.tail_captures] for s in fed[:3]] == [[40], [250], []]
+    assert [(c.num_tokens, c.page_id) for c in fed[0].tail_captures] == \
+        [(0, -1)]                                  # 40 is page aligned: nothing to copy
+    assert (fed[1].tail_captures[0].num_tokens, fed[1].tail_captures[0].page_id) == \
+        (250 % 4, fed[1].page_ids[250 // 4])
+    cache = scheduler.state.resources.cache
+    assert cache.num_checkpoints == 4             # 40, 250, the prompt end, the terminal
+    # a prompt sharing 250 tokens prefills on from the tail checkpoint there (its 2 rows)
+    second = prompt[:250] + prompt_of(20, salt=3)
+    before = len(runner.steps)
+    assert scheduler.admit(request("b", second, 3)).usage.cached_tokens == 250
+    out = run_until_idle(scheduler, runner)
+    assert out["b"][0] == reference_tokens(second, 3, vocab=VOCAB)
+    first = runner.steps[before].seqs[0]
+    assert first.start == 250 and first.restore.num_tokens == 250 % 4
+    # the prompt up to the boundary is no full hit: it reuses the block below (192 tokens)
+    # and prefills the rest
+    before = len(runner.steps)
+    assert scheduler.admit(request("c", prompt[:250], 3)).usage.cached_tokens == 192
+    out = run_until_idle(scheduler, runner)
+    assert out["c"][0] == reference_tokens(prompt[:250], 3, vocab=VOCAB)
+    assert all(s.seqs[0].resume_snapshot is None for s in runner.steps[before:])
 
 
 def test_n_choices_share_the_prompt_pages():
