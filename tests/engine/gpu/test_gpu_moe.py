@@ -70,7 +70,8 @@ def test_kv_pool_gets_what_the_expert_weights_leave(tmp_path, monkeypatch):
     monkeypatch.setattr(memory, "free_device_memory", recording)
     engine = make_engine(open_model(tmp_path, allow_missing_weights=True), device="cuda",
                          dtype="bfloat16", load_format="dummy", kv_cache_bytes=0,
-                         kv_cache_memory_fraction=0.5, cuda_graph_max_batch=-1)
+                         kv_cache_memory_fraction=0.1, cuda_graph_max_batch=-1)
+    # (0.1: at 0.5 the pool took 41.8 GB of an H100, and the tests beside it ran out)
     model = engine.runner.model
     experts = expert_weight_bytes(model)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -79,7 +80,7 @@ def test_kv_pool_gets_what_the_expert_weights_leave(tmp_path, monkeypatch):
     free, allocated = reads[0]
     # read after the load: the weights were this process's memory then (and little else)
     assert weights <= allocated - allocated_before <= weights + (256 << 20)
-    assert engine.info.kv_cache_bytes == int(free * 0.5)
+    assert engine.info.kv_cache_bytes == int(free * 0.1)
 
 
 def _moe_variants() -> dict[str, int]:
