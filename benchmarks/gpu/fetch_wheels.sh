@@ -20,7 +20,7 @@ mkdir -p .whl .device/cache/tokenizers
   grpcio-status==1.85.3 "protobuf==$protobuf_version" googleapis-common-protos gguf llguidance fastapi starlette pydantic \
   pydantic-core annotated-types typing-inspection uvicorn httptools redis pyzmq pytest-asyncio \
   opentelemetry-api importlib-metadata msgspec openai-harmony openai anthropic jiter distro \
-  sniffio docstring-parser jsonschema jsonschema-specifications referencing rpds-py
+  sniffio docstring-parser pybase64 jsonschema jsonschema-specifications referencing rpds-py
 # the tokenizer assets: qwen3 and llama3_1 as files, the rest as archives untarred there
 cache="${HELIOS_CACHE_DIR:-$HOME/.cache/helios}/tokenizers"
 for name in qwen3-3.7.2 llama3_1-3.7.2; do

@@ -38,7 +38,8 @@ class PixelPatches:
     @classmethod
     def from_resized(cls, resized: torch.Tensor, settings: ProcessorSettings) -> PixelPatches:
         """From the [1, 3, H, W] uint8 resized pixels (a view when they are channels-last)."""
-        hwc = np.ascontiguousarray(resized[0].permute(1, 2, 0).numpy())
+        # torch's transpose copy: 1.2 ms for a 1036x756 image, numpy's took 3.0
+        hwc = resized[0].permute(1, 2, 0).contiguous().numpy()
         mean, std = fused_stats(settings.image_mean, settings.image_std,
                                 settings.rescale_factor)
         return cls(hwc, settings.patch_size, settings.merge_size,
