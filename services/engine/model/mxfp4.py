@@ -16,6 +16,7 @@ and the bandwidth of reading 16-bit experts per step (docs/engine-model.md, gpt-
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -114,7 +115,7 @@ def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # as bucket edges (one int64 per value; a distance to each of the 8 took 8 floats, 15.8
     # GiB for gpt-oss-20b's gate_up and an out-of-memory error beside other GPU tests)
     magnitudes = FP4_VALUES[:8]
-    edges = torch.tensor([(a + b) / 2 for a, b in zip(magnitudes, magnitudes[1:])],
+    edges = torch.tensor([(a + b) / 2 for a, b in itertools.pairwise(magnitudes)],
                          dtype=torch.float32, device=weight.device)
     codes = torch.bucketize(scaled.abs(), edges)
     codes = codes + 8 * (scaled < 0).long() * (codes > 0).long()
