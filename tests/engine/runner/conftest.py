@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from services.common.core import open_model
@@ -9,6 +11,7 @@ from services.engine.config import EngineConfig
 from services.engine.core.build import Engine, build_engine
 from services.engine.sampling import SamplingParams
 from services.engine.scheduler.requests import EngineRequest, StopRules
+from tests.engine.model.checkpoints import SPECS, VOCAB_SIZE, build_checkpoint
 
 
 @pytest.fixture(autouse=True)
@@ -26,6 +29,20 @@ def one_torch_thread():
 @pytest.fixture(scope="session")
 def demo_source(demo_core):
     return open_model(demo_core, verify=())
+
+
+@pytest.fixture(scope="session")
+def source(tmp_path_factory):
+    """The tiny random Qwen3 (QK-norm, sharded safetensors) that most runner tests drive (a
+    module that needs another model defines its own `source`)."""
+    return open_model(build_checkpoint(SPECS["qwen3-qknorm-sharded"],
+                                       tmp_path_factory.mktemp("qwen3")))
+
+
+def random_prompt(length: int, seed: int, vocab: int = VOCAB_SIZE) -> list[int]:
+    """`length` token ids below `vocab`, the same for the same seed."""
+    rng = random.Random(seed)
+    return [rng.randrange(vocab) for _ in range(length)]
 
 
 @pytest.fixture(scope="session")

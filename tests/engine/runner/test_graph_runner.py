@@ -9,29 +9,14 @@ min_tokens with EOS, logit bias and logprobs, and the page-table uploads (only n
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from services.common.core import open_model
 from services.engine.runner.graph_runner import GraphRunner
 from tests.engine.fakes import run_like_the_loop
-from tests.engine.model.checkpoints import SPECS, VOCAB_SIZE, build_checkpoint
-from tests.engine.runner.conftest import greedy_request, hf_greedy, make_engine
+from tests.engine.runner.conftest import greedy_request, hf_greedy, make_engine, random_prompt
 
 SAMPLING = dict(temperature=0.8, top_p=0.9, top_k=40, min_p=0.02, presence_penalty=0.4,
                 frequency_penalty=0.2, repetition_penalty=1.1)
-
-
-def _prompt(length: int, seed: int, vocab: int = VOCAB_SIZE) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(vocab) for _ in range(length)]
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    return open_model(build_checkpoint(SPECS["qwen3-qknorm-sharded"],
-                                       tmp_path_factory.mktemp("qwen3")))
 
 
 def _engine(source, runner: str, overlap: bool = False, **overrides):
@@ -68,7 +53,7 @@ def test_greedy_batches_match_torch_runner_and_use_every_capacity(source):
     shapes = [(5, 1, 9), (40, 2, 14), (3, 3, 6), (70, 4, 11), (17, 5, 20), (1, 6, 3)]
 
     def requests():
-        return [greedy_request(f"r{i}", _prompt(n, s), m, logprobs=True, top_logprobs=3)
+        return [greedy_request(f"r{i}", random_prompt(n, s), m, logprobs=True, top_logprobs=3)
                 for i, (n, s, m) in enumerate(shapes)]
     (_torch_engine, want), *graph_runs = _both(source, requests)
     for engine, got in graph_runs:
@@ -79,7 +64,7 @@ def test_greedy_batches_match_torch_runner_and_use_every_capacity(source):
 
 
 def test_logprobs_match_torch_runner(source):
-    prompt = _prompt(23, 4)
+    prompt = random_prompt(23, 4)
     logprobs = []
     for runner, overlap in (("torch", False), ("graph", True)):
         engine = _engine(source, runner, overlap)
@@ -106,12 +91,12 @@ def test_logprobs_match_torch_runner(source):
 
 def test_seeded_sampling_with_every_filter_matches_torch_runner(source):
     def requests():
-        return [greedy_request("x", _prompt(30, 1), 16, seed=7, **SAMPLING),
-                greedy_request("y", _prompt(12, 2), 12, seed=8, temperature=1.1),
-                greedy_request("z", _prompt(50, 3), 14, seed=9),
-                greedy_request("b", _prompt(9, 5), 8, seed=3, temperature=0.7,
+        return [greedy_request("x", random_prompt(30, 1), 16, seed=7, **SAMPLING),
+                greedy_request("y", random_prompt(12, 2), 12, seed=8, temperature=1.1),
+                greedy_request("z", random_prompt(50, 3), 14, seed=9),
+                greedy_request("b", random_prompt(9, 5), 8, seed=3, temperature=0.7,
                                logit_bias={5: 30.0, 6: -100.0}),
-                greedy_request("n", _prompt(20, 6), 9, seed=11, n=2, temperature=0.9,
+                greedy_request("n", random_prompt(20, 6), 9, seed=11, n=2, temperature=0.9,
                                top_k=20)]
     (_, want), *graph_runs = _both(source, requests)
     for _, got in graph_runs:
@@ -120,7 +105,7 @@ def test_seeded_sampling_with_every_filter_matches_torch_runner(source):
 
 
 def test_min_tokens_suppresses_eos_like_torch_runner(source):
-    prompt = _prompt(15, 8)
+    prompt = random_prompt(15, 8)
     free = _run(_engine(source, "torch"), [greedy_request("f", prompt, 12)])["f"][0]
     eos = free[1]
 
@@ -139,17 +124,17 @@ def test_min_tokens_suppresses_eos_like_torch_runner(source):
 
 
 def test_prefix_hits_terminal_state_and_preemption_match(source, tmp_path):
-    prompt = _prompt(37, 9)
+    prompt = random_prompt(37, 9)
 
     def run(engine):
         # a longer neighbour keeps decoding while "first" saves its terminal state, so that
         # capture rides along a decode step (a graph step on the graph runner)
         outs = _run(engine, [greedy_request("first", prompt, 7, ends=(21,)),
-                             greedy_request("long", _prompt(15, 30), 20)])
+                             greedy_request("long", random_prompt(15, 30), 20)])
         outs |= _run(engine, [greedy_request("again", prompt, 7)])               # full hit
-        other = prompt[:21] + _prompt(9, 10)
+        other = prompt[:21] + random_prompt(9, 10)
         outs |= _run(engine, [greedy_request("partial", other, 5, ends=(21,))])  # partial
-        turn2 = prompt + outs["first"][0][:-1] + _prompt(6, 11)
+        turn2 = prompt + outs["first"][0][:-1] + random_prompt(6, 11)
         outs |= _run(engine, [greedy_request("turn2", turn2, 5)])                # terminal
         # exactly the terminal state: sampling resumes from the hidden state saved there,
         # which must give the same next token as when "first" sampled it
@@ -171,7 +156,7 @@ def test_preemption_matches(source):
     tight = dict(max_num_seqs=3, num_snapshots=3, kv_cache_bytes=3 * row + 44 * page)
 
     def requests():
-        return [greedy_request(f"p{i}", _prompt(60, 20 + i), 20, seed=i, **SAMPLING)
+        return [greedy_request(f"p{i}", random_prompt(60, 20 + i), 20, seed=i, **SAMPLING)
                 for i in range(3)]
     results = _both(source, requests, **tight)
     assert all(engine.scheduler.state.counters.preemptions > 0 for engine, _ in results)
@@ -179,7 +164,7 @@ def test_preemption_matches(source):
 
 
 def test_matches_transformers_on_the_demo_model(demo_source, hf_demo):
-    prompt = _prompt(33, 12, vocab=151_000)
+    prompt = random_prompt(33, 12, vocab=151_000)
     engine = make_engine(demo_source, runner="graph", overlap="on")
     out = _run(engine, [greedy_request("a", prompt, 10)])
     assert out["a"][0] == hf_greedy(hf_demo, prompt, 10)[0]
@@ -195,7 +180,7 @@ def test_decode_uploads_only_new_page_table_entries(source):
         uploads.append(original(handle, page_ids, index, value))
         return uploads[-1]
     runner.mirror.updates = counting
-    _run(engine, [greedy_request("a", _prompt(20, 13), 18)])
+    _run(engine, [greedy_request("a", random_prompt(20, 13), 18)])
     # the first step uploads the 5 prompt pages (20 tokens of 4), then one page every 4
     # decodes, up to the 37 tokens whose KV exists at the end
     assert uploads[0] == 5 and sum(uploads) == -(-(20 + 18 - 1) // 4)
@@ -229,7 +214,7 @@ def test_a_step_that_captured_its_graph_is_untimed(source, monkeypatch):
         return completion
 
     monkeypatch.setattr(GraphRunner, "_complete", recorded)
-    _run(engine, [greedy_request("a", _prompt(9, 1), 6)])
+    _run(engine, [greedy_request("a", random_prompt(9, 1), 6)])
     # the prompt in the 16-row prefill graph, then five decodes in the b1 decode graph
     assert len(seen) == 2 and engine.runner.graph_steps == 6
     assert engine.runner.prefill_graph_steps == 1
@@ -251,7 +236,7 @@ def test_prefill_graphs_serve_prefill_and_mixed_steps_like_eager_steps(source):
               (77, 7, 4)]
 
     def requests():
-        return [greedy_request(f"r{i}", _prompt(n, s), m, logprobs=True, top_logprobs=3)
+        return [greedy_request(f"r{i}", random_prompt(n, s), m, logprobs=True, top_logprobs=3)
                 for i, (n, s, m) in enumerate(shapes)]
     eager = _engine(source, "graph", True, cuda_graph_prefill="off")
     assert eager.runner.graphs.prefill_rows == ()
@@ -272,7 +257,7 @@ def test_steps_no_prefill_graph_serves_run_eagerly(source):
     token capacity run eagerly, with the same results as the torch runner."""
     from dataclasses import replace
 
-    prompt = _prompt(37, 9)
+    prompt = random_prompt(37, 9)
 
     def run(engine):
         def eager_steps() -> int:            # the torch runner: every step is eager
@@ -282,7 +267,7 @@ def test_steps_no_prefill_graph_serves_run_eagerly(source):
         before = eager_steps()
         outs |= _run(engine, [greedy_request("again", prompt, 4)])      # resumes
         resumed = eager_steps() - before
-        scored = replace(greedy_request("scored", _prompt(12, 3), 2), prompt_logprobs=2)
+        scored = replace(greedy_request("scored", random_prompt(12, 3), 2), prompt_logprobs=2)
         engine.scheduler.admit(scored)
         entries = []
         while engine.scheduler.has_work:
@@ -311,8 +296,8 @@ def test_steps_no_prefill_graph_serves_run_eagerly(source):
     assert small.runner.graphs.prefill_rows == (16, 32, 64)
 
     def pair():
-        return [greedy_request("short", _prompt(6, 4), 12),
-                greedy_request("long", _prompt(150, 5), 3)]
+        return [greedy_request("short", random_prompt(6, 4), 12),
+                greedy_request("long", random_prompt(150, 5), 3)]
     assert _run(small, pair()) == _run(_engine(source, "torch", max_num_batched_tokens=64,
                                                prefill_chunk_size=64), pair())
     kinds = small.scheduler.state.counters.launches_by_kind

@@ -3,27 +3,10 @@ neighbours, with different chunking and after preemption; choices of n > 1 diffe
 
 from __future__ import annotations
 
-import random
-
-import pytest
-
-from services.common.core import open_model
 from tests.engine.fakes import run_until_idle
-from tests.engine.model.checkpoints import SPECS, VOCAB_SIZE, build_checkpoint
-from tests.engine.runner.conftest import greedy_request, make_engine
+from tests.engine.runner.conftest import greedy_request, make_engine, random_prompt
 
 SAMPLING = dict(temperature=0.9, top_p=0.95, top_k=50, presence_penalty=0.3)
-
-
-def _prompt(length: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(VOCAB_SIZE) for _ in range(length)]
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    return open_model(build_checkpoint(SPECS["qwen3-qknorm-sharded"],
-                                       tmp_path_factory.mktemp("qwen3")))
 
 
 def _sample(engine, requests):
@@ -33,10 +16,10 @@ def _sample(engine, requests):
 
 
 def test_same_seed_same_tokens_whatever_the_neighbours(source):
-    prompt = _prompt(40, 1)
+    prompt = random_prompt(40, 1)
     alone = _sample(make_engine(source, page_size=4),
                     [greedy_request("x", prompt, 16, seed=1234, **SAMPLING)])["x"][0]
-    neighbours = [greedy_request(f"n{i}", _prompt(10 + 30 * i, 50 + i), 5 + i, seed=i,
+    neighbours = [greedy_request(f"n{i}", random_prompt(10 + 30 * i, 50 + i), 5 + i, seed=i,
                                  **SAMPLING) for i in range(4)]
     batched = _sample(make_engine(source, page_size=4, prefill_chunk_size=64,
                                   max_num_batched_tokens=64),
@@ -49,7 +32,7 @@ def test_same_seed_same_tokens_whatever_the_neighbours(source):
 
 
 def test_same_seed_after_preemption(source):
-    prompt = _prompt(60, 2)
+    prompt = random_prompt(60, 2)
     alone = _sample(make_engine(source, page_size=4),
                     [greedy_request("x", prompt, 20, seed=5, **SAMPLING)])["x"][0]
     probe = make_engine(source, page_size=4)
@@ -57,7 +40,7 @@ def test_same_seed_after_preemption(source):
     row = page + probe.runner.model.config.hidden_size * 4
     tight = make_engine(source, page_size=4, max_num_seqs=3, num_snapshots=3,
                         kv_cache_bytes=3 * row + 44 * page)
-    requests = [greedy_request(f"o{i}", _prompt(60, 10 + i), 20, seed=i, **SAMPLING)
+    requests = [greedy_request(f"o{i}", random_prompt(60, 10 + i), 20, seed=i, **SAMPLING)
                 for i in range(2)]
     out = _sample(tight, [*requests, greedy_request("x", prompt, 20, seed=5, **SAMPLING)])
     assert tight.scheduler.state.counters.preemptions > 0
@@ -65,7 +48,7 @@ def test_same_seed_after_preemption(source):
 
 
 def test_n_choices_are_distinct_and_reproducible(source):
-    prompt = _prompt(30, 3)
+    prompt = random_prompt(30, 3)
     first = _sample(make_engine(source, page_size=4),
                     [greedy_request("x", prompt, 12, seed=77, n=3, **SAMPLING)])["x"]
     second = _sample(make_engine(source, page_size=4),

@@ -8,26 +8,11 @@ A prompt that ends exactly at the boundary is not a full hit (no hidden state wa
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from services.common.core import open_model
-from tests.engine.model.checkpoints import SPECS, VOCAB_SIZE, build_checkpoint
-from tests.engine.runner.conftest import greedy_request, make_engine
+from tests.engine.runner.conftest import greedy_request, make_engine, random_prompt
 
 RUNNERS = [("torch", False), ("graph", False), ("graph", True)]
-
-
-def _prompt(length: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(VOCAB_SIZE) for _ in range(length)]
-
-
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    return open_model(build_checkpoint(SPECS["qwen3-qknorm-sharded"],
-                                       tmp_path_factory.mktemp("qwen3")))
 
 
 def _engine(source, runner: str, overlap: bool, **overrides):
@@ -77,7 +62,7 @@ def _same(got, want) -> None:
 @pytest.mark.parametrize(("runner", "overlap"), RUNNERS)
 def test_a_hit_on_a_tail_checkpoint_prefills_on_from_exact_kv(source, runner, overlap):
     engine = _engine(source, runner, overlap)
-    prompt = _prompt(50, 1)                   # one chunk, past the boundary at 30
+    prompt = random_prompt(50, 1)                   # one chunk, past the boundary at 30
     steps: list = []
     _run(engine, greedy_request("first", prompt, 3, ends=(30,)), steps)
     fed = [s.seqs[0] for s in steps if s.seqs[0].token_ids]
@@ -88,7 +73,7 @@ def test_a_hit_on_a_tail_checkpoint_prefills_on_from_exact_kv(source, runner, ov
         assert engine.runner.prefill_graph_steps >= 1    # a prefill graph ran the chunk
 
     # the next turn: the boundary's 30 tokens reused, its partial page restored
-    other = prompt[:30] + _prompt(13, 2)
+    other = prompt[:30] + random_prompt(13, 2)
     steps = []
     got = _run(engine, greedy_request("next", other, 6, logprobs=True), steps)
     assert got[0] == 30
@@ -108,8 +93,8 @@ def test_checkpoint_stops_costs_a_chat_one_more_step(source):
     """A chat's last boundary (the end of the user's message) sits a few tokens before the
     prompt end: with the reference's stop there the first token takes two steps, as a tail
     capture one; both save a checkpoint there that the next turn hits."""
-    prompt = _prompt(40, 3)
-    other = prompt[:36] + _prompt(9, 4)
+    prompt = random_prompt(40, 3)
+    other = prompt[:36] + random_prompt(9, 4)
     counts = {}
     for stops in (True, False):
         engine = _engine(source, "torch", False, checkpoint_stops=stops)
