@@ -146,14 +146,18 @@ _request = st.tuples(
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests=st.lists(_request, min_size=1, max_size=8),
        num_pages=st.integers(50, 160), page_size=st.sampled_from([1, 4, 16]),
-       slots=st.integers(1, 4), eos_token=st.integers(0, VOCAB - 1))
+       slots=st.integers(1, 4), eos_token=st.integers(0, VOCAB - 1),
+       checkpoint_stops=st.booleans())
 def test_random_overlapped_workloads_are_exact_and_leak_nothing(requests, num_pages,
-                                                               page_size, slots, eos_token):
+                                                               page_size, slots, eos_token,
+                                                               checkpoint_stops):
+    """Shared prefixes with message boundaries (tail captures, or the reference's stops),
+    n > 1, EOS, cancellations, two steps in flight: exact tokens, nothing leaked."""
     eos = frozenset({eos_token})
     scheduler, runner = make_engine(num_pages=num_pages, page_size=page_size,
                                     max_num_seqs=slots, num_snapshots=10,
                                     max_num_batched_tokens=96, overlap=True, eos=eos,
-                                    cost_model=True)
+                                    cost_model=True, checkpoint_stops=checkpoint_stops)
     expected = {}
     cancel_at = {}
     for i, (prefix, length, suffix, max_tokens, n, cancel, stops) in enumerate(requests):
