@@ -117,10 +117,12 @@ def _content_from_pb(message: frontend_pb2.ChatMessage, where: str) -> Content:
             parts.append(TextPart(part.text))
         elif which == "image":
             image = part.image
-            if not image.url and not image.data:
+            # each read of a string field builds a new str (a 2.2 MB data URL: 0.23 ms): read once
+            url, data = image.url, image.data
+            if not url and not data:
                 raise ValidationError(f"{where}.content[{index}]: an image needs a url or data",
                                       param=f"{where}.content[{index}]")
-            parts.append(ImagePart(image.url, image.data, image.media_type, image.detail))
+            parts.append(ImagePart(url, data, image.media_type, image.detail))
         else:
             raise ValidationError(f"{where}.content[{index}] is empty",
                                   param=f"{where}.content[{index}]")
