@@ -56,10 +56,12 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * gate * (1.0 + torch.tanh(inner)) * up
 
 
-def paged_attention(batch: PagedBatch, scale: float, sliding_window: int = 0) -> torch.Tensor:
+def paged_attention(batch: PagedBatch, scale: float, sliding_window: int = 0,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """[T, Hq, D] float64; padding rows are zero. Query position p sees KV [0, p], or with
     sliding_window W > 0 KV [p - W + 1, p]; only positions some row sees are gathered (a
-    windowed batch may hold NaN below them)."""
+    windowed batch may hold NaN below them). `sinks` [Hq] (gpt-oss): one more logit per head in
+    the softmax denominator, its share dropped."""
     q, k_cache, v_cache, meta = batch.q, batch.k_cache, batch.v_cache, batch.meta
     num_q_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
@@ -80,7 +82,12 @@ def paged_attention(batch: PagedBatch, scale: float, sliding_window: int = 0) ->
         hidden = pos[None, :] > q_pos[:, None]  # [L, S]
         if sliding_window > 0:
             hidden |= pos[None, :] <= q_pos[:, None] - sliding_window
-        scores = scores.masked_fill(hidden[None], float("-inf"))
-        out[start : start + q_len] = torch.einsum("hls,shd->lhd", scores.softmax(-1), v)
+        scores = scores.masked_fill(hidden[None], float("-inf"))                  # [H, L, S]
+        if sinks is None:
+            probs = scores.softmax(-1)
+        else:
+            sink = sinks.double()[:, None, None].expand(-1, q_len, 1)
+            probs = torch.cat((scores, sink), dim=-1).softmax(-1)[..., :-1]
+        out[start : start + q_len] = torch.einsum("hls,shd->lhd", probs, v)
         start += q_len
     return out

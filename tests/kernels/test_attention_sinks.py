@@ -21,42 +21,13 @@ BF16_TOTAL = 1e-2
 BF16_ROW = 3e-2
 
 
-def reference_with_sinks(batch: PagedBatch, scale: float, sliding_window: int,
-                         sinks: torch.Tensor) -> torch.Tensor:
-    """float64 [T, Hq, D]: softmax over (visible scores, sink[h]), the sink's share dropped."""
-    q, k_cache, v_cache, meta = batch.q, batch.k_cache, batch.v_cache, batch.meta
-    group = q.shape[1] // k_cache.shape[2]
-    page_size = k_cache.shape[1]
-    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
-    start = 0
-    for i, (q_len, seq_len) in enumerate(zip(batch.q_lens, batch.seq_lens, strict=True)):
-        if q_len == 0:
-            continue
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-        first = max(0, seq_len - q_len - sliding_window + 1) if sliding_window > 0 else 0
-        pos = torch.arange(first, seq_len, device=q.device)
-        pages = meta.page_table[i].long()[pos // page_size]
-        k = k_cache[pages, pos % page_size].double().repeat_interleave(group, dim=1)
-        v = v_cache[pages, pos % page_size].double().repeat_interleave(group, dim=1)
-        scores = torch.einsum("lhd,shd->hls", q[start:start + q_len].double(), k) * scale
-        hidden = pos[None, :] > q_pos[:, None]
-        if sliding_window > 0:
-            hidden |= pos[None, :] <= q_pos[:, None] - sliding_window
-        scores = scores.masked_fill(hidden[None], float("-inf"))                  # [H, L, S]
-        sink = sinks.double()[:, None, None].expand(-1, q_len, 1)
-        probs = torch.cat((scores, sink), dim=-1).softmax(-1)[..., :-1]
-        out[start:start + q_len] = torch.einsum("hls,shd->lhd", probs, v)
-        start += q_len
-    return out
-
-
 def run_and_check(batch: PagedBatch, sinks: torch.Tensor, sliding_window: int = 0,
                   **kwargs: object) -> torch.Tensor:
     scale = 1.0 / math.sqrt(batch.q.shape[-1])
     out = torch.full_like(batch.q, float("nan"))
     paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, scale, sliding_window,
                     sinks=sinks, out=out, **kwargs)
-    ref = reference_with_sinks(batch, scale, sliding_window, sinks)
+    ref = reference.paged_attention(batch, scale, sliding_window, sinks)
     assert torch.isfinite(out).all(), "unwritten or NaN output rows"
     real = sum(batch.q_lens)
     assert torch.all(out[real:] == 0), "padding rows must come back as zeros"
@@ -138,7 +109,7 @@ def test_model_reference_paths_match_the_float64_reference(gen) -> None:
                        page_size=4, num_padding=2, device="cpu", dtype=torch.float32,
                        generator=gen, sliding_window=5, poison_unused=False)
     sinks = random_sinks(8, gen, torch.device("cpu"))
-    ref = reference_with_sinks(batch, 0.25, 5, sinks)
+    ref = reference.paged_attention(batch, 0.25, 5, sinks)
     real = sum(batch.q_lens)
     for fn in (ops.reference_paged_attention, ops.varlen_paged_attention):
         out = fn(batch.q, batch.k_cache, batch.v_cache, batch.meta, 0.25, 5, sinks)
