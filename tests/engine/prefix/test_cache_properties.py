@@ -4,7 +4,8 @@ A model world drives the cache the way the scheduler does: pages and snapshot ro
 fenced pools, use is recorded before submission, evicted storage goes back to the pools only
 through `advance_completed(...).reusable`. Lookups of prompts that share a random prefix with a
 cached one (then diverge) split block checkpoints out of longer ones; every hit's pages must
-hold exactly the prompt's tokens at their positions. Invariants after every step: no page or
+hold exactly the prompt's tokens at their positions, and a full-prompt hit is never a block or
+tail checkpoint (no hidden state to sample from). Invariants after every step: no page or
 snapshot row is handed out before the last work that used it completed, no pinned checkpoint
 or ancestor is ever evicted, and the page accounting adds up.
 """
@@ -60,8 +61,8 @@ class CacheWorld(RuleBasedStateMachine):
     @rule(parent_index=st.integers(0, 4), extra=st.lists(st.integers(0, 2), min_size=1,
                                                          max_size=40) | st.lists(
         st.integers(0, 2), min_size=60, max_size=140),
-          delay=st.integers(0, 2))
-    def publish(self, parent_index, extra, delay):
+          delay=st.integers(0, 2), resumable=st.booleans())
+    def publish(self, parent_index, extra, delay, resumable):
         live = [r for r in self.refs.values() if self.cache.contains(r)]
         # mostly extend a recent checkpoint (deep chains), sometimes start at the root
         parent = live[-parent_index] if live and 0 < parent_index <= len(live) else None
@@ -81,7 +82,7 @@ class CacheWorld(RuleBasedStateMachine):
             self.page_tokens[page] = tuple(tokens[first:first + P])
         self.snapshot_last_use[snapshot] = fence
         pub = self.cache.publish(PrefixHistory(IDENTITY, tokens), len(tokens), parent, pages,
-                                 snapshot, ready_fence=fence)
+                                 snapshot, ready_fence=fence, resumable=resumable)
         if pub.outcome is PublishOutcome.EXISTING:
             self.pages.retire(pages, fence)      # the caller keeps (and returns) them
             self.snapshots.retire([snapshot], fence)
@@ -118,6 +119,8 @@ class CacheWorld(RuleBasedStateMachine):
         assert ref.endpoint <= len(tokens) and len(hit.page_ids) == ref.endpoint // P
         if ref.is_block:
             assert ref.endpoint % 64 == 0 and ref.endpoint < len(tokens)
+        if ref.endpoint == len(tokens):
+            assert ref.resumes, "a full-prompt hit without a saved hidden state"
         for position, page in enumerate(hit.page_ids):
             assert self.page_tokens[page] == tuple(tokens[position * P:(position + 1) * P])
         self.refs[ref.checkpoint_id] = ref
@@ -127,6 +130,22 @@ class CacheWorld(RuleBasedStateMachine):
             self.issued += 1
             self.cache.mark_used(ref, self.issued)
             self._use(ref, self.issued)
+
+    @precondition(lambda self: self.refs)
+    @rule(index=st.integers(0, 100))
+    def lookup_a_whole_prompt(self, index):
+        """A prompt equal to a cached checkpoint's tokens: a full hit only where a hidden
+        state was saved; a tail checkpoint there gives a shallower hit that prefills on."""
+        live = [r for r in self.refs.values() if self.cache.contains(r) and not r.is_block]
+        if not live:
+            return
+        ref = live[index % len(live)]
+        tokens = self.tokens[ref.checkpoint_id]
+        hit = self.cache.lookup(PrefixHistory(IDENTITY, tokens))
+        if self.cache.is_ready(ref) and ref.resumes:
+            assert hit.checkpoint == ref
+        assert hit.checkpoint is None or hit.checkpoint.endpoint < len(tokens) or \
+            hit.checkpoint.resumes
 
     @precondition(lambda self: self.pins)
     @rule(index=st.integers(0, 100))
