@@ -4,10 +4,10 @@
 1. Every resident sequence that is decoding (or resuming sampling from a snapshot) advances by
    one token (zero for a resume), oldest first.
 2. Sequences with prompt (or, after preemption, replayed) tokens left get chunks, oldest first:
-   up to `prefill_chunk_size`, never past their known tokens (nor, with
-   `checkpoint_stops`, their next checkpoint endpoint: without it a chunk captures the
-   boundaries it crosses, scheduler.py), within the step's `max_num_batched_tokens`. The oldest such sequence always gets at
-   least one 64-token chunk, so decodes can never starve a prompt. A chunk never splits an
+   up to `prefill_chunk_size`, never past their known tokens (nor, with `checkpoint_stops`,
+   their next checkpoint endpoint: without it a chunk captures the boundaries it crosses,
+   scheduler.py), within the step's `max_num_batched_tokens`. The oldest such sequence always
+   gets at least one 64-token chunk, so decodes can never starve a prompt. A chunk never splits an
    image span: it stops before one, or takes one whole; only the oldest may take a span past
    the budget (up to `max_image_tokens`), so a step never feeds more than the budget plus
    one image.

@@ -81,8 +81,7 @@ def make_resident(state: SchedulerState, seq: Sequence, tiered: TieredHit) -> No
     restore = resume = None
     # a block checkpoint (no snapshot) is page aligned and never the whole sequence, nor is a
     # tail checkpoint (a snapshot without the hidden state: lookup never makes it a full hit);
-    # host
-    # blocks continue only a block-aligned GPU hit and always leave a token to prefill
+    # host blocks continue only a block-aligned GPU hit and always leave a token to prefill
     snapshot = hit.checkpoint.snapshot_id if hit.checkpoint is not None else None
     if snapshot is not None and not host_tokens and hit.endpoint % res.page_size:
         restore = (snapshot, hit.endpoint % res.page_size)

@@ -30,8 +30,8 @@ class SchedulerConfig:
     # prefill stops at each checkpoint target (the reference design); False: a chunk runs past
     # a message boundary and captures its partial page only (a "tail" checkpoint, which saves
     # no hidden state: a hit on it always prefills on). A chat then costs no extra forward for
-    # its assistant header: 4.6 ms of a Qwen3-8B chat's TTFT on the H200 (RESULTS.md,
-    # 2026-12-06 fourth session)
+    # its assistant header, a decode-sized step: 4.6 ms at the Qwen3-8B shape on an H200
+    # (docs/engine.md, "Tail checkpoints")
     checkpoint_stops: bool = False
     context_hint: str = ""
     capacity_hint: str = ""
