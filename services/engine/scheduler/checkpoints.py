@@ -1,10 +1,11 @@
-"""Which exact endpoints of a prompt to checkpoint (prefill stops at each one).
+"""Which exact endpoints of a prompt to checkpoint (a chunk that runs past one captures it;
+with `checkpoint_stops` prefill stops at each one).
 
 The prompt end is always chosen (a full hit resumes sampling without replaying the prompt), then
 the last message boundary (the next turn of the conversation shares everything before it),
 then the first one (a shared system prompt or preamble). Further earlier boundaries compete for
 an extra-work allowance: `extra_fraction` of the uncached prefill work, each capture charged
-`capture_cost_tokens` (snapshot copy plus the chunk split). Only endpoints beyond the reused
+`capture_cost_tokens` (the snapshot copy, plus the chunk split with `checkpoint_stops`). Only endpoints beyond the reused
 prefix are eligible; the caller drops the least important ones when snapshot rows run out.
 """
 
