@@ -211,7 +211,7 @@ class PrefixCheckpointCache:
         parent_node = self._validate_proposal(history, endpoint, parent, pages, snapshot_id)
         start = parent_node.ref.endpoint if parent_node else 0
         first_block, last_block = start // BLOCK_TOKENS, endpoint // BLOCK_TOKENS
-        ref = CheckpointRef(next(self._ids), endpoint, snapshot_id, hidden_saved=resumable)
+        ref = CheckpointRef(next(self._ids), endpoint, snapshot_id, resumes=resumable)
         node = _Node(
             ref=ref, key=key, anchor=history.anchor_key(endpoint), parent=parent_node,
             tail_pages=pages, ready_fence=ready_fence,
@@ -396,7 +396,7 @@ class PrefixCheckpointCache:
         pages = boundary // self.page_size - start // self.page_size
         blocks = boundary // BLOCK_TOKENS - start // BLOCK_TOKENS
         block = _Node(
-            ref=CheckpointRef(next(self._ids), boundary, None), key=key, anchor=key,
+            ref=CheckpointRef(next(self._ids), boundary, None, resumes=False), key=key, anchor=key,
             parent=node.parent, tail_pages=node.tail_pages[:pages],
             ready_fence=node.ready_fence, block_keys=node.block_keys[:blocks],
             block_parent=node.block_parent,

@@ -15,17 +15,13 @@ class CheckpointRef:
     snapshot_id: int | None   # snapshot row: partial tail page + final hidden state at
                               # endpoint; None for a block checkpoint (a page-aligned block
                               # boundary with no saved state: a hit on it prefills on)
-    hidden_saved: bool = True  # False: a tail checkpoint, whose row holds the partial page
-                               # alone (captured inside a chunk): a hit on it prefills on
+    resumes: bool = True      # a full-prompt hit can sample from it (its row saved the hidden
+                              # state); False for a block checkpoint and for a tail checkpoint
+                              # (captured inside a chunk: its row holds the partial page alone)
 
     @property
     def is_block(self) -> bool:
         return self.snapshot_id is None
-
-    @property
-    def resumes(self) -> bool:
-        """Whether a full-prompt hit can sample from it (its row saved the hidden state)."""
-        return self.snapshot_id is not None and self.hidden_saved
 
 
 @dataclass(frozen=True, slots=True)
