@@ -50,7 +50,14 @@ from services.engine.scheduler.requests import (
 )
 from services.engine.scheduler.residency import admit_waiting
 from services.engine.scheduler.resources import KVResources
-from services.engine.scheduler.sequence import Choice, Output, Phase, RequestState, Sequence
+from services.engine.scheduler.sequence import (
+    CacheHold,
+    Choice,
+    Output,
+    Phase,
+    RequestState,
+    Sequence,
+)
 from services.engine.scheduler.slots import SlotTable
 from services.engine.scheduler.state import PRIORITY_STEP_S, SchedulerConfig, SchedulerState
 
@@ -258,14 +265,10 @@ class Scheduler:
         end = start + num_tokens
         capture = None
         if end in cache.target_snapshots and (num_tokens or seq.phase is Phase.CAPTURING):
-            capture = Capture(cache.target_snapshots[end],
-                              cache.page_ids[end // size] if end % size else -1, end % size,
-                              end)
+            capture = _capture(cache, end, size)
         # targets the chunk runs past (checkpoint_stops off): their partial pages only
-        tail_captures = tuple(
-            Capture(cache.target_snapshots[t], cache.page_ids[t // size] if t % size else -1,
-                    t % size, t)
-            for t in cache.targets if start < t < end) if num_tokens > 1 else ()
+        tail_captures = tuple(_capture(cache, t, size) for t in cache.targets
+                              if start < t < end) if num_tokens > 1 else ()
         init = None
         if progress.take_init():
             request = seq.request.request
@@ -372,6 +375,14 @@ class Scheduler:
             state.counters.requests_cancelled += 1
         else:
             state.counters.requests_completed += 1
+
+
+def _capture(cache: CacheHold, endpoint: int, page_size: int) -> Capture:
+    """The capture of target `endpoint` into its reserved snapshot row: the page holding its
+    partial tail (-1 when the endpoint is page aligned) and that tail's length."""
+    partial = endpoint % page_size
+    return Capture(cache.target_snapshots[endpoint],
+                   cache.page_ids[endpoint // page_size] if partial else -1, partial, endpoint)
 
 
 def _step_kind(seqs: tuple[SeqStep, ...]) -> str:
