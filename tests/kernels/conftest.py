@@ -10,6 +10,8 @@ import os
 import pytest
 import torch
 
+from tests.gpu_cache import release_cached_gpu_memory  # noqa: F401 (autouse)
+
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_CUDA = torch.cuda.is_available()
 INTERPRETED = HAS_TRITON and not HAS_CUDA

@@ -121,6 +121,19 @@ def test_mxfp4_experts_match_the_dequantized_reference(tokens, experts, top_k, h
     assert_close(routed, want)
 
 
+def test_mxfp4_quantization_in_slices_equals_one_pass(gen, monkeypatch) -> None:
+    """Above QUANTIZE_CHUNK values the quantizer takes one leading slice at a time (its
+    temporaries ran a GPU out of memory at gpt-oss-20b's size); the codes are the same."""
+    from services.engine.model import mxfp4
+
+    weight = torch.randn(3, 4, 5, 64, generator=gen) * torch.logspace(-3, 3, 64)
+    whole = mxfp4.quantize_mxfp4(weight)
+    monkeypatch.setattr(mxfp4, "QUANTIZE_CHUNK", 100)    # 3 slices, then 4 each below them
+    sliced = mxfp4.quantize_mxfp4(weight)
+    assert [t.shape for t in sliced] == [(3, 4, 5, 32), (3, 4, 5, 2)]
+    assert all(torch.equal(a, b) for a, b in zip(whole, sliced, strict=True))
+
+
 def test_mxfp4_refusals(gen, device, dot_dtype) -> None:
     from services.engine.kernels import fused_experts
 

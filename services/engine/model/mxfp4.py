@@ -33,6 +33,7 @@ FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 GROUP = 32          # values per scale
 SCALE_BIAS = 127    # E8M0
+QUANTIZE_CHUNK = 1 << 24    # values quantize_mxfp4 takes at once
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor,
@@ -107,13 +108,16 @@ def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     to the nearest E2M1 value (tests and dummy weights; checkpoints come quantized)."""
     if weight.shape[-1] % GROUP:
         raise ValueError(f"MXFP4 needs the last dim to be a multiple of {GROUP}")
+    if weight.dim() > 1 and weight.numel() > QUANTIZE_CHUNK:   # one leading slice at a time:
+        parts = [quantize_mxfp4(part) for part in weight]   # the temporaries below take ~24
+        return (torch.stack([blocks for blocks, _ in parts]),   # bytes a value, 12 GiB for
+                torch.stack([scales for _, scales in parts]))   # gpt-oss-20b's gate_up whole
     groups = weight.float().unflatten(-1, (-1, GROUP))                  # [..., G, 32]
     peak = groups.abs().amax(dim=-1).clamp_min(2.0 ** -126)
     exponent = torch.ceil(torch.log2(peak / 6.0)).clamp(-127, 127)
     scaled = groups / torch.exp2(exponent).unsqueeze(-1)
     # the nearest magnitude, a tie to the smaller: the midpoints between E2M1's magnitudes
-    # as bucket edges (one int64 per value; a distance to each of the 8 took 8 floats, 15.8
-    # GiB for gpt-oss-20b's gate_up and an out-of-memory error beside other GPU tests)
+    # as bucket edges (one int64 per value; a distance to each of the 8 took 8 floats)
     magnitudes = FP4_VALUES[:8]
     edges = torch.tensor([(a + b) / 2 for a, b in itertools.pairwise(magnitudes)],
                          dtype=torch.float32, device=weight.device)

@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from tests.gpu_cache import release_cached_gpu_memory  # noqa: F401 (autouse)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
