@@ -4,8 +4,8 @@
     fp8_norm_linear(x, residual, norm_weight, eps, weight: Fp8Weight, bias=None,
                     activation=None) -> (y, new_residual)
 
-One row (a batch-1 decode step, `MAX_ROWS`): the skinny kernel below, the FP8 twin of
-skinny_linear.py with the same fused norm, gated activation (SiLU, GELU-tanh), fp32 output and
+One row (a batch-1 decode step, `MAX_ROWS`): skinny_linear.py's one-row kernel with
+`W_SCALE` set, so the same fused norm, gated activation (SiLU, GELU-tanh), fp32 output and
 PDL: it streams e4m3 weight rows (half the bytes of bf16, which is the whole cost at batch 1)
 and dequantizes them in registers, the row scale applied once to the dot product (block-wise
 weights: BLOCK_K = 128, each K step's partial sums times that block's scale). The activation
@@ -13,8 +13,8 @@ row is not quantized there (W8A16: the skinny path is the more exact one). With
 `HELIOS_FP8_SKINNY=tensor-cores` (or a plan with block_m > 1) up to 16 rows (`DOT_ROWS`: batch-1
 to batch-16 decode, speculative verification) run skinny_linear.py's tl.dot kernel instead,
 the e4m3 tiles converted to the activations' dtype for the MMA, the same scales applied (W8A16
-too, the weights read once for the 16 rows, no activation quantization): opt-in until measured
-on a GPU.
+too, the weights read once for the 16 rows, no activation quantization). Measured slower at
+batch 1 on an H100 (126 against 216 tok/s, RESULTS.md 2026-12-06 fifth session): opt-in.
 
 More rows: the activations are quantized by `fp8_quant.py` (fused with the norm for
 `fp8_norm_linear`) and multiplied by `fp8_gemm.py` (torch._scaled_mm or the Triton GEMM for
@@ -28,15 +28,12 @@ import dataclasses
 import os
 
 import torch
-import triton
-import triton.language as tl
 
 from services.common.errors import ValidationError
-from services.engine.kernels.activation import gated_activation, gelu_tanh_and_mul, silu_and_mul
-from services.engine.kernels.common import cdiv, check_float, check_last_dim_contiguous, sm_count
+from services.engine.kernels.activation import gelu_tanh_and_mul, silu_and_mul
+from services.engine.kernels.common import check_float, check_last_dim_contiguous, sm_count
 from services.engine.kernels.fp8_gemm import block_mm, rowwise_mm
 from services.engine.kernels.fp8_quant import norm_quantize_fp8, quantize_fp8
-from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
 from services.engine.kernels.skinny_linear import (
     SCALE_BLOCK,
     LinearPlan,
@@ -50,9 +47,8 @@ from services.engine.model.fp8 import FP8_DTYPE, Fp8Weight
 MAX_ROWS = 1
 BLOCK = SCALE_BLOCK       # 128 x 128 weight blocks
 # HELIOS_FP8_SKINNY=tensor-cores: batch 1 through skinny_linear's tl.dot kernel (e4m3 tiles
-# converted to the activations' dtype for the MMA) instead of the CUDA-core kernel below,
-# whose conversions and FMAs per weight byte are twice bf16's (RESULTS.md, 2026-12-06).
-# Not measured on a GPU yet: opt-in until it is.
+# converted to the activations' dtype for the MMA) instead of the one-row CUDA-core kernel.
+# Slower at batch 1 on an H100 (RESULTS.md, 2026-12-06 fifth session): opt-in.
 TENSOR_CORES = os.environ.get("HELIOS_FP8_SKINNY", "").strip().lower() == "tensor-cores"
 DOT_ROWS = 16    # with TENSOR_CORES, up to this many rows take it too (W8A16, one weight read)
 
@@ -60,92 +56,6 @@ DOT_ROWS = 16    # with TENSOR_CORES, up to this many rows take it too (W8A16, o
 def _skinny_rows() -> int:
     """The most rows the W8A16 kernels take; more are quantized for the FP8 GEMM."""
     return DOT_ROWS if TENSOR_CORES else MAX_ROWS
-
-
-@triton.jit
-def _fp8_skinny_kernel(
-    x_ptr, res_ptr, norm_w_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, res_out_ptr,
-    n_out, k_dim, up_offset, eps,
-    stride_x, stride_r, stride_w, stride_ws, stride_o, stride_ro,
-    NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ACTIVATION: tl.constexpr, BLOCKWISE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr, PDL: tl.constexpr,
-):
-    pid_n = tl.program_id(0)
-    row = tl.program_id(1).to(tl.int64)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n < n_out
-    kk = tl.arange(0, BLOCK_K)
-    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w
-    up_rows = w_rows + up_offset * stride_w
-    tile_mask = n_mask[:, None] & (kk < k_dim)[None, :]
-    w_next = tl.load(w_rows + kk[None, :], mask=tile_mask, other=0.0)
-    if ACTIVATION != "none":
-        u_next = tl.load(up_rows + kk[None, :], mask=tile_mask, other=0.0)
-    wait_for_previous_grids(PDL)
-    act_dtype = x_ptr.dtype.element_ty
-    x_row = x_ptr + row * stride_x
-    r_row = res_ptr + row * stride_r
-    rstd = 1.0
-    if NORM:
-        sum_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, k_dim, BLOCK_K):
-            k = k0 + kk
-            k_mask = k < k_dim
-            h = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
-            if RESIDUAL:
-                r = tl.load(r_row + k, mask=k_mask, other=0.0).to(tl.float32)
-                s = (h + r).to(act_dtype)
-                if pid_n == 0:
-                    tl.store(res_out_ptr + row * stride_ro + k, s, mask=k_mask)
-                h = s.to(tl.float32)
-            sum_sq += h * h
-        rstd = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=0) / k_dim + eps)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, k_dim, BLOCK_K):
-        k = k0 + kk
-        k_mask = k < k_dim
-        a = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
-        if NORM:
-            if RESIDUAL:
-                r = tl.load(r_row + k, mask=k_mask, other=0.0).to(tl.float32)
-                a = (a + r).to(act_dtype).to(tl.float32)
-            g = tl.load(norm_w_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
-            a = (a * rstd * g).to(act_dtype).to(tl.float32)
-        w = w_next
-        next_mask = n_mask[:, None] & (k + BLOCK_K < k_dim)[None, :]
-        w_next = tl.load(w_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
-        prod = w.to(tl.float32) * a[None, :]
-        if BLOCKWISE:   # BLOCK_K == SCALE_BLOCK: this step is one column of weight blocks
-            kb = k0 // SCALE_BLOCK
-            s_w = tl.load(ws_ptr + (n // SCALE_BLOCK) * stride_ws + kb, mask=n_mask, other=0.0)
-            prod = prod * s_w[:, None]
-        acc += prod
-        if ACTIVATION != "none":
-            u = u_next
-            u_next = tl.load(up_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
-            prod_up = u.to(tl.float32) * a[None, :]
-            if BLOCKWISE:
-                s_u = tl.load(ws_ptr + ((n + up_offset) // SCALE_BLOCK) * stride_ws + kb,
-                              mask=n_mask, other=0.0)
-                prod_up = prod_up * s_u[:, None]
-            acc_up += prod_up
-    y = tl.sum(acc, axis=1)
-    if not BLOCKWISE:
-        y = y * tl.load(ws_ptr + n, mask=n_mask, other=0.0)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
-    if ACTIVATION != "none":
-        up = tl.sum(acc_up, axis=1)
-        if not BLOCKWISE:
-            up = up * tl.load(ws_ptr + up_offset + n, mask=n_mask, other=0.0)
-        if HAS_BIAS:
-            up += tl.load(b_ptr + up_offset + n, mask=n_mask, other=0.0).to(tl.float32)
-        gate = y.to(act_dtype).to(tl.float32)
-        up = up.to(act_dtype).to(tl.float32)
-        y = gated_activation(gate, up, ACTIVATION)
-    tl.store(out_ptr + row * stride_o + n, y.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 def _check(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> None:
@@ -187,31 +97,15 @@ def _skinny(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
             eps: float, weight: Fp8Weight, bias: torch.Tensor | None, out: torch.Tensor,
             residual_out: torch.Tensor | None, activation: str | None,
             plan: LinearPlan | None = None) -> None:
-    rows, k_dim = x.shape
+    """skinny_linear's kernels on e4m3 weights: the tl.dot one (e4m3 tiles) where the plan's
+    block_m > 1 or HELIOS_FP8_SKINNY=tensor-cores, else the one-row one."""
     n_out = out.shape[1]
-    if rows == 0 or n_out == 0:
-        return
-    w, scale = weight.qweight, weight.scale
-    res = residual if residual is not None else x
-    res_out = residual_out if residual_out is not None else x
-    dot = plan.block_m > 1 if plan is not None else TENSOR_CORES
-    if dot:                      # skinny_linear's tl.dot kernel, e4m3 tiles
-        launch(x, residual, norm_weight, eps, w, bias, out, residual_out, activation,
-               plan or dot_plan(weight, n_out, activation is not None, norm_weight is not None),
-               scale=scale, scale_kind="block" if weight.block else "channel")
-        return
-    plan = plan or skinny_plan(weight, n_out, rows, x.device, activation is not None)
-    _fp8_skinny_kernel[(cdiv(n_out, plan.block_n), rows)](
-        x, res, norm_weight if norm_weight is not None else x, w, scale,
-        bias if bias is not None else x, out, res_out,
-        n_out, k_dim, n_out if activation else 0, float(eps),
-        x.stride(0), res.stride(0), w.stride(0), scale.stride(0), out.stride(0),
-        res_out.stride(0),
-        NORM=norm_weight is not None, RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
-        ACTIVATION=activation or "none", BLOCKWISE=weight.block, BLOCK_N=plan.block_n,
-        BLOCK_K=plan.block_k, SCALE_BLOCK=BLOCK, num_warps=plan.num_warps,
-        **launch_options(x.device, rows),
-    )
+    if plan is None:
+        gated = activation is not None
+        plan = (dot_plan(weight, n_out, gated, norm_weight is not None) if TENSOR_CORES
+                else skinny_plan(weight, n_out, x.shape[0], x.device, gated))
+    launch(x, residual, norm_weight, eps, weight.qweight, bias, out, residual_out, activation,
+           plan, scale=weight.scale, scale_kind="block" if weight.block else "channel")
 
 
 def _gemm(q: torch.Tensor, scales: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,

@@ -157,14 +157,18 @@ def plan_rows(n_out: int, k: int, gated: bool, normed: bool, elem_bytes: int = 2
 
 @triton.jit
 def _skinny_linear_kernel(
-    x_ptr, res_ptr, norm_w_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
+    x_ptr, res_ptr, norm_w_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr, ws_ptr,
     n_out, k_dim, up_offset, eps,
-    stride_x, stride_r, stride_w, stride_o, stride_ro,
+    stride_x, stride_r, stride_w, stride_o, stride_ro, stride_ws,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    W_SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr,
 ):
     # ACTIVATION "none": y = the projection; "silu" / "gelu_tanh": the weight's rows [0, n_out)
-    # are the gate, rows [up_offset, up_offset + n_out) the up half, y = act(gate) * up
+    # are the gate, rows [up_offset, up_offset + n_out) the up half, y = act(gate) * up.
+    # W_SCALE "channel" / "block": e4m3 weights (fp8_layers.py), dequantized in registers: a
+    # row's scale multiplies its sum at the end, a 128x128 block's scale each K step's
+    # products (BLOCK_K == SCALE_BLOCK: one step is one column of weight blocks)
     pid_n = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -211,16 +215,30 @@ def _skinny_linear_kernel(
         w = w_next
         next_mask = n_mask[:, None] & (k + BLOCK_K < k_dim)[None, :]
         w_next = tl.load(w_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
-        acc += w.to(tl.float32) * a[None, :]
+        prod = w.to(tl.float32) * a[None, :]
+        if W_SCALE == "block":
+            kb = k0 // SCALE_BLOCK
+            s_w = tl.load(ws_ptr + (n // SCALE_BLOCK) * stride_ws + kb, mask=n_mask, other=0.0)
+            prod = prod * s_w[:, None]
+        acc += prod
         if ACTIVATION != "none":
             u = u_next
             u_next = tl.load(up_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
-            acc_up += u.to(tl.float32) * a[None, :]
+            prod_up = u.to(tl.float32) * a[None, :]
+            if W_SCALE == "block":
+                s_u = tl.load(ws_ptr + ((n + up_offset) // SCALE_BLOCK) * stride_ws + kb,
+                              mask=n_mask, other=0.0)
+                prod_up = prod_up * s_u[:, None]
+            acc_up += prod_up
     y = tl.sum(acc, axis=1)                                            # [BN]
+    if W_SCALE == "channel":
+        y = y * tl.load(ws_ptr + n, mask=n_mask, other=0.0)
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
     if ACTIVATION != "none":
         up = tl.sum(acc_up, axis=1)
+        if W_SCALE == "channel":
+            up = up * tl.load(ws_ptr + up_offset + n, mask=n_mask, other=0.0)
         if HAS_BIAS:
             up += tl.load(b_ptr + up_offset + n, mask=n_mask, other=0.0).to(tl.float32)
         gate = y.to(act_dtype).to(tl.float32)
@@ -371,7 +389,7 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Te
            scale_kind: str = "none") -> None:
     """One kernel launch of `linear` / `norm_linear` into `out` (and `residual_out`): the
     one-row kernel or, for a plan with block_m > 1, the tl.dot kernel; `scale` /
-    `scale_kind` ("channel", "block": e4m3 weights, fp8_layers.py) need the latter."""
+    `scale_kind` ("channel", "block"): e4m3 weights and their scales (fp8_layers.py)."""
     activation = check_activation(activation)
     rows, k_dim = x.shape
     n_out = out.shape[1]
@@ -385,24 +403,24 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Te
                 bias if bias is not None else weight, out, res_out)
     sizes = (n_out, k_dim, n_out if activation else 0, float(eps),
              x.stride(0), res.stride(0), weight.stride(0), out.stride(0), res_out.stride(0))
+    scales = scale if scale is not None else x
+    scale_stride = scales.stride(0) if scales.dim() > 1 else 1
     flags = dict(NORM=norm_weight is not None, RESIDUAL=residual is not None,
                  HAS_BIAS=bias is not None, ACTIVATION=activation or "none",
                  BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, num_warps=plan.num_warps,
-                 **launch_options(x.device, rows))
+                 W_SCALE=scale_kind, SCALE_BLOCK=SCALE_BLOCK, **launch_options(x.device, rows))
     if plan.block_m == 1:
-        assert scale is None, "scaled (e4m3) weights take the tl.dot kernel"
-        _skinny_linear_kernel[(cdiv(n_out, plan.block_n), rows)](*pointers, *sizes, **flags)
+        _skinny_linear_kernel[(cdiv(n_out, plan.block_n), rows)](
+            *pointers, scales, *sizes, scale_stride, **flags)
         return
     # "ieee": fp32 operands, fp32 products. fp32 inputs need it (tf32 would round them),
     # and so does Triton's interpreter, whose tl.dot misreads bf16 operands (raw bits);
     # on CUDA 16-bit operands go to the MMA as they are (fp32 accumulation either way)
     interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     precision = "ieee" if x.dtype == torch.float32 or interpreted else "tf32"
-    scales = scale if scale is not None else x
     _skinny_rows_kernel[(cdiv(n_out, plan.block_n), cdiv(rows, plan.block_m))](
-        *pointers, scales, rows, *sizes, scales.stride(0) if scales.dim() > 1 else 1,
-        BLOCK_M=plan.block_m, NUM_STAGES=plan.num_stages, DOT_PRECISION=precision,
-        W_SCALE=scale_kind, SCALE_BLOCK=SCALE_BLOCK, **flags)
+        *pointers, scales, rows, *sizes, scale_stride,
+        BLOCK_M=plan.block_m, NUM_STAGES=plan.num_stages, DOT_PRECISION=precision, **flags)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
