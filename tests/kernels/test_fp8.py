@@ -221,6 +221,39 @@ def test_fp8_norm_linear(scheme_name, activation, rows, device, gen, skinny):
     assert rel(out, y) < (2e-2 if w8a16 else 5e-2)
 
 
+@pytest.mark.parametrize("rows", [1, 3])     # the skinny kernel and the quantize + GEMM path
+def test_bad_norm_inputs_are_validation_errors(rows, device, gen):
+    """fp8_norm_linear and norm_quantize_fp8 check their norm operands as norm_linear does
+    (kernels/common.py check_norm_inputs), before any launch."""
+    from services.common.errors import ValidationError
+
+    fp8_quant, _, fp8_layers = _kernels()
+    weight, _ = make_weight(64, 64, SCHEMES["token-channel"], gen, device)
+    odd, _ = make_weight(63, 64, SCHEMES["token-channel"], gen, device)
+
+    def t(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(dtype).to(device)
+
+    x, g, res = t(rows, 64), t(64), t(rows, 64)
+    cases = [
+        ("norm_weight", lambda: fp8_layers.fp8_norm_linear(x, res, t(63), 1e-6, weight)),
+        ("norm_weight", lambda: fp8_layers.fp8_norm_linear(x, res, t(64, 2)[:, 0], 1e-6,
+                                                            weight)),
+        ("residual", lambda: fp8_layers.fp8_norm_linear(x, t(rows + 1, 64), g, 1e-6, weight)),
+        ("residual", lambda: fp8_layers.fp8_norm_linear(
+            x, t(rows, 64, dtype=torch.float32), g, 1e-6, weight)),
+        ("residual", lambda: fp8_layers.fp8_norm_linear(x, t(rows, 128)[:, ::2], g, 1e-6,
+                                                         weight)),        # last dim strided
+        ("gate and up", lambda: fp8_layers.fp8_norm_linear(x, res, g, 1e-6, odd, None, "silu")),
+        ("norm_weight", lambda: fp8_quant.norm_quantize_fp8(x, res, t(65), 1e-6, "token")),
+        ("residual", lambda: fp8_quant.norm_quantize_fp8(x, t(rows, 128)[:, ::2], g, 1e-6,
+                                                         "token")),
+    ]
+    for match, call in cases:
+        with pytest.raises(ValidationError, match=match):
+            call()
+
+
 def test_the_kernels_package_exports_the_fp8_ops():
     """ops.linear / ops.norm_linear hand an Fp8Weight to these on CUDA (model/fp8.py)."""
     from services.engine.kernels import fp8_layers

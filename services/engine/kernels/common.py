@@ -55,6 +55,31 @@ def check_same_device(**tensors: torch.Tensor) -> None:
         raise ValidationError(f"tensors on different devices: {listing}")
 
 
+def check_norm_inputs(x: torch.Tensor, residual: torch.Tensor | None,
+                      norm_weight: torch.Tensor) -> None:
+    """A fused norm's operands: norm_weight [K] contiguous float on x's device; residual, if
+    any, x's shape and dtype, last dim contiguous, on x's device."""
+    k_dim = x.shape[-1]
+    if norm_weight.shape != (k_dim,) or norm_weight.stride(0) != 1:
+        raise ValidationError(f"norm_weight: expected ({k_dim},) contiguous, "
+                              f"got {tuple(norm_weight.shape)}")
+    check_float("norm_weight", norm_weight)
+    check_same_device(x=x, norm_weight=norm_weight)
+    if residual is not None:
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            raise ValidationError(f"residual: expected {tuple(x.shape)} {x.dtype}, "
+                                  f"got {tuple(residual.shape)} {residual.dtype}")
+        check_last_dim_contiguous("residual", residual)
+        check_same_device(x=x, residual=residual)
+
+
+def check_gated_rows(weight_rows: int, activation: str | None) -> None:
+    """A gated activation splits the weight's rows into gate and up halves."""
+    if activation and weight_rows % 2:
+        raise ValidationError(f"weight: {weight_rows} rows cannot split into gate and up "
+                              "halves")
+
+
 def check_out(name: str, out: torch.Tensor, shape: tuple[int, ...], like: torch.Tensor) -> None:
     """An `out=` buffer must have exactly the result's shape, dtype and device."""
     if tuple(out.shape) != shape or out.dtype != like.dtype or out.device != like.device:

@@ -31,7 +31,13 @@ import torch
 
 from services.common.errors import ValidationError
 from services.engine.kernels.activation import gelu_tanh_and_mul, silu_and_mul
-from services.engine.kernels.common import check_float, check_last_dim_contiguous, sm_count
+from services.engine.kernels.common import (
+    check_float,
+    check_gated_rows,
+    check_last_dim_contiguous,
+    check_norm_inputs,
+    sm_count,
+)
 from services.engine.kernels.fp8_gemm import block_mm, rowwise_mm
 from services.engine.kernels.fp8_quant import norm_quantize_fp8, quantize_fp8
 from services.engine.kernels.skinny_linear import (
@@ -138,16 +144,10 @@ def fp8_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
     the new residual)."""
     activation = check_activation(activation)
     _check(x, weight, bias)
-    rows, k_dim = x.shape
-    if norm_weight.shape != (k_dim,) or norm_weight.stride(0) != 1:
-        raise ValidationError(f"norm_weight: expected ({k_dim},) contiguous, "
-                              f"got {tuple(norm_weight.shape)}")
-    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
-        raise ValidationError(f"residual: expected {tuple(x.shape)} {x.dtype}, "
-                              f"got {tuple(residual.shape)} {residual.dtype}")
+    rows = x.shape[0]
+    check_norm_inputs(x, residual, norm_weight)
     n_rows = weight.shape[0]
-    if activation and n_rows % 2:
-        raise ValidationError(f"weight: {n_rows} rows cannot split into gate and up halves")
+    check_gated_rows(n_rows, activation)
     if rows > _skinny_rows() and plan is None:
         scheme = weight.scheme
         q, scales, new_residual = norm_quantize_fp8(x, residual, norm_weight, eps,
@@ -163,7 +163,6 @@ def fp8_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
     out = torch.empty((rows, n_out), dtype=x.dtype, device=x.device)
     residual_out = None
     if residual is not None:
-        check_last_dim_contiguous("residual", residual)
         residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
     _skinny(x, residual, norm_weight, eps, weight, bias, out, residual_out, activation, plan)
     return out, (residual_out if residual_out is not None else x)

@@ -30,6 +30,7 @@ from services.common.errors import ValidationError
 from services.engine.kernels.common import (
     check_float,
     check_last_dim_contiguous,
+    check_norm_inputs,
     check_rank,
     next_power_of_2,
 )
@@ -207,13 +208,6 @@ def norm_quantize_fp8(x: torch.Tensor, residual: torch.Tensor | None, norm_weigh
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """rms_norm(x + residual) * norm_weight quantized as `quantize_fp8`, and the new residual
     (x + residual, or x itself when residual is None)."""
-    if norm_weight.shape != (x.shape[-1],) or norm_weight.stride(0) != 1:
-        raise ValidationError(f"norm_weight: expected ({x.shape[-1]},) contiguous, "
-                              f"got {tuple(norm_weight.shape)}")
-    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
-        raise ValidationError(f"residual: expected {tuple(x.shape)} {x.dtype}, "
-                              f"got {tuple(residual.shape)} {residual.dtype}")
-    if residual is not None:
-        check_last_dim_contiguous("residual", residual)
+    check_norm_inputs(x, residual, norm_weight)
     q, scales, res_out = _launch(x, residual, norm_weight, eps, kind, group, input_scale)
     return q, scales, (res_out if res_out is not None else x)

@@ -50,7 +50,9 @@ from services.engine.kernels.activation import GATED_ACTIVATIONS, gated_activati
 from services.engine.kernels.common import (
     cdiv,
     check_float,
+    check_gated_rows,
     check_last_dim_contiguous,
+    check_norm_inputs,
     check_rank,
     check_same_device,
     next_power_of_2,
@@ -450,21 +452,10 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
     residual is None)."""
     activation = check_activation(activation)
     _check_matrix(x, weight, bias)
-    rows, k_dim = x.shape
-    if norm_weight.shape != (k_dim,) or norm_weight.stride(0) != 1:
-        raise ValidationError(f"norm_weight: expected ({k_dim},) contiguous, "
-                              f"got {tuple(norm_weight.shape)}")
-    check_float("norm_weight", norm_weight)
-    check_same_device(x=x, norm_weight=norm_weight)
-    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
-        raise ValidationError(f"residual: expected {tuple(x.shape)} {x.dtype}, "
-                              f"got {tuple(residual.shape)} {residual.dtype}")
-    if residual is not None:
-        check_last_dim_contiguous("residual", residual)
-        check_same_device(x=x, residual=residual)
+    rows = x.shape[0]
+    check_norm_inputs(x, residual, norm_weight)
     n_rows = weight.shape[0]
-    if activation and n_rows % 2:
-        raise ValidationError(f"weight: {n_rows} rows cannot split into gate and up halves")
+    check_gated_rows(n_rows, activation)
     n_out = n_rows // 2 if activation else n_rows
     if rows > MAX_ROWS:      # the model's own composition (norm kernel, cuBLAS, activation)
         from services.engine.model.ops import composed_norm_linear
