@@ -34,6 +34,7 @@ from services.engine.kernels.common import (
     check_rank,
     next_power_of_2,
 )
+from services.engine.kernels.norm import row_rstd
 
 FP8_MAX = tl.constexpr(448.0)
 MIN_AMAX = tl.constexpr(1e-10)
@@ -101,18 +102,8 @@ def _quantize_kernel(
     kk = tl.arange(0, BLOCK_K)
     rstd = 1.0
     if NORM:
-        sum_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, k_dim, BLOCK_K):
-            k = k0 + kk
-            k_mask = k < k_dim
-            h = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
-            if RESIDUAL:
-                r = tl.load(r_row + k, mask=k_mask, other=0.0).to(tl.float32)
-                s = (h + r).to(act_dtype)
-                tl.store(res_out_ptr + row * stride_ro + k, s, mask=k_mask)
-                h = s.to(tl.float32)
-            sum_sq += h * h
-        rstd = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=0) / k_dim + eps)
+        rstd = row_rstd(x_row, r_row, res_out_ptr + row * stride_ro, k_dim, eps, True,
+                        RESIDUAL, BLOCK_K)
     if KIND == "group":
         # BLOCK_K == GROUP: one chunk is one group
         for k0 in range(0, k_dim, GROUP):

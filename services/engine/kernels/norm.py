@@ -39,6 +39,30 @@ def _row_offsets(rows, inner, stride_outer, stride_inner):
     return (rows64 // inner) * stride_outer + (rows64 % inner) * stride_inner
 
 
+@triton.jit
+def row_rstd(x_row, r_row, res_out_row, k_dim, eps, store_sum, RESIDUAL: tl.constexpr,
+             BLOCK_K: tl.constexpr):
+    """One row's 1/rms in BLOCK_K column chunks (float32 sums), of x, or of x + residual
+    rounded to x's dtype, which is written to res_out_row where `store_sum` (a fused
+    linear's first column block writes it once). The fused linears' and the FP8 quantizer's
+    first pass over a row."""
+    act_dtype = x_row.dtype.element_ty
+    kk = tl.arange(0, BLOCK_K)
+    sum_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, k_dim, BLOCK_K):
+        k = k0 + kk
+        k_mask = k < k_dim
+        h = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
+        if RESIDUAL:
+            r = tl.load(r_row + k, mask=k_mask, other=0.0).to(tl.float32)
+            s = (h + r).to(act_dtype)
+            if store_sum:
+                tl.store(res_out_row + k, s, mask=k_mask)
+            h = s.to(tl.float32)
+        sum_sq += h * h
+    return 1.0 / tl.sqrt(tl.sum(sum_sq, axis=0) / k_dim + eps)
+
+
 @triton.jit(do_not_specialize=["n_rows"])   # the step's token count: one variant for all
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,

@@ -58,6 +58,7 @@ from services.engine.kernels.common import (
     next_power_of_2,
     sm_count,
 )
+from services.engine.kernels.norm import row_rstd
 from services.engine.kernels.pdl import (
     launch_options,
     let_next_launch,
@@ -189,19 +190,8 @@ def _skinny_linear_kernel(
     r_row = res_ptr + row * stride_r
     rstd = 1.0
     if NORM:
-        sum_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, k_dim, BLOCK_K):
-            k = k0 + kk
-            k_mask = k < k_dim
-            h = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
-            if RESIDUAL:
-                r = tl.load(r_row + k, mask=k_mask, other=0.0).to(tl.float32)
-                s = (h + r).to(act_dtype)
-                if pid_n == 0:
-                    tl.store(res_out_ptr + row * stride_ro + k, s, mask=k_mask)
-                h = s.to(tl.float32)
-            sum_sq += h * h
-        rstd = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=0) / k_dim + eps)
+        rstd = row_rstd(x_row, r_row, res_out_ptr + row * stride_ro, k_dim, eps, pid_n == 0,
+                        RESIDUAL, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, k_dim, BLOCK_K):
