@@ -2,9 +2,9 @@
 
     python benchmarks/bench_fp8.py --out benchmarks/out/gpu        # ~5 minutes on one H200
     python benchmarks/bench_fp8.py --smoke           # CPU check of the script (Qwen3-0.6B)
-    python benchmarks/bench_fp8.py --batch1-only     # the three batch-1 rows, ~2 minutes
+    python benchmarks/bench_fp8.py --batch1-only     # the four batch-1 rows, ~2.5 minutes
 
-Four engine processes (`--load-format dummy`; weights drawn on the device, FP8 ones drawn in
+Five engine processes (`--load-format dummy`; weights drawn on the device, FP8 ones drawn in
 bf16 and quantized per row at load), each serving over gRPC (benchmarks/bench_serving.py's
 client; benchmarks/bench_decode.py's batch-1 runs):
 
@@ -12,7 +12,9 @@ client; benchmarks/bench_decode.py's batch-1 runs):
 - fp8 weights:          batch-1 decode, 64 concurrent 1024/1024     (`--quantization fp8`)
 - fp8 weights + fp8 KV: 256 concurrent 1024/1024                     (+ `--kv-cache-dtype fp8`)
 - fp8 b1 tensor cores:  batch-1 decode with `HELIOS_FP8_SKINNY=tensor-cores` (the tl.dot
-                        kernel for batch 1, opt-in until this row shows it faster)
+                        kernel on converted e4m3 tiles; slower where timed, opt-in)
+- fp8 b1 w8a8:          batch-1 decode with `HELIOS_FP8_SKINNY=w8a8` (the row quantized in
+                        the kernel, e4m3 x e4m3 wgmma; opt-in until this row shows it faster)
 
 Per engine: KV pages (ModelInfo), GPU memory in use after the runs (nvidia-smi; the KV pool
 takes kv_cache_memory_fraction of what the weights leave, so it is nearly all of the GPU in
@@ -227,7 +229,7 @@ def main() -> int:
     parser.add_argument("--startup-timeout", type=float, default=600.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch1-only", action="store_true",
-                        help="only the batch-1 rows (bf16, fp8 weights, fp8 b1 tensor cores)")
+                        help="only the batch-1 rows (bf16, fp8 weights, fp8 b1 tensor cores / w8a8)")
     parser.add_argument("--smoke", action="store_true", help="CPU check: tiny lengths")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = parser.parse_args()
@@ -244,15 +246,17 @@ def main() -> int:
             EngineRow("fp8 weights + fp8 KV", ["--quantization", "fp8", "--kv-cache-dtype",
                                                "fp8"]),
             EngineRow("fp8 b1 tensor cores", ["--quantization", "fp8"],
-                      env={"HELIOS_FP8_SKINNY": "tensor-cores"})]
-    for row, fp8_w, fp8_kv in zip(rows, (False, True, True, True), (False, False, True, False),
-                                  strict=True):
+                      env={"HELIOS_FP8_SKINNY": "tensor-cores"}),
+            EngineRow("fp8 b1 w8a8", ["--quantization", "fp8"],
+                      env={"HELIOS_FP8_SKINNY": "w8a8"})]
+    for row, fp8_w, fp8_kv in zip(rows, (False, True, True, True, True),
+                                  (False, False, True, False, False), strict=True):
         row.decode_limit_tok_s = COPY_TB_S * 1e12 / step_bytes(config, fp8_w, fp8_kv, context)
     gemm = gemm_timings(args.smoke)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_shape(shape, Path(tmp) / shape)
         plan = ((rows[0], wide, True), (rows[1], wide[:1], True), (rows[2], wide[1:], False),
-                (rows[3], [], True))
+                (rows[3], [], True), (rows[4], [], True))
         if args.batch1_only:    # no serving levels, and the FP8 KV row has no batch-1 run
             plan = tuple((row, [], True) for row, _, decode in plan if decode)
         for row, levels, decode in plan:

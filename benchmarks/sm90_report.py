@@ -7,8 +7,9 @@ and ptxas for sm_90, tests/kernels/sm90_compile.py).
 `moe`: registers, spilled loads, shared memory, tensor-core instructions and global-load
 widths at T = 1, 64 and 2048 tokens (MXFP4: experts kept, `mxfp4_experts: keep`).
 `fp8`: the batch-1 gate/up projection (norm + SiLU fused) with bf16 and with FP8 weights
-(per-channel scales), the same tile: the SASS instruction mix and the weight bytes a K step
-loads, i.e. the instructions the kernel issues per weight byte.
+(per-channel scales; the default one-row kernel, then HELIOS_FP8_SKINNY=tensor-cores and
+w8a8): the SASS instruction mix and the weight bytes a K step loads, i.e. the instructions the
+kernel issues per weight byte.
 """
 
 from __future__ import annotations
@@ -53,12 +54,19 @@ def fp8() -> None:
     norm = torch.ones(hidden, dtype=torch.bfloat16)
     fp8_weight = Fp8Weight(torch.zeros(2 * inter, hidden, dtype=torch.float8_e4m3fn),
                            torch.ones(2 * inter), Fp8Scheme("online", "channel", "token"))
+    from services.engine.kernels import fp8_layers
+
     with capture_launches() as launches:
         norm_linear(x, x, norm, 1e-6, torch.zeros(2 * inter, hidden, dtype=torch.bfloat16),
                     None, activation="silu")
         fp8_norm_linear(x, x, norm, 1e-6, fp8_weight, None, "silu")
-    print("weights  instructions  per weight byte of a K step  top opcodes")
-    for fmt, itemsize, launch in zip(("bf16", "fp8"), (2, 1), launches, strict=True):
+        for mode in ("TENSOR_CORES", "W8A8"):          # HELIOS_FP8_SKINNY's two other kernels
+            setattr(fp8_layers, mode, True)
+            fp8_norm_linear(x, x, norm, 1e-6, fp8_weight, None, "silu")
+            setattr(fp8_layers, mode, False)
+    print("weights       instructions  per weight byte of a K step  top opcodes")
+    formats = ("bf16", "fp8", "fp8 tc", "fp8 w8a8")
+    for fmt, itemsize, launch in zip(formats, (2, 1, 1, 1), launches, strict=True):
         if "PDL" in launch.fn.arg_names:
             launch = dataclasses.replace(launch, kwargs={**launch.kwargs, "PDL": True})
         compiled = compile_launch(launch)
@@ -72,8 +80,9 @@ def fp8() -> None:
             r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w\s+)?([A-Z0-9_]+)", sass))
         step_bytes = 2 * launch.kwargs["BLOCK_N"] * launch.kwargs["BLOCK_K"] * itemsize
         total = sum(ops.values())
-        print(f"{fmt:<9}{total:>12}  {total / step_bytes:>27.3f}  {ops.most_common(8)}")
-    print("(static counts over the whole kernel; gate and up tiles, BLOCK_N x BLOCK_K each)")
+        print(f"{fmt:<14}{total:>12}  {total / step_bytes:>27.3f}  {ops.most_common(8)}")
+    print("(static counts over the whole kernel; gate and up tiles, BLOCK_N x BLOCK_K each;\n"
+          " fp8 tc / w8a8: HELIOS_FP8_SKINNY=tensor-cores / w8a8, 16-row tiles)")
 
 
 def main() -> int:

@@ -165,12 +165,21 @@ def test_rowwise_static_scale(device, gen):
     assert rel(out, dequant64(a, a_scale) @ w64.t()) < fp32_gemm_tol(device)
 
 
-@pytest.fixture(params=["cuda-cores", "tensor-cores"])
+SKINNY_MODES = ["cuda-cores", "tensor-cores", "w8a8"]
+
+
+def use_skinny(monkeypatch, fp8_layers, mode: str) -> None:
+    """HELIOS_FP8_SKINNY as the module read it at import."""
+    monkeypatch.setattr(fp8_layers, "TENSOR_CORES", mode == "tensor-cores")
+    monkeypatch.setattr(fp8_layers, "W8A8", mode == "w8a8")
+
+
+@pytest.fixture(params=SKINNY_MODES)
 def skinny(request, monkeypatch):
-    """Batch 1's FP8 kernel: the CUDA-core one (default) or the tl.dot one
-    (HELIOS_FP8_SKINNY=tensor-cores)."""
+    """Batch 1's FP8 kernel: the CUDA-core one (default), the tl.dot one on converted tiles
+    (HELIOS_FP8_SKINNY=tensor-cores) or the W8A8 one (HELIOS_FP8_SKINNY=w8a8)."""
     _, _, fp8_linear = _kernels()
-    monkeypatch.setattr(fp8_linear, "TENSOR_CORES", request.param == "tensor-cores")
+    use_skinny(monkeypatch, fp8_linear, request.param)
     return request.param
 
 
@@ -183,8 +192,8 @@ def test_fp8_linear(scheme_name, rows, device, gen, skinny):
     bias = torch.randn(384, generator=gen).to(torch.bfloat16)
     out = fp8_linear.fp8_linear(x.to(device), weight, bias.to(device), out_dtype=torch.float32)
     # one row (up to 16 on tensor cores): the skinny kernels dequantize the weight (the
-    # activations stay bf16); more: quantized activations
-    w8a16 = rows <= fp8_linear._skinny_rows()
+    # activations stay bf16); more, or the w8a8 kernel: quantized activations
+    w8a16 = not fp8_linear.quantizes_rows(rows)
     a64 = x.double() if w8a16 else act64(x, weight)
     ref = a64 @ w64.t() + bias.double()
     # the skinny kernels' float32 sums; or the tensor-core GEMM
@@ -207,7 +216,7 @@ def test_fp8_norm_linear(scheme_name, activation, rows, device, gen, skinny):
                                               1e-6, weight, None, activation)
     assert_bf16_equal(new_res, x + residual, device)
     normed = reference_rms_norm(x + residual, g, 1e-6)
-    w8a16 = rows <= fp8_linear._skinny_rows()
+    w8a16 = not fp8_linear.quantizes_rows(rows)
     a64 = normed.double() if w8a16 else act64(normed, weight)
     y = a64 @ w64.t()
     if activation:
@@ -219,6 +228,33 @@ def test_fp8_norm_linear(scheme_name, activation, rows, device, gen, skinny):
     # more rows: the kernel quantizes its own normed row, which may sit a bf16 step from the
     # reference's (see test_norm_quantize_fused), so some codes differ by one e4m3 step
     assert rel(out, y) < (2e-2 if w8a16 else 5e-2)
+
+
+@pytest.mark.parametrize("scheme_name", list(SCHEMES))
+@pytest.mark.parametrize("activation", [None, "silu"])
+@pytest.mark.parametrize("rows", [1, 3])          # one row: the kernel's ONE_ROW form
+def test_w8a8_skinny_equals_the_gemm_path(scheme_name, activation, rows, device, gen,
+                                          monkeypatch):
+    """HELIOS_FP8_SKINNY=w8a8 quantizes the normed rows in its kernel as norm_quantize_fp8
+    does for the GEMM, so both give the same e4m3 operands: their outputs differ only by the
+    float32 summation order (a bf16 step at most)."""
+    fp8_quant, _, fp8_layers = _kernels()
+    from services.engine.kernels.activation import silu_and_mul
+
+    weight, _ = make_weight(256, 384, SCHEMES[scheme_name], gen, device)
+    x = (torch.randn(rows, 384, generator=gen) * 3).to(torch.bfloat16).to(device)
+    residual = torch.randn(rows, 384, generator=gen).to(torch.bfloat16).to(device)
+    g = (1 + 0.2 * torch.randn(384, generator=gen)).to(torch.bfloat16).to(device)
+    scheme = weight.scheme
+    q, scales, gemm_res = fp8_quant.norm_quantize_fp8(x, residual, g, 1e-6, scheme.activations,
+                                                      scheme.group_size, weight.input_scale)
+    gemm = fp8_layers._gemm(q, scales, weight, None, x.dtype)       # fp8_norm_linear's GEMM
+    gemm = silu_and_mul(gemm) if activation else gemm
+    use_skinny(monkeypatch, fp8_layers, "w8a8")
+    w8a8, w8a8_res = fp8_layers.fp8_norm_linear(x, residual, g, 1e-6, weight, None, activation)
+    assert torch.equal(gemm_res, w8a8_res)
+    assert w8a8.shape == gemm.shape == (rows, 128 if activation else 256)
+    torch.testing.assert_close(w8a8.float(), gemm.float(), rtol=2 ** -7, atol=1e-5)
 
 
 @pytest.mark.parametrize("rows", [1, 3])     # the skinny kernel and the quantize + GEMM path
@@ -328,10 +364,12 @@ def test_fp8_kernels_compile_for_sm90_without_spills():
             assert waits, f"{name}: no griddepcontrol.wait"
 
 
-def test_tensor_core_skinny_kernels_compile_for_sm90():
-    """HELIOS_FP8_SKINNY=tensor-cores at Qwen3-8B's batch-1 shapes (per-channel and block
-    scales; the norm, SiLU and plain projections): no spills, the converted e4m3 tiles on
-    tensor cores."""
+@pytest.mark.parametrize(("mode", "kernel"), [("TENSOR_CORES", "_skinny_rows_kernel"),
+                                              ("W8A8", "_w8a8_rows_kernel")])
+def test_tensor_core_skinny_kernels_compile_for_sm90(mode, kernel):
+    """HELIOS_FP8_SKINNY=tensor-cores and =w8a8 at Qwen3-8B's batch-1 shapes (per-channel and
+    block scales; the norm, SiLU and plain projections): no spills, the tiles on tensor
+    cores; w8a8's as e4m3 x e4m3 wgmma (no conversion of the weights)."""
     from tests.kernels.test_package import compiled_json
 
     code = (
@@ -340,7 +378,7 @@ def test_tensor_core_skinny_kernels_compile_for_sm90():
         "from services.engine.kernels import fp8_layers\n"
         "from services.engine.model.fp8 import Fp8Weight\n"
         "from tests.kernels.sm90_compile import capture_launches, compile_launch, report\n"
-        "fp8_layers.TENSOR_CORES = True\n"
+        f"fp8_layers.{mode} = True\n"
         "H, I, QKV = 4096, 12288, 6144\n"
         "def weight(n, k, block):\n"
         "    scheme = Fp8Scheme('fp8', 'block', 'group') if block else Fp8Scheme('online', 'channel', 'token')\n"
@@ -355,13 +393,19 @@ def test_tensor_core_skinny_kernels_compile_for_sm90():
         "        fp8_layers.fp8_linear(act1, weight(H, I, block))\n"
         "rows = []\n"
         "for launch in calls:\n"
-        "    r = report(launch.fn.fn.__name__, compile_launch(launch))\n"
-        "    rows.append([launch.fn.fn.__name__, r.registers, r.local_loads, r.mma])\n"
+        "    compiled = compile_launch(launch)\n"
+        "    r = report(launch.fn.fn.__name__, compiled)\n"
+        "    fp8 = any('wgmma.mma_async' in line and '.e4m3.e4m3' in line\n"
+        "              for line in compiled.asm['ptx'].splitlines())\n"
+        "    rows.append([launch.fn.fn.__name__, r.registers, r.local_loads, r.mma, fp8])\n"
         "print(json.dumps(rows))\n"
     )
     rows = compiled_json(code)
     assert len(rows) == 6
-    for name, registers, local_loads, mma in rows:
-        assert name == "_skinny_rows_kernel"
+    for name, registers, local_loads, mma, fp8_wgmma in rows:
+        assert name == kernel
         assert local_loads == 0 and registers <= 255, f"spills ({registers} registers)"
-        assert mma, "no tensor-core MMA in the SASS"
+        if mode == "W8A8":   # e4m3 x e4m3 wgmma (QGMMA in the SASS, which `mma` leaves out)
+            assert fp8_wgmma, "no e4m3 wgmma in the PTX"
+        else:                # the converted tiles: bf16 HGMMA
+            assert mma and not fp8_wgmma, "no tensor-core MMA in the SASS"

@@ -11,7 +11,15 @@ import torch
 
 from services.engine.kernels.pdl import graph_launches
 from services.engine.model.fp8 import quantize_activation
-from tests.kernels.test_fp8 import SCHEMES, act64, dequant64, make_weight, rel
+from tests.kernels.test_fp8 import (
+    SCHEMES,
+    SKINNY_MODES,
+    act64,
+    dequant64,
+    make_weight,
+    rel,
+    use_skinny,
+)
 
 pytestmark = pytest.mark.gpu
 H, INTER, QKV = 4096, 12288, 6144
@@ -67,13 +75,13 @@ def test_block_gemm(m, gen):
 @pytest.mark.parametrize("rows", [1, 8, 200])
 @pytest.mark.parametrize(("n", "k", "activation"), [(QKV, H, None), (2 * INTER, H, "silu"),
                                                     (H, INTER, None)])
-@pytest.mark.parametrize("skinny", ["cuda-cores", "tensor-cores"])
+@pytest.mark.parametrize("skinny", SKINNY_MODES)
 def test_fp8_layers_at_qwen3_8b(scheme_name, rows, n, k, activation, skinny, gen, monkeypatch):
     from services.engine.kernels import fp8_layers
     from services.engine.kernels.fp8_layers import fp8_linear, fp8_norm_linear
     from services.engine.model.ops import reference_rms_norm
 
-    monkeypatch.setattr(fp8_layers, "TENSOR_CORES", skinny == "tensor-cores")
+    use_skinny(monkeypatch, fp8_layers, skinny)
     weight, w64 = make_weight(n, k, SCHEMES[scheme_name], gen, torch.device("cuda"))
     x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
     if k == H:
@@ -86,8 +94,8 @@ def test_fp8_layers_at_qwen3_8b(scheme_name, rows, n, k, activation, skinny, gen
     else:
         out = fp8_linear(x.cuda(), weight, None, out_dtype=torch.float32)
         inputs = x
-    # W8A16 (the skinny kernels) or quantized activations (the GEMM)
-    a64 = inputs.double() if rows <= fp8_layers._skinny_rows() else act64(inputs, weight)
+    # W8A16 (the skinny kernels) or quantized activations (the GEMM, the w8a8 kernel)
+    a64 = act64(inputs, weight) if fp8_layers.quantizes_rows(rows) else inputs.double()
     y = a64.cuda() @ w64.cuda().t()         # float64 on the GPU (the CPU would take seconds)
     if activation:
         gate, up = y.chunk(2, dim=-1)

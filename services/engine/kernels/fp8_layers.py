@@ -28,18 +28,31 @@ import dataclasses
 import os
 
 import torch
+import triton
+import triton.language as tl
 
 from services.common.errors import ValidationError
-from services.engine.kernels.activation import gelu_tanh_and_mul, silu_and_mul
+from services.engine.kernels.activation import gated_activation, gelu_tanh_and_mul, silu_and_mul
 from services.engine.kernels.common import (
+    cdiv,
     check_float,
     check_gated_rows,
     check_last_dim_contiguous,
     check_norm_inputs,
+    next_power_of_2,
     sm_count,
 )
 from services.engine.kernels.fp8_gemm import block_mm, rowwise_mm
-from services.engine.kernels.fp8_quant import norm_quantize_fp8, quantize_fp8
+from services.engine.kernels.fp8_quant import (
+    FP8_MAX,
+    MIN_AMAX,
+    load_normed,
+    norm_quantize_fp8,
+    quantize_fp8,
+    round_e4m3,
+)
+from services.engine.kernels.norm import row_rstd
+from services.engine.kernels.pdl import launch_options, let_next_launch, wait_only
 from services.engine.kernels.skinny_linear import (
     SCALE_BLOCK,
     LinearPlan,
@@ -52,16 +65,188 @@ from services.engine.model.fp8 import FP8_DTYPE, Fp8Weight
 
 MAX_ROWS = 1
 BLOCK = SCALE_BLOCK       # 128 x 128 weight blocks
-# HELIOS_FP8_SKINNY=tensor-cores: batch 1 through skinny_linear's tl.dot kernel (e4m3 tiles
-# converted to the activations' dtype for the MMA) instead of the one-row CUDA-core kernel.
-# Slower at batch 1 on an H100 (RESULTS.md, 2026-12-06 fifth session): opt-in.
-TENSOR_CORES = os.environ.get("HELIOS_FP8_SKINNY", "").strip().lower() == "tensor-cores"
-DOT_ROWS = 16    # with TENSOR_CORES, up to this many rows take it too (W8A16, one weight read)
+# HELIOS_FP8_SKINNY picks batch 1's kernel (up to DOT_ROWS rows for the two tensor-core ones):
+# - unset: skinny_linear's one-row kernel on the CUDA cores (W8A16, the e4m3 weights
+#   converted in registers);
+# - tensor-cores: skinny_linear's tl.dot kernel, the e4m3 tiles converted to the activations'
+#   dtype for the MMA (W8A16). Slower at batch 1 on an H100 (RESULTS.md, 2026-12-06 fifth
+#   session);
+# - w8a8: `_w8a8_rows_kernel` below, the rows quantized to e4m3 in the kernel as the FP8
+#   GEMM path quantizes them, e4m3 x e4m3 on the tensor cores: no conversion of the weights
+#   at all. Not yet timed on a GPU: opt-in until it is.
+SKINNY = os.environ.get("HELIOS_FP8_SKINNY", "").strip().lower()
+TENSOR_CORES = SKINNY == "tensor-cores"
+W8A8 = SKINNY == "w8a8"
+DOT_ROWS = 16    # rows the tensor-core variants take (one weight read for all of them)
 
 
 def _skinny_rows() -> int:
-    """The most rows the W8A16 kernels take; more are quantized for the FP8 GEMM."""
-    return DOT_ROWS if TENSOR_CORES else MAX_ROWS
+    """The most rows the skinny kernels take; more are quantized for the FP8 GEMM."""
+    return DOT_ROWS if TENSOR_CORES or W8A8 else MAX_ROWS
+
+
+def quantizes_rows(rows: int) -> bool:
+    """Whether `rows` activation rows reach the tensor cores as e4m3 (W8A8): the GEMM path, or
+    the w8a8 skinny kernel; else the weights alone are e4m3 (W8A16)."""
+    return W8A8 or rows > _skinny_rows()
+
+
+@triton.jit
+def _row_scales(x_rows, r_rows, g_ptr, res_out_rows, k_dim, eps, store_sum, mk_rows,
+                act_dtype, NORM: tl.constexpr, RESIDUAL: tl.constexpr, KIND: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """The rows' 1/rms (one pass over their columns; the residual sum written where
+    `store_sum`) and, for KIND "token", their e4m3 scales (the normed rows' amax, a second
+    pass). Rows: pointers of any shape [..., 1] (a [BM, 1] tile, or [1] for one row) with the
+    row mask `mk_rows`; the results have that shape."""
+    kk = tl.arange(0, BLOCK_K)[None, :]
+    rstd = tl.full(mk_rows.shape, 1.0, tl.float32)
+    if NORM:
+        sum_sq = tl.zeros(mk_rows.shape, dtype=tl.float32)
+        for k0 in range(0, k_dim, BLOCK_K):
+            mask = mk_rows & (k0 + kk < k_dim)
+            h = tl.load(x_rows + k0 + kk, mask=mask, other=0.0).to(tl.float32)
+            if RESIDUAL:
+                r = tl.load(r_rows + k0 + kk, mask=mask, other=0.0).to(tl.float32)
+                h = (h + r).to(act_dtype)
+                if store_sum:
+                    tl.store(res_out_rows + k0 + kk, h, mask=mask)
+                h = h.to(tl.float32)
+            sum_sq += tl.sum(h * h, axis=1, keep_dims=True)
+        rstd = 1.0 / tl.sqrt(sum_sq / k_dim + eps)
+    scale = tl.full(mk_rows.shape, 1.0, tl.float32)
+    if KIND == "token":
+        amax = tl.zeros(mk_rows.shape, dtype=tl.float32)
+        for k0 in range(0, k_dim, BLOCK_K):
+            mask = mk_rows & (k0 + kk < k_dim)
+            h = load_normed(x_rows, r_rows, g_ptr, k0 + kk, mask, rstd, act_dtype, NORM,
+                            RESIDUAL)
+            amax = tl.maximum(amax, tl.max(tl.abs(h), axis=1, keep_dims=True))
+        scale = tl.div_rn(tl.maximum(amax, MIN_AMAX), FP8_MAX)
+    return rstd, scale
+
+
+@triton.jit
+def _w8a8_rows_kernel(
+    x_ptr, res_ptr, norm_w_ptr, w_ptr, ws_ptr, static_ptr, b_ptr, out_ptr, res_out_ptr,
+    rows, n_out, k_dim, up_offset, num_static, eps,
+    stride_x, stride_r, stride_w, stride_ws, stride_o, stride_ro,
+    NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+    KIND: tl.constexpr, BLOCKWISE: tl.constexpr, ONE_ROW: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
+    NUM_STAGES: tl.constexpr, SCALE_BLOCK: tl.constexpr, PDL: tl.constexpr,
+):
+    # W8A8 for a few rows: skinny_linear's _skinny_rows_kernel layout (each program streams
+    # BLOCK_N weight rows once for BLOCK_M token rows, weights on the MMA's wide side), the
+    # rows' (normed) activations quantized to e4m3 exactly as fp8_quant.py quantizes them for
+    # the GEMM path: KIND "token" one scale a row (its amax), "group" one a row and 128
+    # columns (BLOCK_K is the group: each K step's tile is one group), "static" the
+    # checkpoint's input scale. e4m3 x e4m3 -> fp32 on the tensor cores (no conversion of the
+    # weights); the scales multiply the sums (each K step's where they change along K).
+    # ONE_ROW (batch 1): the norm and the quantization run on the row as a [BLOCK_K] vector
+    # and a select places it in the MMA's 16-row tile, so the 15 padding rows cost no math.
+    pid_n = tl.program_id(0)
+    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = m < rows
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < n_out
+    kk = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w                # [BN, 1]
+    up_rows = w_rows + up_offset * stride_w
+    wait_only(PDL)
+    act_dtype = x_ptr.dtype.element_ty
+    fp8 = w_ptr.dtype.element_ty
+    static = 1.0
+    if KIND == "static":
+        ss = tl.arange(0, BLOCK_S)
+        static = tl.max(tl.load(static_ptr + ss, mask=ss < num_static, other=0.0), axis=0)
+    if ONE_ROW:      # 1-D [BLOCK_K] vectors spread over the threads, scalar scales
+        first = (m == 0)[:, None]
+        padding = tl.zeros([BLOCK_M, BLOCK_K], dtype=fp8)
+        rstd = 1.0
+        if NORM:
+            rstd = row_rstd(x_ptr, res_ptr, res_out_ptr, k_dim, eps, pid_n == 0, RESIDUAL,
+                            BLOCK_K)
+        a_scale = static
+        if KIND == "token":
+            amax = tl.zeros([BLOCK_K], dtype=tl.float32)
+            for k0 in range(0, k_dim, BLOCK_K):
+                k = k0 + kk
+                h = load_normed(x_ptr, res_ptr, norm_w_ptr, k, k < k_dim, rstd, act_dtype,
+                                NORM, RESIDUAL)
+                amax = tl.maximum(amax, tl.abs(h))
+            a_scale = tl.div_rn(tl.maximum(tl.max(amax, axis=0), MIN_AMAX), FP8_MAX)
+    else:            # [BLOCK_M, BLOCK_K] tiles, scales [BLOCK_M, 1]
+        m64 = m.to(tl.int64)[:, None]
+        x_rows = x_ptr + m64 * stride_x
+        r_rows = res_ptr + m64 * stride_r
+        mk_rows = m_mask[:, None]
+        rstd, a_scale = _row_scales(x_rows, r_rows, norm_w_ptr, res_out_ptr + m64 * stride_ro,
+                                    k_dim, eps, pid_n == 0, mk_rows, act_dtype, NORM,
+                                    RESIDUAL, KIND, BLOCK_K)
+        if KIND == "static":
+            a_scale = tl.full([BLOCK_M, 1], 1.0, tl.float32) * static
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in tl.range(0, k_dim, BLOCK_K, num_stages=NUM_STAGES):
+        k = k0 + kk
+        k_mask = k < k_dim
+        w_mask = n_mask[:, None] & k_mask[None, :]
+        if ONE_ROW:
+            h = load_normed(x_ptr, res_ptr, norm_w_ptr, k, k_mask, rstd, act_dtype, NORM,
+                            RESIDUAL)                                  # [BK]
+            if KIND == "group":
+                a_scale = tl.div_rn(tl.maximum(tl.max(tl.abs(h), axis=0), MIN_AMAX), FP8_MAX)
+            q = tl.where(first, round_e4m3(tl.div_rn(h, a_scale)).to(fp8)[None, :], padding)
+            step_scale = a_scale
+        else:
+            h = load_normed(x_rows, r_rows, norm_w_ptr, k[None, :], mk_rows & k_mask[None, :],
+                            rstd, act_dtype, NORM, RESIDUAL)           # [BM, BK]
+            if KIND == "group":
+                a_scale = tl.div_rn(tl.maximum(tl.max(tl.abs(h), axis=1, keep_dims=True),
+                                               MIN_AMAX), FP8_MAX)
+            q = round_e4m3(tl.div_rn(h, a_scale)).to(fp8)
+            step_scale = tl.trans(a_scale)                             # [1, BM]
+        a_t = tl.trans(q)                                              # [BK, BM]
+        w = tl.load(w_rows + k[None, :], mask=w_mask, other=0.0)
+        part = tl.dot(w, a_t)                                          # [BN, BM] fp32
+        if KIND == "group":
+            part = part * step_scale
+        if BLOCKWISE:
+            kb = k0 // SCALE_BLOCK
+            s_w = tl.load(ws_ptr + (n // SCALE_BLOCK) * stride_ws + kb, mask=n_mask, other=0.0)
+            part = part * s_w[:, None]
+        acc += part
+        if ACTIVATION != "none":
+            u = tl.load(up_rows + k[None, :], mask=w_mask, other=0.0)
+            part_up = tl.dot(u, a_t)
+            if KIND == "group":
+                part_up = part_up * step_scale
+            if BLOCKWISE:
+                s_u = tl.load(ws_ptr + ((n + up_offset) // SCALE_BLOCK) * stride_ws + kb,
+                              mask=n_mask, other=0.0)
+                part_up = part_up * s_u[:, None]
+            acc_up += part_up
+    let_next_launch(PDL)
+    if KIND != "group":
+        row_scale = a_scale if ONE_ROW else tl.trans(a_scale)          # scalar or [1, BM]
+        acc = acc * row_scale
+        acc_up = acc_up * row_scale
+    if not BLOCKWISE:
+        acc = acc * tl.load(ws_ptr + n, mask=n_mask, other=0.0)[:, None]
+        if ACTIVATION != "none":
+            acc_up = acc_up * tl.load(ws_ptr + up_offset + n, mask=n_mask, other=0.0)[:, None]
+    y = acc
+    if HAS_BIAS:
+        y += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    if ACTIVATION != "none":
+        up = acc_up
+        if HAS_BIAS:
+            up += tl.load(b_ptr + up_offset + n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        y = gated_activation(y.to(act_dtype).to(tl.float32), up.to(act_dtype).to(tl.float32),
+                             ACTIVATION)
+    out = out_ptr + m.to(tl.int64)[None, :] * stride_o + n[:, None]
+    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
 
 
 def _check(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> None:
@@ -104,14 +289,53 @@ def _skinny(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
             residual_out: torch.Tensor | None, activation: str | None,
             plan: LinearPlan | None = None) -> None:
     """skinny_linear's kernels on e4m3 weights: the tl.dot one (e4m3 tiles) where the plan's
-    block_m > 1 or HELIOS_FP8_SKINNY=tensor-cores, else the one-row one."""
+    block_m > 1 or HELIOS_FP8_SKINNY=tensor-cores, else the one-row one; with
+    HELIOS_FP8_SKINNY=w8a8 the W8A8 rows kernel."""
     n_out = out.shape[1]
+    if W8A8:
+        _w8a8(x, residual, norm_weight, eps, weight, bias, out, residual_out, activation, plan)
+        return
     if plan is None:
         gated = activation is not None
         plan = (dot_plan(weight, n_out, gated, norm_weight is not None) if TENSOR_CORES
                 else skinny_plan(weight, n_out, x.shape[0], x.device, gated))
     launch(x, residual, norm_weight, eps, weight.qweight, bias, out, residual_out, activation,
            plan, scale=weight.scale, scale_kind="block" if weight.block else "channel")
+
+
+def _w8a8(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
+          eps: float, weight: Fp8Weight, bias: torch.Tensor | None, out: torch.Tensor,
+          residual_out: torch.Tensor | None, activation: str | None,
+          plan: LinearPlan | None = None) -> None:
+    rows, k_dim = x.shape
+    n_out = out.shape[1]
+    if rows == 0 or n_out == 0:
+        return
+    scheme = weight.scheme
+    kind = scheme.activations
+    plan = plan or dot_plan(weight, n_out, activation is not None, norm_weight is not None)
+    block_k = plan.block_k
+    if kind == "group":       # one K step is one activation group
+        if scheme.group_size > BLOCK or scheme.group_size & (scheme.group_size - 1):
+            raise ValidationError(f"w8a8: activation groups of {scheme.group_size} columns "
+                                  f"(at most {BLOCK}, a power of two)")
+        block_k = scheme.group_size
+    w = weight.qweight
+    res = residual if residual is not None else x
+    res_out = residual_out if residual_out is not None else x
+    static = weight.input_scale if weight.input_scale is not None else weight.scale
+    _w8a8_rows_kernel[(cdiv(n_out, plan.block_n), cdiv(rows, plan.block_m))](
+        x, res, norm_weight if norm_weight is not None else x, w, weight.scale, static,
+        bias if bias is not None else x, out, res_out,
+        rows, n_out, k_dim, n_out if activation else 0, static.numel(), float(eps),
+        x.stride(0), res.stride(0), w.stride(0),
+        weight.scale.stride(0) if weight.scale.dim() > 1 else 1, out.stride(0),
+        res_out.stride(0),
+        NORM=norm_weight is not None, RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
+        ACTIVATION=activation or "none", KIND=kind, BLOCKWISE=weight.block,
+        ONE_ROW=rows == 1, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=block_k,
+        BLOCK_S=next_power_of_2(max(static.numel(), 1)), NUM_STAGES=plan.num_stages,
+        SCALE_BLOCK=BLOCK, num_warps=plan.num_warps, **launch_options(x.device, rows))
 
 
 def _gemm(q: torch.Tensor, scales: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,

@@ -73,7 +73,7 @@ def cast_for_cache(x, dtype: tl.constexpr):
 
 
 @triton.jit
-def _load_normed(x_row, r_row, g_ptr, k, k_mask, rstd, act_dtype, NORM: tl.constexpr,
+def load_normed(x_row, r_row, g_ptr, k, k_mask, rstd, act_dtype, NORM: tl.constexpr,
                  RESIDUAL: tl.constexpr):
     """The value quantized at columns k: x, or rms_norm(x + residual) * g (float32)."""
     h = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
@@ -109,7 +109,7 @@ def _quantize_kernel(
         for k0 in range(0, k_dim, GROUP):
             k = k0 + kk
             k_mask = k < k_dim
-            h = _load_normed(x_row, r_row, g_ptr, k, k_mask, rstd, act_dtype, NORM, RESIDUAL)
+            h = load_normed(x_row, r_row, g_ptr, k, k_mask, rstd, act_dtype, NORM, RESIDUAL)
             amax = tl.maximum(tl.max(tl.abs(h), axis=0), MIN_AMAX)
             scale = tl.div_rn(amax, FP8_MAX)
             q = round_e4m3(tl.div_rn(h, scale))
@@ -124,7 +124,7 @@ def _quantize_kernel(
             for k0 in range(0, k_dim, BLOCK_K):
                 k = k0 + kk
                 k_mask = k < k_dim
-                h = _load_normed(x_row, r_row, g_ptr, k, k_mask, rstd, act_dtype, NORM,
+                h = load_normed(x_row, r_row, g_ptr, k, k_mask, rstd, act_dtype, NORM,
                                  RESIDUAL)
                 amax_vec = tl.maximum(amax_vec, tl.abs(h))
             amax = tl.maximum(tl.max(amax_vec, axis=0), MIN_AMAX)
@@ -133,7 +133,7 @@ def _quantize_kernel(
         for k0 in range(0, k_dim, BLOCK_K):
             k = k0 + kk
             k_mask = k < k_dim
-            h = _load_normed(x_row, r_row, g_ptr, k, k_mask, rstd, act_dtype, NORM, RESIDUAL)
+            h = load_normed(x_row, r_row, g_ptr, k, k_mask, rstd, act_dtype, NORM, RESIDUAL)
             q = round_e4m3(tl.div_rn(h, scale))
             tl.store(q_row + k, q.to(q_ptr.dtype.element_ty), mask=k_mask)
 
