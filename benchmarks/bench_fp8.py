@@ -21,8 +21,9 @@ takes kv_cache_memory_fraction of what the weights leave, so it is nearly all of
 every row: the page count is the figure that moves). Batch-1 limits: 4.27 TB/s
 (PERFORMANCE.md's copy rate) / bytes one step reads (weights + KV at the run's context); for
 FP8 the decoder projections are 1 byte per parameter, the lm_head and norms stay bf16. Also
-times the rowwise FP8 GEMM both ways (torch._scaled_mm and the Triton kernel) at the
-Qwen3-8B projections, M = 64 and 256, before the engines start. Writes fp8.json under --out.
+times the rowwise FP8 GEMM three ways (torch._scaled_mm, the Triton kernel with its K split,
+the Triton kernel unsplit) at the Qwen3-8B projections, M = 64 and 256, before the engines
+start. Writes fp8.json under --out.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def step_bytes(config: dict, fp8_weights: bool, fp8_kv: bool, context: int) -> i
 
 
 def gemm_timings(smoke: bool) -> dict[str, float]:
-    """Microseconds per rowwise FP8 GEMM, torch._scaled_mm vs the Triton kernel."""
+    """Microseconds per rowwise FP8 GEMM: torch._scaled_mm, the Triton kernel (K split where
+    its tiles do not cover the SMs), and the Triton kernel unsplit (the split's before)."""
     import torch
 
     if smoke or not torch.cuda.is_available():
@@ -101,16 +103,17 @@ def gemm_timings(smoke: bool) -> dict[str, float]:
     qkv = (config["num_attention_heads"] + 2 * config["num_key_value_heads"]) * config["head_dim"]
     out: dict[str, float] = {}
     for m in (64, 256):
-        for name, (n, k) in {"qkv": (qkv, hidden), "gate_up": (2 * inter, hidden),
-                             "down": (hidden, inter)}.items():
+        for name, (n, k) in {"qkv": (qkv, hidden), "o_proj": (hidden, hidden),
+                             "gate_up": (2 * inter, hidden), "down": (hidden, inter)}.items():
             a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
             w = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
             sa, sw = torch.rand(m, 1, device="cuda"), torch.rand(n, device="cuda")
-            for backend in ("scaled_mm", "triton"):
+            for backend in ("scaled_mm", "triton", "triton unsplit"):
                 def call(backend=backend, a=a, sa=sa, w=w, sw=sw):
-                    if backend == "triton":
+                    if backend.startswith("triton"):
                         return fp8_gemm.triton_mm(a, sa, w, sw, None, torch.bfloat16,
-                                                  blockwise=False)
+                                                  blockwise=False,
+                                                  splits=1 if "unsplit" in backend else None)
                     return fp8_gemm.rowwise_mm(a, sa, w, sw, None, torch.bfloat16)
                 # timed in a CUDA graph of 10 calls: an eager loop times the host's launch
                 # cost (~30 us a call), not the GEMM

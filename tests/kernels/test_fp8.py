@@ -141,7 +141,8 @@ def test_norm_quantize_fused(kind, with_residual, device, gen):
 @pytest.mark.parametrize("blockwise", [False, True])
 @pytest.mark.parametrize(("m", "n", "k"), [(5, 256, 384), (70, 160, 200)])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_triton_gemm(blockwise, m, n, k, out_dtype, device, gen):
+@pytest.mark.parametrize("splits", [None, 3])   # K split 3 ways (2 for k = 200: 2 K steps)
+def test_triton_gemm(blockwise, m, n, k, out_dtype, splits, device, gen):
     _, fp8_gemm, _ = _kernels()
     scheme = SCHEMES["group-block" if blockwise else "token-channel"]
     weight, w64 = make_weight(n, k, scheme, gen, device)
@@ -149,10 +150,38 @@ def test_triton_gemm(blockwise, m, n, k, out_dtype, device, gen):
     a, a_scale = quantize_activation(x, scheme.activations, 128)
     bias = torch.randn(n, generator=gen)
     out = fp8_gemm.triton_mm(a.to(device), a_scale.to(device), weight.qweight, weight.scale,
-                             bias.to(device).to(out_dtype), out_dtype, blockwise=blockwise)
+                             bias.to(device).to(out_dtype), out_dtype, blockwise=blockwise,
+                             splits=splits)
     ref = dequant64(a, a_scale) @ w64.t() + bias.to(out_dtype).double()
     assert out.dtype == out_dtype and out.shape == (m, n)
     assert rel(out, ref) < (fp32_gemm_tol(device) if out_dtype == torch.float32 else 1e-2)
+
+
+def test_split_k_choice():
+    """Split K where the output tiles leave SMs idle, never below 4 K steps a split."""
+    _, fp8_gemm, _ = _kernels()
+    assert fp8_gemm.split_k(tiles=192, k_steps=32, sms=132) == 1       # gate_up at M = 64
+    assert fp8_gemm.split_k(tiles=32, k_steps=96, sms=132) == 5        # down_proj at M = 64
+    assert fp8_gemm.split_k(tiles=32, k_steps=32, sms=132) == 5        # o_proj at M = 64
+    assert fp8_gemm.split_k(tiles=32, k_steps=8, sms=132) == 2
+    assert fp8_gemm.split_k(tiles=4, k_steps=3, sms=132) == 1
+
+
+def test_split_k_partials_add_in_order(device, gen):
+    """Split K (each split's float32 partial, then one ordered sum) equals the unsplit GEMM
+    up to float32 rounding, and the same call twice gives the same bits (no atomics)."""
+    _, fp8_gemm, _ = _kernels()
+    weight, _ = make_weight(256, 1024, SCHEMES["token-channel"], gen, device)
+    a, a_scale = quantize_activation(torch.randn(7, 1024, generator=gen), "token", 128)
+    a, a_scale = a.to(device), a_scale.to(device)
+
+    def run(splits):
+        return fp8_gemm.triton_mm(a, a_scale, weight.qweight, weight.scale, None,
+                                  torch.float32, blockwise=False, splits=splits)
+
+    whole, split = run(1), run(4)
+    assert torch.equal(split, run(4))
+    assert rel(split, whole) < 1e-6
 
 
 def test_rowwise_static_scale(device, gen):
@@ -329,9 +358,10 @@ with capture_launches() as calls:
         fp8_norm_linear(x1, x1, g, 1e-6, weight(2 * I, H, block), None, "silu"); names.append(f"skinny gate_up silu {tag}")
         fp8_linear(act1, weight(H, I, block)); names.append(f"skinny down {tag}")
     a = torch.zeros(256, H, dtype=E4)
-    triton_mm(a, torch.ones(256, 1), weight(QKV, H, False).qweight, torch.ones(QKV), None, torch.bfloat16, blockwise=False); names.append("gemm rowwise M=256")
-    triton_mm(a[:48], torch.ones(48, 1), weight(QKV, H, False).qweight, torch.ones(QKV), None, torch.bfloat16, blockwise=False); names.append("gemm rowwise M=48")
-    block_mm(a, torch.ones(256, H // 128), weight(QKV, H, True).qweight, torch.ones(QKV // 128, H // 128), None, torch.bfloat16); names.append("gemm block M=256")
+    # 96, 48 and 96 output tiles for 132 SMs: K split 2, 3 and 2 ways, then the ordered sum
+    triton_mm(a, torch.ones(256, 1), weight(QKV, H, False).qweight, torch.ones(QKV), None, torch.bfloat16, blockwise=False); names += ["gemm rowwise M=256", "split-k sum"]
+    triton_mm(a[:48], torch.ones(48, 1), weight(QKV, H, False).qweight, torch.ones(QKV), None, torch.bfloat16, blockwise=False); names += ["gemm rowwise M=48", "split-k sum"]
+    block_mm(a, torch.ones(256, H // 128), weight(QKV, H, True).qweight, torch.ones(QKV // 128, H // 128), None, torch.bfloat16); names += ["gemm block M=256", "split-k sum"]
     quantize_fp8(x256, "token"); names.append("quant token")
     quantize_fp8(x256, "group"); names.append("quant group")
     norm_quantize_fp8(x256, x256, g, 1e-6, "token"); names.append("norm quant token")
@@ -355,7 +385,7 @@ def test_fp8_kernels_compile_for_sm90_without_spills():
     from tests.kernels.test_package import compiled_json
 
     rows = compiled_json(SM90_CODE)
-    assert len(rows) == 13
+    assert len(rows) == 16
     for name, registers, local_loads, fp8_wgmma, waits in rows:
         assert local_loads == 0 and registers <= 255, f"{name}: spills ({registers} regs)"
         if name.startswith("gemm"):   # Hopper's e4m3 wgmma (QGMMA in the SASS)

@@ -14,6 +14,11 @@ its epilogue. Block-wise: the Triton kernel with BLOCK_K = 128, each K step's pa
 scaled by its activation group's and weight block's scales before accumulating (N tiles of
 at most 128 columns stay inside one weight block row). Both Triton variants are one kernel
 (`BLOCKWISE` constexpr); tiles 64 x 128 x 128 (M <= 64) or 128 x 128 x 128, 3 stages.
+Where the output tiles do not cover the SMs (decode batches: a 64-row down_proj at the
+Qwen3-8B shape has 32 tiles for 132 SMs) the K dimension is split (`split_k`): each split
+writes a float32 partial, and a second kernel adds them in a fixed order (deterministic,
+unlike atomics), then the bias and the cast. HELIOS_FP8_SPLIT_K=off turns it off. Not yet
+timed on a GPU.
 """
 
 from __future__ import annotations
@@ -26,21 +31,26 @@ import triton
 import triton.language as tl
 
 from services.common.errors import ValidationError
-from services.engine.kernels.common import cdiv
+from services.engine.kernels.common import cdiv, sm_count
 
 BLOCK = 128   # the block-wise format's block (and group) size
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])     # a runtime count: no variant per split
 def _fp8_gemm_kernel(
     a_ptr, w_ptr, out_ptr, bias_ptr, as_ptr, ws_ptr,
-    m_dim, n_dim, k_dim,
+    m_dim, n_dim, k_dim, k_per_split, num_splits,
     stride_am, stride_wn, stride_om, stride_asm, stride_wsn,
     BLOCKWISE: tl.constexpr, A_SCALAR: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SCALE_BLOCK: tl.constexpr,
 ):
+    # num_splits > 1: program (tile, s) sums K columns [s * k_per_split, (s + 1) *
+    # k_per_split) and writes its scaled float32 partial to out_ptr[s] ([splits, M, N]);
+    # _split_k_sum adds the partials in order (deterministic), the bias and the cast
     pid = tl.program_id(0)
+    k_lo = tl.program_id(1) * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, k_dim)
     grid_m = tl.cdiv(m_dim, BLOCK_M)
     grid_n = tl.cdiv(n_dim, BLOCK_N)
     # grouped ordering: GROUP_M row tiles share each weight tile while it is in L2
@@ -58,9 +68,9 @@ def _fp8_gemm_kernel(
     a_rows = a_ptr + m.to(tl.int64)[:, None] * stride_am
     w_cols = w_ptr + n.to(tl.int64)[None, :] * stride_wn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, k_dim, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + kk
-        k_mask = k < k_dim
+        k_mask = k < k_hi
         a = tl.load(a_rows + k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_cols + k[:, None], mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         if BLOCKWISE:
@@ -79,10 +89,27 @@ def _fp8_gemm_kernel(
             acc = acc * a_s[:, None]
         w_s = tl.load(ws_ptr + n, mask=n_mask, other=0.0)
         acc = acc * w_s[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:  # noqa: SIM102 (a constexpr branch around a runtime one)
+        if num_splits == 1:
+            acc += tl.load(bias_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    out_ptr += tl.program_id(1).to(tl.int64) * m_dim * stride_om     # split s's partial
     out = out_ptr + m.to(tl.int64)[:, None] * stride_om + n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit(do_not_specialize=["m_dim", "num_splits"])    # one variant for every step
+def _split_k_sum(part_ptr, bias_ptr, out_ptr, m_dim, n_dim, stride_om, num_splits,
+                 HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[row] = sum over s of part[s, row] (in order) + bias, cast to out's dtype."""
+    row = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < n_dim
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for s in range(0, num_splits):
+        acc += tl.load(part_ptr + (s * m_dim + row) * n_dim + n, mask=n_mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_om + n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 def _check(a: torch.Tensor, w: torch.Tensor) -> None:
@@ -94,10 +121,26 @@ def _check(a: torch.Tensor, w: torch.Tensor) -> None:
         raise ValidationError(f"w {tuple(w.shape)} does not take rows of {a.shape[1]}")
 
 
+@functools.cache
+def split_k_enabled() -> bool:
+    """HELIOS_FP8_SPLIT_K=off: never split K (the same-run before of the split; read once)."""
+    return os.environ.get("HELIOS_FP8_SPLIT_K", "on").strip().lower() != "off"
+
+
+def split_k(tiles: int, k_steps: int, sms: int) -> int:
+    """K splits for a GEMM of `tiles` output tiles and `k_steps` K steps: enough programs to
+    cover the SMs once where the tiles alone do not (a decode batch's down_proj at the
+    Qwen3-8B shape: 32 tiles of 64 x 128), each split at least 4 K steps long."""
+    if tiles >= sms or not split_k_enabled():
+        return 1
+    return max(1, min(cdiv(sms, tiles), k_steps // 4))
+
+
 def triton_mm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-              bias: torch.Tensor | None, out_dtype: torch.dtype, *, blockwise: bool
-              ) -> torch.Tensor:
-    """The Triton W8A8 GEMM (rowwise or block-wise scales, see the module docstring)."""
+              bias: torch.Tensor | None, out_dtype: torch.dtype, *, blockwise: bool,
+              splits: int | None = None) -> torch.Tensor:
+    """The Triton W8A8 GEMM (rowwise or block-wise scales, see the module docstring); K split
+    `splits` ways (default `split_k`'s choice), the partials summed in a second kernel."""
     _check(a, w)
     m_dim, k_dim = a.shape
     n_dim = w.shape[0]
@@ -108,16 +151,27 @@ def triton_mm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: 
     block_n = 128
     a_scale = a_scale.float()
     w_scale = w_scale.float()
-    grid = (cdiv(m_dim, block_m) * cdiv(n_dim, block_n),)
-    _fp8_gemm_kernel[grid](
-        a, w, out, bias if bias is not None else out, a_scale, w_scale,
-        m_dim, n_dim, k_dim,
-        a.stride(0), w.stride(0), out.stride(0), a_scale.stride(0),
+    tiles = cdiv(m_dim, block_m) * cdiv(n_dim, block_n)
+    k_steps = cdiv(k_dim, BLOCK)
+    if splits is None:
+        splits = split_k(tiles, k_steps, sm_count(a.device))
+    steps_per_split = cdiv(k_steps, max(1, min(splits, k_steps)))
+    splits = cdiv(k_steps, steps_per_split)       # no empty split
+    target = out if splits == 1 else torch.empty((splits, m_dim, n_dim), dtype=torch.float32,
+                                                 device=a.device)
+    _fp8_gemm_kernel[(tiles, splits)](
+        a, w, target, bias if bias is not None else out, a_scale, w_scale,
+        m_dim, n_dim, k_dim, steps_per_split * BLOCK, splits,
+        a.stride(0), w.stride(0), n_dim if splits > 1 else out.stride(0), a_scale.stride(0),
         w_scale.stride(0) if blockwise else 1,
         BLOCKWISE=blockwise, A_SCALAR=a_scale.numel() == 1 and not blockwise,
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK,
         GROUP_M=8, SCALE_BLOCK=BLOCK, num_warps=4 if block_m == 64 else 8, num_stages=3,
     )
+    if splits > 1:
+        _split_k_sum[(m_dim, cdiv(n_dim, 1024))](
+            target, bias if bias is not None else out, out, m_dim, n_dim, out.stride(0),
+            splits, HAS_BIAS=bias is not None, BLOCK_N=1024, num_warps=4)
     return out
 
 
