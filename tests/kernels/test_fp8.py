@@ -4,6 +4,8 @@ on a GPU the same cases run compiled). Bigger shapes and torch._scaled_mm: test_
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -155,6 +157,21 @@ def test_triton_gemm(blockwise, m, n, k, out_dtype, splits, device, gen):
     ref = dequant64(a, a_scale) @ w64.t() + bias.to(out_dtype).double()
     assert out.dtype == out_dtype and out.shape == (m, n)
     assert rel(out, ref) < (fp32_gemm_tol(device) if out_dtype == torch.float32 else 1e-2)
+
+
+def test_an_unknown_skinny_kernel_is_refused():
+    """A mistyped HELIOS_FP8_SKINNY stops the import with the values it takes, rather than
+    falling back to the default unnoticed."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HELIOS_FP8_SKINNY": "w8a16"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.run([sys.executable, "-c", "import services.engine.kernels.fp8_layers"],
+                         env=env, cwd=root, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "HELIOS_FP8_SKINNY='w8a16': expected one of cuda-cores, tensor-cores, w8a8" in \
+        run.stderr
 
 
 def test_split_k_choice():

@@ -66,7 +66,7 @@ from services.engine.model.fp8 import FP8_DTYPE, Fp8Weight
 MAX_ROWS = 1
 BLOCK = SCALE_BLOCK       # 128 x 128 weight blocks
 # HELIOS_FP8_SKINNY picks batch 1's kernel (up to DOT_ROWS rows for the two tensor-core ones):
-# - unset: skinny_linear's one-row kernel on the CUDA cores (W8A16, the e4m3 weights
+# - unset or cuda-cores: skinny_linear's one-row kernel on the CUDA cores (W8A16, the e4m3 weights
 #   converted in registers);
 # - tensor-cores: skinny_linear's tl.dot kernel, the e4m3 tiles converted to the activations'
 #   dtype for the MMA (W8A16). Slower at batch 1 on an H100 (RESULTS.md, 2026-12-06 fifth
@@ -74,7 +74,11 @@ BLOCK = SCALE_BLOCK       # 128 x 128 weight blocks
 # - w8a8: `_w8a8_rows_kernel` below, the rows quantized to e4m3 in the kernel as the FP8
 #   GEMM path quantizes them, e4m3 x e4m3 on the tensor cores: no conversion of the weights
 #   at all. Not yet timed on a GPU: opt-in until it is.
-SKINNY = os.environ.get("HELIOS_FP8_SKINNY", "").strip().lower()
+SKINNY_KERNELS = ("cuda-cores", "tensor-cores", "w8a8")
+SKINNY = os.environ.get("HELIOS_FP8_SKINNY", "").strip().lower() or "cuda-cores"
+if SKINNY not in SKINNY_KERNELS:
+    raise ValidationError(f"HELIOS_FP8_SKINNY={SKINNY!r}: expected one of "
+                          f"{', '.join(SKINNY_KERNELS)}")
 TENSOR_CORES = SKINNY == "tensor-cores"
 W8A8 = SKINNY == "w8a8"
 DOT_ROWS = 16    # rows the tensor-core variants take (one weight read for all of them)
@@ -97,8 +101,7 @@ def _row_scales(x_rows, r_rows, g_ptr, res_out_rows, k_dim, eps, store_sum, mk_r
                 BLOCK_K: tl.constexpr):
     """The rows' 1/rms (one pass over their columns; the residual sum written where
     `store_sum`) and, for KIND "token", their e4m3 scales (the normed rows' amax, a second
-    pass). Rows: pointers of any shape [..., 1] (a [BM, 1] tile, or [1] for one row) with the
-    row mask `mk_rows`; the results have that shape."""
+    pass). Rows: [BM, 1] pointers with the row mask `mk_rows`; the results are [BM, 1]."""
     kk = tl.arange(0, BLOCK_K)[None, :]
     rstd = tl.full(mk_rows.shape, 1.0, tl.float32)
     if NORM:
