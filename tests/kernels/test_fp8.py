@@ -174,6 +174,23 @@ def test_an_unknown_skinny_kernel_is_refused():
         run.stderr
 
 
+@pytest.mark.parametrize(("name", "reader"), [("HELIOS_FP8_GEMM", "gemm_backend"),
+                                            ("HELIOS_FP8_SPLIT_K", "split_k_enabled")])
+def test_unknown_gemm_switches_are_refused(name, reader, monkeypatch):
+    from services.common.errors import ValidationError
+
+    _, fp8_gemm, _ = _kernels()
+    read = getattr(fp8_gemm, reader)
+    monkeypatch.setenv(name, "tritonn")
+    read.cache_clear()
+    try:
+        with pytest.raises(ValidationError, match=f"{name}='tritonn': expected one of"):
+            read()
+    finally:
+        monkeypatch.delenv(name)
+        read.cache_clear()
+
+
 def test_split_k_choice():
     """Split K where the output tiles leave SMs idle, never below 4 K steps a split."""
     _, fp8_gemm, _ = _kernels()

@@ -7,6 +7,7 @@ no check synchronizes the device and every wrapper stays CUDA-graph capturable).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -101,3 +102,12 @@ def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 132
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def env_choice(name: str, values: tuple[str, ...]) -> str:
+    """An environment switch: unset is the first of `values`; anything else not among them is
+    refused by name (a typo must not fall back to the default unnoticed)."""
+    value = os.environ.get(name, "").strip().lower() or values[0]
+    if value not in values:
+        raise ValidationError(f"{name}={value!r}: expected one of {', '.join(values)}")
+    return value

@@ -24,14 +24,13 @@ timed on a GPU.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from services.common.errors import ValidationError
-from services.engine.kernels.common import cdiv, sm_count
+from services.engine.kernels.common import cdiv, env_choice, sm_count
 
 BLOCK = 128   # the block-wise format's block (and group) size
 
@@ -124,7 +123,7 @@ def _check(a: torch.Tensor, w: torch.Tensor) -> None:
 @functools.cache
 def split_k_enabled() -> bool:
     """HELIOS_FP8_SPLIT_K=off: never split K (the same-run before of the split; read once)."""
-    return os.environ.get("HELIOS_FP8_SPLIT_K", "on").strip().lower() != "off"
+    return env_choice("HELIOS_FP8_SPLIT_K", ("on", "off")) == "on"
 
 
 def split_k(tiles: int, k_steps: int, sms: int) -> int:
@@ -179,8 +178,7 @@ def triton_mm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: 
 def gemm_backend() -> str:
     """HELIOS_FP8_GEMM: "scaled_mm" (default: torch._scaled_mm where it applies) or
     "triton" (read once; `gemm_backend.cache_clear()` re-reads it)."""
-    value = os.environ.get("HELIOS_FP8_GEMM", "scaled_mm").strip().lower()
-    return "triton" if value == "triton" else "scaled_mm"
+    return env_choice("HELIOS_FP8_GEMM", ("scaled_mm", "triton"))
 
 
 def scaled_mm_applies(a: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> bool:

@@ -25,7 +25,6 @@ the activation kernel on the GEMM's output.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 import triton
@@ -39,6 +38,7 @@ from services.engine.kernels.common import (
     check_gated_rows,
     check_last_dim_contiguous,
     check_norm_inputs,
+    env_choice,
     next_power_of_2,
     sm_count,
 )
@@ -74,11 +74,7 @@ BLOCK = SCALE_BLOCK       # 128 x 128 weight blocks
 # - w8a8: `_w8a8_rows_kernel` below, the rows quantized to e4m3 in the kernel as the FP8
 #   GEMM path quantizes them, e4m3 x e4m3 on the tensor cores: no conversion of the weights
 #   at all. Not yet timed on a GPU: opt-in until it is.
-SKINNY_KERNELS = ("cuda-cores", "tensor-cores", "w8a8")
-SKINNY = os.environ.get("HELIOS_FP8_SKINNY", "").strip().lower() or "cuda-cores"
-if SKINNY not in SKINNY_KERNELS:
-    raise ValidationError(f"HELIOS_FP8_SKINNY={SKINNY!r}: expected one of "
-                          f"{', '.join(SKINNY_KERNELS)}")
+SKINNY = env_choice("HELIOS_FP8_SKINNY", ("cuda-cores", "tensor-cores", "w8a8"))
 TENSOR_CORES = SKINNY == "tensor-cores"
 W8A8 = SKINNY == "w8a8"
 DOT_ROWS = 16    # rows the tensor-core variants take (one weight read for all of them)
