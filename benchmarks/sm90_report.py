@@ -8,8 +8,8 @@ and ptxas for sm_90, tests/kernels/sm90_compile.py).
 widths at T = 1, 64 and 2048 tokens (MXFP4: experts kept, `mxfp4_experts: keep`).
 `fp8`: the batch-1 gate/up projection (norm + SiLU fused) with bf16 and with FP8 weights
 (per-channel scales; the default one-row kernel, then HELIOS_FP8_SKINNY=tensor-cores and
-w8a8): the SASS instruction mix and the weight bytes a K step loads, i.e. the instructions the
-kernel issues per weight byte.
+w8a8): the instructions of each kernel's K loop against the weight bytes a thread streams in
+one K step, i.e. what the kernel issues per weight byte.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def fp8() -> None:
             setattr(fp8_layers, mode, True)
             fp8_norm_linear(x, x, norm, 1e-6, fp8_weight, None, "silu")
             setattr(fp8_layers, mode, False)
-    print("weights       instructions  per weight byte of a K step  top opcodes")
+    print("weights     kernel total  K loop  weight bytes a thread a K step  K loop a byte"
+          "  K loop's top opcodes")
     formats = ("bf16", "fp8", "fp8 tc", "fp8 w8a8")
     for fmt, itemsize, launch in zip(formats, (2, 1, 1, 1), launches, strict=True):
         if "PDL" in launch.fn.arg_names:
@@ -76,13 +77,31 @@ def fp8() -> None:
             cubin.flush()
             sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", cubin.name],
                                   capture_output=True, text=True, check=True).stdout
-        ops = collections.Counter(match.group(1) for match in re.finditer(
-            r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w\s+)?([A-Z0-9_]+)", sass))
+        lines = [(int(m.group(1), 16), m.group(2), line) for line in sass.splitlines()
+                 if (m := re.search(r"/\*([0-9a-f]{4})\*/\s+(?:@!?U?P\w\s+)?([A-Z0-9_]+)",
+                                    line))]
+        loop = k_loop(lines)
+        ops = collections.Counter(op for _, op, _ in loop)
+        threads = 32 * launch.kwargs["num_warps"]
         step_bytes = 2 * launch.kwargs["BLOCK_N"] * launch.kwargs["BLOCK_K"] * itemsize
-        total = sum(ops.values())
-        print(f"{fmt:<14}{total:>12}  {total / step_bytes:>27.3f}  {ops.most_common(8)}")
-    print("(static counts over the whole kernel; gate and up tiles, BLOCK_N x BLOCK_K each;\n"
-          " fp8 tc / w8a8: HELIOS_FP8_SKINNY=tensor-cores / w8a8, 16-row tiles)")
+        per_thread = step_bytes / threads
+        print(f"{fmt:<12}{len(lines):>12}{len(loop):>8}{per_thread:>32.0f}"
+              f"{len(loop) / per_thread:>15.2f}  {ops.most_common(6)}")
+    print("(SASS of the batch-1 gate/up launch; the K loop is its last loop, the one streaming\n"
+          " the weights: gate and up tiles of BLOCK_N x BLOCK_K a step. fp8 tc / w8a8:\n"
+          " HELIOS_FP8_SKINNY=tensor-cores / w8a8, 16-row tiles)")
+
+
+def k_loop(lines: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+    """The instructions of the last loop (a backward branch's target up to the branch)."""
+    loops = []
+    for address, op, line in lines:
+        if op == "BRA" and (target := re.search(r"0x([0-9a-f]+)", line.split("BRA")[1])):
+            start = int(target.group(1), 16)
+            if start < address:
+                loops.append((start, address))
+    start, end = loops[-1]
+    return [entry for entry in lines if start <= entry[0] <= end]
 
 
 def main() -> int:
