@@ -103,8 +103,14 @@ def test_fp8_layers_at_qwen3_8b(scheme_name, rows, n, k, activation, skinny, gen
     assert rel(out, y) < (2e-2 if activation else 1e-2)
 
 
-def test_graph_replay_matches_eager(gen):
+@pytest.mark.parametrize("skinny", SKINNY_MODES)
+def test_graph_replay_matches_eager(skinny, gen, monkeypatch):
+    """Captured once, replayed on new rows: equal to eager calls, bit for bit (8 rows: the
+    GEMM path with its split K for the block-scaled down_proj, or the w8a8 kernel)."""
+    from services.engine.kernels import fp8_layers
     from services.engine.kernels.fp8_layers import fp8_linear, fp8_norm_linear
+
+    use_skinny(monkeypatch, fp8_layers, skinny)
 
     device = torch.device("cuda")
     qkv, _ = make_weight(QKV, H, SCHEMES["token-channel"], gen, device)
