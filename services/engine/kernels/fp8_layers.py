@@ -39,7 +39,6 @@ from services.engine.kernels.common import (
     check_last_dim_contiguous,
     check_norm_inputs,
     env_choice,
-    next_power_of_2,
     sm_count,
 )
 from services.engine.kernels.fp8_gemm import block_mm, rowwise_mm
@@ -50,6 +49,7 @@ from services.engine.kernels.fp8_quant import (
     norm_quantize_fp8,
     quantize_fp8,
     round_e4m3,
+    static_scale_args,
 )
 from services.engine.kernels.norm import row_rstd
 from services.engine.kernels.pdl import launch_options, let_next_launch, wait_only
@@ -290,12 +290,11 @@ def _skinny(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
     """skinny_linear's kernels on e4m3 weights: the tl.dot one (e4m3 tiles) where the plan's
     block_m > 1 or HELIOS_FP8_SKINNY=tensor-cores, else the one-row one; with
     HELIOS_FP8_SKINNY=w8a8 the W8A8 rows kernel."""
-    n_out = out.shape[1]
     if W8A8:
         _w8a8(x, residual, norm_weight, eps, weight, bias, out, residual_out, activation, plan)
         return
     if plan is None:
-        gated = activation is not None
+        n_out, gated = out.shape[1], activation is not None
         plan = (dot_plan(weight, n_out, gated, norm_weight is not None) if TENSOR_CORES
                 else skinny_plan(weight, n_out, x.shape[0], x.device, gated))
     launch(x, residual, norm_weight, eps, weight.qweight, bias, out, residual_out, activation,
@@ -322,18 +321,18 @@ def _w8a8(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Ten
     w = weight.qweight
     res = residual if residual is not None else x
     res_out = residual_out if residual_out is not None else x
-    static = weight.input_scale if weight.input_scale is not None else weight.scale
+    static, num_static, block_s = static_scale_args(kind, weight.input_scale, weight.scale)
     _w8a8_rows_kernel[(cdiv(n_out, plan.block_n), cdiv(rows, plan.block_m))](
         x, res, norm_weight if norm_weight is not None else x, w, weight.scale, static,
         bias if bias is not None else x, out, res_out,
-        rows, n_out, k_dim, n_out if activation else 0, static.numel(), float(eps),
+        rows, n_out, k_dim, n_out if activation else 0, num_static, float(eps),
         x.stride(0), res.stride(0), w.stride(0),
         weight.scale.stride(0) if weight.scale.dim() > 1 else 1, out.stride(0),
         res_out.stride(0),
         NORM=norm_weight is not None, RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         ACTIVATION=activation or "none", KIND=kind, BLOCKWISE=weight.block,
         ONE_ROW=rows == 1, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=block_k,
-        BLOCK_S=next_power_of_2(max(static.numel(), 1)), NUM_STAGES=plan.num_stages,
+        BLOCK_S=block_s, NUM_STAGES=plan.num_stages,
         SCALE_BLOCK=BLOCK, num_warps=plan.num_warps, **launch_options(x.device, rows))
 
 

@@ -151,6 +151,17 @@ def _check(x: torch.Tensor, kind: str, group: int, input_scale: torch.Tensor | N
         raise ValidationError("static quantization needs a contiguous float32 input_scale [S]")
 
 
+def static_scale_args(kind: str, input_scale: torch.Tensor | None, placeholder: torch.Tensor
+                      ) -> tuple[torch.Tensor, int, int]:
+    """(pointer, count, BLOCK_S) of a kernel's static input scales: the checkpoint's [S] for
+    KIND "static"; else `placeholder` with count and block 1, so the unused arguments never
+    vary with the step's rows or the weight's shape (each new value would be a new variant)."""
+    if kind == "static":
+        assert input_scale is not None
+        return input_scale, input_scale.numel(), next_power_of_2(max(1, input_scale.numel()))
+    return placeholder, 1, 1
+
+
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
             eps: float, kind: str, group: int, input_scale: torch.Tensor | None
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -170,16 +181,15 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
     if rows == 0:
         return q, scales, res_out
     block_k = group if kind == "group" else min(next_power_of_2(k_dim), 1024)
-    static = input_scale if input_scale is not None else scales
+    static, num_static, block_s = static_scale_args(kind, input_scale, scales)
     res = residual if residual is not None else x
     ro = res_out if res_out is not None else x
     _quantize_kernel[(rows,)](
         x, res, norm_weight if norm_weight is not None else x, q, scales, static, ro,
-        k_dim, static.numel(), float(eps),
+        k_dim, num_static, float(eps),
         x.stride(0), res.stride(0), q.stride(0), scales.stride(0), ro.stride(0),
         KIND=kind, NORM=norm_weight is not None, RESIDUAL=residual is not None,
-        BLOCK_K=block_k, GROUP=group if kind == "group" else block_k,
-        BLOCK_S=next_power_of_2(max(1, static.numel())),
+        BLOCK_K=block_k, GROUP=group if kind == "group" else block_k, BLOCK_S=block_s,
         num_warps=4 if block_k >= 512 else 2,
     )
     return q, scales, res_out
