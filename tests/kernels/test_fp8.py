@@ -192,13 +192,37 @@ def test_unknown_gemm_switches_are_refused(name, reader, monkeypatch):
 
 
 def test_split_k_choice():
-    """Split K where the output tiles leave SMs idle, never below 4 K steps a split."""
+    """Split K where the output tiles leave SMs idle, never below 4 K steps a split, and the
+    float32 partials' traffic at most half the weight's bytes (K / (16 M) splits)."""
     _, fp8_gemm, _ = _kernels()
-    assert fp8_gemm.split_k(tiles=192, k_steps=32, sms=132) == 1       # gate_up at M = 64
-    assert fp8_gemm.split_k(tiles=32, k_steps=96, sms=132) == 5        # down_proj at M = 64
-    assert fp8_gemm.split_k(tiles=32, k_steps=32, sms=132) == 5        # o_proj at M = 64
-    assert fp8_gemm.split_k(tiles=32, k_steps=8, sms=132) == 2
-    assert fp8_gemm.split_k(tiles=4, k_steps=3, sms=132) == 1
+    split = fp8_gemm.split_k
+    assert split(tiles=192, k_steps=32, sms=132, m_dim=64, k_dim=4096) == 1    # gate_up, M 64
+    assert split(tiles=32, k_steps=96, sms=132, m_dim=64, k_dim=12288) == 5    # down, M 64
+    assert split(tiles=32, k_steps=32, sms=132, m_dim=64, k_dim=4096) == 4     # o_proj, M 64
+    assert split(tiles=48, k_steps=32, sms=132, m_dim=64, k_dim=4096) == 3     # qkv, M 64
+    # M = 256: qkv and o_proj would move as many partial bytes as weight bytes (measured
+    # slower split on an H100); down_proj, three times deeper, still splits
+    assert split(tiles=96, k_steps=32, sms=132, m_dim=256, k_dim=4096) == 1
+    assert split(tiles=64, k_steps=32, sms=132, m_dim=256, k_dim=4096) == 1
+    assert split(tiles=64, k_steps=96, sms=132, m_dim=256, k_dim=12288) == 3
+    assert split(tiles=32, k_steps=8, sms=132, m_dim=1, k_dim=1024) == 2
+    assert split(tiles=4, k_steps=3, sms=132, m_dim=1, k_dim=384) == 1
+
+
+@pytest.mark.parametrize(("backend", "rows", "triton"), [
+    ("auto", 1, True), ("auto", 64, True), ("auto", 65, False), ("auto", 256, False),
+    ("scaled_mm", 1, False), ("triton", 256, True)])
+def test_rowwise_backend_by_rows(backend, rows, triton, monkeypatch):
+    """HELIOS_FP8_GEMM=auto: the Triton kernel for decode-sized batches (<= 64 rows, where it
+    measured faster than _scaled_mm), _scaled_mm above; the other values force one."""
+    _, fp8_gemm, _ = _kernels()
+    monkeypatch.setenv("HELIOS_FP8_GEMM", backend)
+    fp8_gemm.gemm_backend.cache_clear()
+    try:
+        assert fp8_gemm.uses_triton(rows) is triton
+    finally:
+        monkeypatch.delenv("HELIOS_FP8_GEMM")
+        fp8_gemm.gemm_backend.cache_clear()
 
 
 def test_split_k_partials_add_in_order(device, gen):
@@ -392,10 +416,12 @@ with capture_launches() as calls:
         fp8_norm_linear(x1, x1, g, 1e-6, weight(2 * I, H, block), None, "silu"); names.append(f"skinny gate_up silu {tag}")
         fp8_linear(act1, weight(H, I, block)); names.append(f"skinny down {tag}")
     a = torch.zeros(256, H, dtype=E4)
-    # 96, 48 and 96 output tiles for 132 SMs: K split 2, 3 and 2 ways, then the ordered sum
-    triton_mm(a, torch.ones(256, 1), weight(QKV, H, False).qweight, torch.ones(QKV), None, torch.bfloat16, blockwise=False); names += ["gemm rowwise M=256", "split-k sum"]
+    # M = 256: 96 output tiles for 132 SMs, unsplit (the partials would move as many bytes as
+    # the weight); M = 48: 48 tiles, K split 3 ways, then the ordered sum
+    triton_mm(a, torch.ones(256, 1), weight(QKV, H, False).qweight, torch.ones(QKV), None, torch.bfloat16, blockwise=False); names += ["gemm rowwise M=256"]
     triton_mm(a[:48], torch.ones(48, 1), weight(QKV, H, False).qweight, torch.ones(QKV), None, torch.bfloat16, blockwise=False); names += ["gemm rowwise M=48", "split-k sum"]
-    block_mm(a, torch.ones(256, H // 128), weight(QKV, H, True).qweight, torch.ones(QKV // 128, H // 128), None, torch.bfloat16); names += ["gemm block M=256", "split-k sum"]
+    block_mm(a, torch.ones(256, H // 128), weight(QKV, H, True).qweight, torch.ones(QKV // 128, H // 128), None, torch.bfloat16); names += ["gemm block M=256"]
+    block_mm(a[:48], torch.ones(48, H // 128), weight(QKV, H, True).qweight, torch.ones(QKV // 128, H // 128), None, torch.bfloat16); names += ["gemm block M=48", "split-k sum"]
     quantize_fp8(x256, "token"); names.append("quant token")
     quantize_fp8(x256, "group"); names.append("quant group")
     norm_quantize_fp8(x256, x256, g, 1e-6, "token"); names.append("norm quant token")

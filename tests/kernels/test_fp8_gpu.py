@@ -38,8 +38,8 @@ def test_quantize_bits_on_gpu(kind, width, gen):
     assert torch.equal(q.cpu().view(torch.uint8), ref_q.view(torch.uint8))
 
 
-@pytest.mark.parametrize("backend", ["scaled_mm", "triton"])
-@pytest.mark.parametrize("m", [2, 17, 256])
+@pytest.mark.parametrize("backend", ["auto", "scaled_mm", "triton"])
+@pytest.mark.parametrize("m", [2, 17, 64, 256])
 @pytest.mark.parametrize(("n", "k"), [(QKV, H), (H, INTER)])
 def test_rowwise_gemm(backend, m, n, k, gen, monkeypatch):
     from services.engine.kernels import fp8_gemm

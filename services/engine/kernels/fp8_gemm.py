@@ -5,20 +5,28 @@
     block_mm(a e4m3 [M, K], a_scale [M, ceil(K/128)], w e4m3 [N, K],
              w_scale [ceil(N/128), ceil(K/128)], bias, out_dtype)   # 1x128 x 128x128 blocks
 
-Rowwise: `torch._scaled_mm` (cuBLASLt's FP8 GEMM with row-wise scales, sm_89+; the signature
-`_scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
+Rowwise: decode-sized batches (at most `TRITON_MAX_ROWS` = 64 rows) take the Triton kernel
+below, larger ones `torch._scaled_mm` (cuBLASLt's FP8 GEMM with row-wise scales, sm_89+; the
+signature `_scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
 use_fast_accum=False)` is the same on torch 2.11 and 2.13) where it applies: bf16 output,
 K and N multiples of 16 (M is padded to a multiple of 16, which cuBLASLt's row-wise kernels
-ask for); else, or with HELIOS_FP8_GEMM=triton, the Triton kernel below with the scales in
-its epilogue. Block-wise: the Triton kernel with BLOCK_K = 128, each K step's partial product
-scaled by its activation group's and weight block's scales before accumulating (N tiles of
-at most 128 columns stay inside one weight block row). Both Triton variants are one kernel
-(`BLOCKWISE` constexpr); tiles 64 x 128 x 128 (M <= 64) or 128 x 128 x 128, 3 stages.
+ask for). Measured on an H100 at the Qwen3-8B projections (benchmarks/RESULTS.md, 2026-12-06
+seventh session): at M = 64 the split Triton kernel took 11.7 / 9.8 / 39.0 / 26.8 us for
+qkv / o / gate_up / down against _scaled_mm's 14.9 / 13.2 / 43.3 / 33.0; at M = 256
+_scaled_mm won (13.9 / 13.0 / 52.5 / 32.7 against 13.6 / 13.1 / 56.1 / 38.4 at best).
+HELIOS_FP8_GEMM=scaled_mm or =triton forces one (default "auto"). Block-wise: the Triton
+kernel with BLOCK_K = 128, each K step's partial product scaled by its activation group's
+and weight block's scales before accumulating (N tiles of at most 128 columns stay inside
+one weight block row). Both Triton variants are one kernel (`BLOCKWISE` constexpr); tiles
+64 x 128 x 128 (M <= 64) or 128 x 128 x 128, 3 stages.
 Where the output tiles do not cover the SMs (decode batches: a 64-row down_proj at the
 Qwen3-8B shape has 32 tiles for 132 SMs) the K dimension is split (`split_k`): each split
 writes a float32 partial, and a second kernel adds them in a fixed order (deterministic,
-unlike atomics), then the bias and the cast. HELIOS_FP8_SPLIT_K=off turns it off. Not yet
-timed on a GPU.
+unlike atomics), then the bias and the cast. The partials' traffic (8 bytes an output a
+split: written, then read) is held to half the weight's bytes, which caps the splits at
+K / (16 M): at M = 256 the split doubled qkv's time (22.7 against 13.6 us) and o_proj's
+went from 13.1 to 16.6 us, while down_proj (K three times larger) still gained. At M = 64
+the split took down_proj from 47.2 to 26.8 us. HELIOS_FP8_SPLIT_K=off turns it off.
 """
 
 from __future__ import annotations
@@ -126,13 +134,15 @@ def split_k_enabled() -> bool:
     return env_choice("HELIOS_FP8_SPLIT_K", ("on", "off")) == "on"
 
 
-def split_k(tiles: int, k_steps: int, sms: int) -> int:
-    """K splits for a GEMM of `tiles` output tiles and `k_steps` K steps: enough programs to
-    cover the SMs once where the tiles alone do not (a decode batch's down_proj at the
-    Qwen3-8B shape: 32 tiles of 64 x 128), each split at least 4 K steps long."""
+def split_k(tiles: int, k_steps: int, sms: int, m_dim: int, k_dim: int) -> int:
+    """K splits for an [m_dim, K] x [K, N] GEMM of `tiles` output tiles and `k_steps` K steps:
+    enough programs to cover the SMs once where the tiles alone do not (a decode batch's
+    down_proj at the Qwen3-8B shape: 32 tiles of 64 x 128), each split at least 4 K steps
+    long, and the float32 partials' traffic (splits x M x N x 8 bytes) at most half the
+    weight's (N x K bytes): at most K / (16 M) splits."""
     if tiles >= sms or not split_k_enabled():
         return 1
-    return max(1, min(cdiv(sms, tiles), k_steps // 4))
+    return max(1, min(cdiv(sms, tiles), k_steps // 4, k_dim // (16 * max(m_dim, 1))))
 
 
 def triton_mm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
@@ -153,7 +163,7 @@ def triton_mm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: 
     tiles = cdiv(m_dim, block_m) * cdiv(n_dim, block_n)
     k_steps = cdiv(k_dim, BLOCK)
     if splits is None:
-        splits = split_k(tiles, k_steps, sm_count(a.device))
+        splits = split_k(tiles, k_steps, sm_count(a.device), m_dim, k_dim)
     steps_per_split = cdiv(k_steps, max(1, min(splits, k_steps)))
     splits = cdiv(k_steps, steps_per_split)       # no empty split
     target = out if splits == 1 else torch.empty((splits, m_dim, n_dim), dtype=torch.float32,
@@ -174,11 +184,21 @@ def triton_mm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: 
     return out
 
 
+TRITON_MAX_ROWS = 64   # "auto": the Triton kernel up to this many rows, _scaled_mm above
+
+
 @functools.cache
 def gemm_backend() -> str:
-    """HELIOS_FP8_GEMM: "scaled_mm" (default: torch._scaled_mm where it applies) or
-    "triton" (read once; `gemm_backend.cache_clear()` re-reads it)."""
-    return env_choice("HELIOS_FP8_GEMM", ("scaled_mm", "triton"))
+    """HELIOS_FP8_GEMM: "auto" (default: the Triton kernel for at most TRITON_MAX_ROWS rows,
+    torch._scaled_mm above, where it applies), "scaled_mm" or "triton" (read once;
+    `gemm_backend.cache_clear()` re-reads it)."""
+    return env_choice("HELIOS_FP8_GEMM", ("auto", "scaled_mm", "triton"))
+
+
+def uses_triton(m_dim: int) -> bool:
+    """Whether a rowwise GEMM of m_dim rows takes the Triton kernel under HELIOS_FP8_GEMM."""
+    backend = gemm_backend()
+    return backend == "triton" or (backend == "auto" and m_dim <= TRITON_MAX_ROWS)
 
 
 def scaled_mm_applies(a: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> bool:
@@ -191,7 +211,7 @@ def rowwise_mm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale:
                ) -> torch.Tensor:
     """Per-token (a_scale [M, 1]) or static (a_scale [1, 1]) x per-channel (w_scale [N])."""
     _check(a, w)
-    if gemm_backend() == "triton" or not scaled_mm_applies(a, w, out_dtype):
+    if uses_triton(a.shape[0]) or not scaled_mm_applies(a, w, out_dtype):
         return triton_mm(a, a_scale, w, w_scale, bias, out_dtype, blockwise=False)
     m_dim = a.shape[0]
     padded = cdiv(max(m_dim, 1), 16) * 16
