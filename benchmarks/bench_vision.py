@@ -115,21 +115,37 @@ def write_model(out: Path, config: dict = CONFIG) -> Path:
     return out
 
 
-def png(seed: int, width: int = 1024, height: int = 768) -> bytes:
-    from PIL import Image
-
+def rgb_image(seed: int, width: int = 1024, height: int = 768) -> np.ndarray:
     rng = np.random.default_rng(seed)
     # smooth gradients plus noise: compresses like a photo, decodes like one
     base = np.linspace(0, 255, width, dtype=np.float32)[None, :, None]
     noise = rng.normal(0, 8, (height, width, 3)).astype(np.float32)
-    rgb = np.clip(base + noise + rng.integers(0, 64, 3), 0, 255).astype(np.uint8)
+    return np.clip(base + noise + rng.integers(0, 64, 3), 0, 255).astype(np.uint8)
+
+
+def png(seed: int, width: int = 1024, height: int = 768) -> bytes:
+    from PIL import Image
+
     buffer = io.BytesIO()
-    Image.fromarray(rgb).save(buffer, format="PNG", compress_level=1)
+    Image.fromarray(rgb_image(seed, width, height)).save(buffer, format="PNG", compress_level=1)
     return buffer.getvalue()
 
 
+def jpeg(seed: int, width: int = 1024, height: int = 768) -> bytes:
+    """The same picture as `png`, as a quality-90 JPEG (what a camera or a phone uploads)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(rgb_image(seed, width, height)).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def media_type(image: bytes) -> str:
+    return "image/jpeg" if image.startswith(b"\xff\xd8\xff") else "image/png"
+
+
 def chat_body(model: str, image: bytes, max_tokens: int) -> dict:
-    url = "data:image/png;base64," + base64.b64encode(image).decode()
+    url = f"data:{media_type(image)};base64," + base64.b64encode(image).decode()
     return {"model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": [

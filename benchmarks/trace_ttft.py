@@ -17,7 +17,8 @@ chunk.
 warm-up. Prints the timeline; writes trace_ttft.json under --out.
 
 `--vision SHAPE` (tiny, or qwen2.5-vl-7b on a GPU): streaming chats through
-`/v1/chat/completions`, each with a new `--image` PNG (benchmarks/bench_vision.py's model,
+`/v1/chat/completions`, each with a new `--image` PNG (or `--image-format jpeg`: the same
+picture as a quality-90 JPEG; benchmarks/bench_vision.py's model,
 stack and images) and bench_vision's question, on a dummy-weight Qwen2.5-VL core; the marks
 add the frontend's imageprep call, imageprep's Prepare and FetchPixels, and the core's
 prefetch, pixel wait and encoder.
@@ -111,7 +112,8 @@ def timeline(trace_dir: Path, skip: int) -> list[tuple[str, float, int]]:
 
 def _vision_bodies(args: argparse.Namespace, tmp: Path) -> list[tuple[str, dict]]:
     """bench_vision's Qwen2.5-VL core and stack (args.serve and args.config set to them) and
-    one chat per request, each with a new PNG of --image WxH (its model named once served)."""
+    one chat per request, each with a new --image-format picture of --image WxH (its model
+    named once served)."""
     from benchmarks import bench_vision
     from benchmarks.model_shapes import write_core
 
@@ -124,7 +126,8 @@ def _vision_bodies(args: argparse.Namespace, tmp: Path) -> list[tuple[str, dict]
     width, height = (int(v) for v in args.image.split("x"))
     bodies = []
     for i in range(args.requests):
-        body = bench_vision.chat_body("", bench_vision.png(1000 + i, width, height), 2)
+        encode = bench_vision.jpeg if args.image_format == "jpeg" else bench_vision.png
+        body = bench_vision.chat_body("", encode(1000 + i, width, height), 2)
         body.pop("stream_options")
         bodies.append(("/v1/chat/completions", body))
     return bodies
@@ -159,7 +162,10 @@ def main() -> int:
     parser.add_argument("--vocab-limit", type=int, default=150000)
     parser.add_argument("--vision", choices=("tiny", "qwen2.5-vl-7b"),
                         help="image chats on a dummy-weight Qwen2.5-VL core of this shape")
-    parser.add_argument("--image", default="1024x768", help="--vision: each PNG's WxH")
+    parser.add_argument("--image", default="1024x768", help="--vision: each image's WxH")
+    parser.add_argument("--image-format", choices=("png", "jpeg"), default="png",
+                        help="--vision: a 1.6 MB noisy PNG (the default, the slow decode) or "
+                             "the same picture as a quality-90 JPEG")
     parser.add_argument("--vision-pixels", choices=("raw", "values"), default="raw",
                         help="--vision: how the engine fetches pixels (vision_pixels)")
     parser.add_argument("--chat", action="store_true",
