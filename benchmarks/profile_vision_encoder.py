@@ -1,0 +1,157 @@
+"""Where the Qwen2.5-VL-7B vision encoder's time goes on one 1024x768 image, and whether a
+CUDA graph of its blocks would pay (issue 14: the encoder is ~22-40 ms of an image chat's
+first token on an H100, against ~8 ms of GEMM work at the tensor cores' dense bf16 rate).
+
+    python benchmarks/profile_vision_encoder.py --out benchmarks/out/gpu     # CUDA only
+
+Builds the tower as benchmarks/vision_encoder.py does (random bf16 weights, the image through
+imageprep's pipeline: 3,996 patches) and reports, for each encoder attention backend:
+- `forward_ms`: the whole forward, eager (the engine's path), median of 10 synchronised runs;
+- `blocks_ms`: the 32 blocks alone (the forward's loop, its inputs laid out beforehand), eager;
+- `blocks_graph_ms`: the same loop captured once in a CUDA graph and replayed (what a graph
+  at this patch count would cost; a captured pass must give the eager features' bits);
+- `kernels`: the blocks' kernels in one eager pass (torch.profiler): their count, the sum of
+  their device time against the pass's wall time (the rest is the GPU waiting for the host),
+  and the ten largest by total time.
+Writes profile_vision_encoder.json under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_vision import CONFIG
+from benchmarks.vision_encoder import _inputs, _tower
+
+
+def _median_ms(run: Any, repeats: int = 10) -> float:
+    times = []
+    for index in range(repeats + 3):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        if index >= 3:
+            times.append(1e3 * (time.perf_counter() - started))
+    return statistics.median(times)
+
+
+def block_inputs(tower: Any, images: list[Any]) -> tuple[torch.Tensor, ...]:
+    """What the forward's block loop reads: x, rotary, rows and the two segment layouts (the
+    forward's own preamble, up to the loop)."""
+    from services.engine.model.vision.layers import Segments
+    from services.engine.model.vision.towers import _on_device, frame_seqlens, window_layout
+
+    device, unit = tower.device, tower.config.merge_unit
+    with torch.inference_mode():
+        pixels = _on_device([image.pixel_values for image in images], device)
+        x = tower.patch_embed(pixels)
+        rotary = tower.rotary(images)
+        order, window_bounds = window_layout(images, tower.config)
+        order = order.to(device)
+        patch_order = (order[:, None] * unit + torch.arange(unit, device=device)).reshape(-1)
+        x, rotary = x[patch_order], rotary[patch_order]
+        rows = torch.arange(x.shape[0], device=device)
+        full = Segments.of(frame_seqlens(images), device, tower.attention_backend)
+        windows = Segments.of(window_bounds, device, tower.attention_backend)
+    return x, rotary, rows, full, windows
+
+
+def run_blocks(tower: Any, x: torch.Tensor, rotary: torch.Tensor, rows: torch.Tensor,
+               full: Any, windows: Any) -> torch.Tensor:
+    with torch.inference_mode():
+        for index, block in enumerate(tower.blocks):
+            x = block(x, rotary, rows,
+                      full if index in tower.config.fullatt_block_indexes else windows)
+    return x
+
+
+def kernel_profile(run: Any) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        started = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        wall_ms = 1e3 * (time.perf_counter() - started)
+    totals: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] += event.device_time_total / 1e3
+            counts[event.name] += 1
+    busy = sum(totals.values())
+    top = sorted(totals, key=totals.__getitem__, reverse=True)[:10]
+    return {"count": sum(counts.values()), "device_ms": busy, "wall_ms": wall_ms,
+            "top": [{"name": name[:100], "ms": totals[name], "calls": counts[name]}
+                    for name in top]}
+
+
+def profile_backend(tower: Any, images: list[Any], backend: str) -> dict:
+    tower.attention_backend = backend
+    report: dict[str, Any] = {"forward_ms": _median_ms(lambda: tower(images))}
+    inputs = block_inputs(tower, images)
+    report["blocks_ms"] = _median_ms(lambda: run_blocks(tower, *inputs))
+    report["kernels"] = kernel_profile(lambda: run_blocks(tower, *inputs))
+    eager = run_blocks(tower, *inputs)
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            run_blocks(tower, *inputs)                   # warm on the capture stream
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = run_blocks(tower, *inputs)
+        graph.replay()
+        torch.cuda.synchronize()
+        report["graph_equal"] = bool(torch.equal(captured, eager))
+        report["blocks_graph_ms"] = _median_ms(graph.replay)
+        del graph
+    except Exception as exc:   # a layout that cannot be captured is a finding
+        report["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("profile_vision_encoder needs CUDA")
+        return 1
+    tower = _tower(CONFIG, "cuda", torch.bfloat16)
+    images = _inputs(tower)
+    report: dict[str, Any] = {"device": torch.cuda.get_device_name(),
+                              "patches": images[0].num_patches}
+    for backend in ("sdpa", "triton"):
+        report[backend] = profile_backend(tower, images, backend)
+        row = report[backend]
+        kernels = row["kernels"]
+        print(f"{backend}: forward {row['forward_ms']:.2f} ms, blocks eager "
+              f"{row['blocks_ms']:.2f} ms, graph {row.get('blocks_graph_ms', float('nan')):.2f}"
+              f" ms (equal bits: {row.get('graph_equal')}) {row.get('graph_error', '')}")
+        print(f"  {kernels['count']} kernels, {kernels['device_ms']:.2f} ms of device time in "
+              f"a {kernels['wall_ms']:.2f} ms pass (profiled)")
+        for top in kernels["top"]:
+            print(f"  {top['ms']:8.2f} ms {top['calls']:5d}x  {top['name']}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "profile_vision_encoder.json").write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
