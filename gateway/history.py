@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from services.common.api.chat import ChatMessage, Content, ImagePart, TextPart, ToolCall
@@ -10,9 +11,7 @@ from services.common.api.chat import ChatMessage, Content, ImagePart, TextPart, 
 def message_to_dict(message: ChatMessage) -> dict[str, Any]:
     data: dict[str, Any] = {"role": message.role}
     if isinstance(message.content, tuple):
-        data["parts"] = [{"text": p.text} if isinstance(p, TextPart) else
-                         {"image_url": p.url, "detail": p.detail}
-                         for p in message.content]
+        data["parts"] = [_part_to_dict(p) for p in message.content]
     else:
         data["content"] = message.content
     if message.name:
@@ -27,12 +26,28 @@ def message_to_dict(message: ChatMessage) -> dict[str, Any]:
     return data
 
 
+def _part_to_dict(part: TextPart | ImagePart) -> dict[str, Any]:
+    if isinstance(part, TextPart):
+        return {"text": part.text}
+    if part.url:
+        return {"image_url": part.url, "detail": part.detail}
+    return {"image_data": base64.b64encode(part.data).decode(), "media_type": part.media_type,
+            "detail": part.detail}
+
+
+def _part_from_dict(part: dict[str, Any]) -> TextPart | ImagePart:
+    if "text" in part:
+        return TextPart(part["text"])
+    if "image_data" in part:
+        return ImagePart(data=base64.b64decode(part["image_data"]),
+                         media_type=part["media_type"], detail=part.get("detail", ""))
+    return ImagePart(url=part["image_url"], detail=part.get("detail", ""))   # before bytes
+
+
 def message_from_dict(data: dict[str, Any]) -> ChatMessage:
     content: Content
     if "parts" in data:
-        content = tuple(TextPart(p["text"]) if "text" in p else
-                        ImagePart(url=p["image_url"], detail=p.get("detail", ""))
-                        for p in data["parts"])
+        content = tuple(_part_from_dict(p) for p in data["parts"])
     else:
         content = data.get("content")
     return ChatMessage(

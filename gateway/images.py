@@ -1,8 +1,11 @@
-"""Images from each protocol's shape into `ImagePart` (a base64 data URL for the frontend).
+"""Images from each protocol's shape into `ImagePart`: the encoded bytes and their media type.
 
 The gateway never fetches remote URLs and never decodes pixels: imageprep decodes with its
-limits. Here we only check the shape (a `data:image/...;base64,` URL) so a wrong one fails
-early with a 400 that names the field.
+limits. It checks the shape (a `data:image/...;base64,` URL, or base64 with a media type) and
+decodes the base64 (services/common/base64_payload.py), so a wrong one fails here with a 400
+that names the field, and the image crosses the frontend and imageprep hops as bytes: three
+quarters of its base64 size (a 1.7 MB PNG's 2.3 MB data URL took ~10 ms a hop through gRPC on
+the CPU box).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import binascii
 import re
 
 from services.common.api.chat import ImagePart
+from services.common.base64_payload import decode_base64
 from services.common.errors import UnsupportedError, ValidationError
 
 _DATA_URL = re.compile(r"^data:(image/[A-Za-z0-9.+-]+);base64,", re.IGNORECASE)
@@ -21,8 +25,9 @@ _MAGIC = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"),
 
 def image_from_url(url: str, *, detail: str = "", param: str) -> ImagePart:
     """OpenAI `image_url.url` / Responses `image_url`: only base64 data URLs are accepted."""
-    if _DATA_URL.match(url):
-        return ImagePart(url=url, detail=detail or "")
+    match = _DATA_URL.match(url)
+    if match:
+        return _decoded(url[match.end():], match.group(1).lower(), param=param, detail=detail)
     if url.startswith(("http://", "https://")):
         raise UnsupportedError("remote image URLs are not fetched (Helios takes inline images "
                                "only: the gateway never downloads); send the image as a "
@@ -36,9 +41,7 @@ def image_from_base64(data: str, media_type: str, *, param: str) -> ImagePart:
     if not media_type.startswith("image/"):
         raise ValidationError(f"media_type must be an image type, not {media_type!r}",
                               param=param + ".media_type")
-    if not data:
-        raise ValidationError("image data is empty", param=param + ".data")
-    return ImagePart(url=f"data:{media_type};base64,{data}")
+    return _decoded(data, media_type, param=param + ".data")
 
 
 def sniff_media_type(data: str, *, param: str) -> str:
@@ -58,6 +61,18 @@ def sniff_media_type(data: str, *, param: str) -> str:
 
 
 def image_from_bare_base64(data: str, *, param: str) -> ImagePart:
+    """Ollama's `images`: bare base64 (the media type from its magic number) or a data URL."""
     if _DATA_URL.match(data):
-        return ImagePart(url=data)
-    return ImagePart(url=f"data:{sniff_media_type(data, param=param)};base64,{data}")
+        return image_from_url(data, param=param)
+    return _decoded(data, sniff_media_type(data, param=param), param=param)
+
+
+def _decoded(payload: str, media_type: str, *, param: str, detail: str = "") -> ImagePart:
+    """The image's bytes from its base64 payload (400 naming `param` when it is not base64)."""
+    try:
+        data = decode_base64(payload)
+    except ValueError as exc:
+        raise ValidationError(f"image data is not valid base64 ({exc})", param=param) from exc
+    if not data:
+        raise ValidationError("image data is empty", param=param)
+    return ImagePart(data=data, media_type=media_type, detail=detail or "")

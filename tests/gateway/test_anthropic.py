@@ -119,8 +119,14 @@ def test_images_as_base64_blocks(client, frontend):
                                      "data": "iVBORw0KGgo="}},
         {"type": "text", "text": "describe"}]}])
     parts = frontend.requests[-1].chat.messages[0].parts.parts
-    assert parts[0].image.url == "data:image/png;base64,iVBORw0KGgo="
+    assert (parts[0].image.url, parts[0].image.media_type) == ("", "image/png")
+    assert parts[0].image.data == b"\x89PNG\r\n\x1a\n"      # decoded: bytes cross gRPC
     assert parts[1].text == "describe"
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "iVBORw0KGgo!"}}]}])
+    assert info.value.body["error"]["message"].startswith("image data is not valid base64")
 
 
 def test_thinking_config(client, frontend):

@@ -75,11 +75,13 @@ def test_thinking_and_tool_calls(client, frontend):
     assert (sent[2].role, sent[2].text, sent[2].name) == ("tool", "3", "add")
 
 
-def test_images_are_sniffed_into_data_urls(client, frontend):
+def test_images_are_sniffed_and_decoded(client, frontend):
     client.chat(model=MODEL_ID, stream=False,
                 messages=[{"role": "user", "content": "what", "images": [PNG]}])
     parts = frontend.requests[-1].chat.messages[0].parts.parts
-    assert parts[0].image.url == "data:image/png;base64," + PNG and parts[1].text == "what"
+    assert (parts[0].image.data, parts[0].image.media_type) == (base64.b64decode(PNG),
+                                                                "image/png")
+    assert parts[1].text == "what"
     with pytest.raises(ollama.ResponseError) as info:
         client.chat(model=MODEL_ID, stream=False, messages=[
             {"role": "user", "content": "x", "images": [base64.b64encode(b"nope").decode()]}])

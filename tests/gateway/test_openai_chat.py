@@ -211,14 +211,24 @@ def test_vllm_structured_outputs_become_response_formats(client, frontend):
                                            extra_body={"structured_outputs": body})
 
 
-def test_images_go_to_the_frontend_as_data_urls(client, frontend):
-    url = "data:image/png;base64,iVBORw0KGgo="
+def test_images_go_to_the_frontend_as_bytes(client, frontend):
+    """A data URL's base64 is decoded in the gateway: the frontend (and imageprep after it)
+    get the encoded image's bytes and media type; base64 that is not gets a 400 naming it."""
+    url = "data:IMAGE/PNG;base64,iVBORw0K\r\nGgo="          # MIME line breaks are tolerated
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": [
         {"type": "text", "text": "what is this"},
         {"type": "image_url", "image_url": {"url": url, "detail": "low"}}]}])
     parts = frontend.requests[-1].chat.messages[0].parts.parts
     assert parts[0].text == "what is this"
-    assert parts[1].image.url == url and parts[1].image.detail == "low"
+    assert (parts[1].image.url, parts[1].image.data) == ("", b"\x89PNG\r\n\x1a\n")
+    assert (parts[1].image.media_type, parts[1].image.detail) == ("image/png", "low")
+    for bad in ("data:image/png;base64,iVBO!!!", "data:image/png;base64,iVBORw0KGgo=A",
+                "data:image/png;base64,"):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": bad}}]}])
+        assert info.value.body["param"] == "messages[0].content[0].image_url.url"
+        assert info.value.body["message"].startswith("image data is")
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}])
