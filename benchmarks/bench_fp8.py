@@ -3,6 +3,7 @@
     python benchmarks/bench_fp8.py --out benchmarks/out/gpu        # ~5 minutes on one H200
     python benchmarks/bench_fp8.py --smoke           # CPU check of the script (Qwen3-0.6B)
     python benchmarks/bench_fp8.py --batch1-only     # the four batch-1 rows, ~2.5 minutes
+    python benchmarks/bench_fp8.py --levels 64 --no-batch1   # C=64 only: bf16, fp8, scaled_mm
 
 Engine processes (`--load-format dummy`; weights drawn on the device, FP8 ones drawn in
 bf16 and quantized per row at load), each serving over gRPC (benchmarks/bench_serving.py's
@@ -240,14 +241,20 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch1-only", action="store_true",
                         help="only the batch-1 rows (bf16, fp8 weights, fp8 b1 tensor cores / w8a8)")
+    parser.add_argument("--levels", default="64,256",
+                        help="serving concurrencies (64: bf16, fp8, fp8 scaled_mm; 256: bf16, "
+                             "fp8 + fp8 KV); a row left with no level and no batch-1 run "
+                             "does not start")
+    parser.add_argument("--no-batch1", action="store_true", help="no batch-1 decode runs")
     parser.add_argument("--smoke", action="store_true", help="CPU check: tiny lengths")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = parser.parse_args()
-    wide = [64, 256]
+    levels = [int(level) for level in args.levels.split(",")]
+    narrow, broad = [c for c in levels if c <= 64], [c for c in levels if c > 64]
     if args.smoke:
         args.input_len, args.output_len, args.max_model_len = 8, 2, 32
         args.decode_input_len, args.decode_output_len, args.decode_requests = 8, 3, 1
-        wide = [2, 2]
+        narrow, broad = [2] if narrow else [], [3] if broad else []
     args.out.mkdir(parents=True, exist_ok=True)
     shape = "qwen3-0.6b" if args.smoke else SHAPE
     config = SHAPES[shape]
@@ -267,8 +274,10 @@ def main() -> int:
     gemm = gemm_timings(args.smoke)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_shape(shape, Path(tmp) / shape)
-        plan = ((rows[0], wide, True), (rows[1], wide[:1], True), (rows[2], wide[1:], False),
-                (rows[3], wide[:1], False))
+        batch1 = not args.no_batch1
+        plan = ((rows[0], narrow + broad, batch1), (rows[1], narrow, batch1),
+                (rows[2], broad, False), (rows[3], narrow, False))
+        plan = tuple(entry for entry in plan if entry[1] or entry[2])
         if args.batch1_only:    # no serving levels: the batch-1 rows, the opt-in kernels too
             plan = ((rows[0], [], True), (rows[1], [], True), (rows[4], [], True),
                     (rows[5], [], True))
