@@ -7,7 +7,8 @@ first token on an H100, against ~8 ms of GEMM work at the tensor cores' dense bf
 Builds the tower as benchmarks/vision_encoder.py does (random bf16 weights, the image through
 imageprep's pipeline: 3,996 patches) and reports, for each encoder attention backend:
 - `forward_ms`: the whole forward, eager (the engine's path), median of 10 synchronised runs;
-- `blocks_ms`: the 32 blocks alone (the forward's loop, its inputs laid out beforehand), eager;
+- `blocks_ms`: the 32 blocks alone (`run_blocks` over `block_inputs`, laid out beforehand),
+  eager;
 - `blocks_graph_ms`: the same loop captured once in a CUDA graph and replayed (what a graph
   at this patch count would cost; a captured pass must give the eager features' bits);
 - `kernels`: the blocks' kernels in one eager pass (torch.profiler): their count, the sum of
@@ -47,36 +48,6 @@ def _median_ms(run: Any, repeats: int = 10) -> float:
     return statistics.median(times)
 
 
-def block_inputs(tower: Any, images: list[Any]) -> tuple[torch.Tensor, ...]:
-    """What the forward's block loop reads: x, rotary, rows and the two segment layouts (the
-    forward's own preamble, up to the loop)."""
-    from services.engine.model.vision.layers import Segments
-    from services.engine.model.vision.towers import _on_device, frame_seqlens, window_layout
-
-    device, unit = tower.device, tower.config.merge_unit
-    with torch.inference_mode():
-        pixels = _on_device([image.pixel_values for image in images], device)
-        x = tower.patch_embed(pixels)
-        rotary = tower.rotary(images)
-        order, window_bounds = window_layout(images, tower.config)
-        order = order.to(device)
-        patch_order = (order[:, None] * unit + torch.arange(unit, device=device)).reshape(-1)
-        x, rotary = x[patch_order], rotary[patch_order]
-        rows = torch.arange(x.shape[0], device=device)
-        full = Segments.of(frame_seqlens(images), device, tower.attention_backend)
-        windows = Segments.of(window_bounds, device, tower.attention_backend)
-    return x, rotary, rows, full, windows
-
-
-def run_blocks(tower: Any, x: torch.Tensor, rotary: torch.Tensor, rows: torch.Tensor,
-               full: Any, windows: Any) -> torch.Tensor:
-    with torch.inference_mode():
-        for index, block in enumerate(tower.blocks):
-            x = block(x, rotary, rows,
-                      full if index in tower.config.fullatt_block_indexes else windows)
-    return x
-
-
 def kernel_profile(run: Any) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
@@ -103,19 +74,19 @@ def kernel_profile(run: Any) -> dict:
 def profile_backend(tower: Any, images: list[Any], backend: str) -> dict:
     tower.attention_backend = backend
     report: dict[str, Any] = {"forward_ms": _median_ms(lambda: tower(images))}
-    inputs = block_inputs(tower, images)
-    report["blocks_ms"] = _median_ms(lambda: run_blocks(tower, *inputs))
-    report["kernels"] = kernel_profile(lambda: run_blocks(tower, *inputs))
-    eager = run_blocks(tower, *inputs)
+    inputs = tower.block_inputs(images)
+    report["blocks_ms"] = _median_ms(lambda: tower.run_blocks(inputs))
+    report["kernels"] = kernel_profile(lambda: tower.run_blocks(inputs))
+    eager = tower.run_blocks(inputs)
     try:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            run_blocks(tower, *inputs)                   # warm on the capture stream
+            tower.run_blocks(inputs)                     # warm on the capture stream
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            captured = run_blocks(tower, *inputs)
+            captured = tower.run_blocks(inputs)
         graph.replay()
         torch.cuda.synchronize()
         report["graph_equal"] = bool(torch.equal(captured, eager))

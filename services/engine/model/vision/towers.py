@@ -22,6 +22,7 @@ merger concatenates each 2x2 merge block (norm, then MLP with an exact GELU) int
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -152,10 +153,30 @@ def _on_device(parts: Sequence[torch.Tensor | RawPixels], device: torch.device
     return torch.cat([on_device(part, device) for part in parts])
 
 
+@dataclass(frozen=True, slots=True)
+class BlockInputs:
+    """What Qwen2.5-VL's blocks read, laid out once per pass: the embedded patches and their
+    rotary rows in window order, the row indices, both attention layouts, and the merged
+    tokens' window order (to put the features back in image order)."""
+
+    x: torch.Tensor             # [N, E]
+    rotary: torch.Tensor        # [N, D]
+    rows: torch.Tensor          # int64 [N]: 0..N-1
+    full: Segments              # whole images (the fullatt_block_indexes blocks)
+    windows: Segments           # windows (the other blocks)
+    order: torch.Tensor         # int64 [M]: merged tokens, window order -> image order
+
+
 class Qwen2_5_VisionTower(VisionTower):
     @torch.inference_mode()
     def forward(self, images: Sequence[VisionInput]) -> list[ImageFeatures]:
         self.check(images)
+        inputs = self.block_inputs(images)
+        merged = self.merger(self.run_blocks(inputs))[torch.argsort(inputs.order)]
+        return [ImageFeatures(f) for f in self.split(merged, images)]
+
+    @torch.inference_mode()
+    def block_inputs(self, images: Sequence[VisionInput]) -> BlockInputs:
         device, unit = self.device, self.config.merge_unit
         pixels = _on_device([image.pixel_values for image in images], device)
         x = self.patch_embed(pixels)                                      # [N, E]
@@ -163,15 +184,21 @@ class Qwen2_5_VisionTower(VisionTower):
         order, window_bounds = window_layout(images, self.config)
         order = order.to(device)
         patch_order = (order[:, None] * unit + torch.arange(unit, device=device)).reshape(-1)
-        x, rotary = x[patch_order], rotary[patch_order]
-        rows = torch.arange(x.shape[0], device=device)
-        full = Segments.of(frame_seqlens(images), device, self.attention_backend)
-        windows = Segments.of(window_bounds, device, self.attention_backend)
+        return BlockInputs(x[patch_order], rotary[patch_order],
+                           torch.arange(x.shape[0], device=device),
+                           Segments.of(frame_seqlens(images), device, self.attention_backend),
+                           Segments.of(window_bounds, device, self.attention_backend), order)
+
+    @torch.inference_mode()
+    def run_blocks(self, inputs: BlockInputs) -> torch.Tensor:
+        """The blocks over `inputs` (pure device work: benchmarks/profile_vision_encoder.py
+        captures it in a CUDA graph) -> [N, E] in window order."""
+        x = inputs.x
         for index, block in enumerate(self.blocks):
-            x = block(x, rotary, rows,
-                      full if index in self.config.fullatt_block_indexes else windows)
-        merged = self.merger(x)[torch.argsort(order)]                     # image order
-        return [ImageFeatures(f) for f in self.split(merged, images)]
+            x = block(x, inputs.rotary, inputs.rows,
+                      inputs.full if index in self.config.fullatt_block_indexes
+                      else inputs.windows)
+        return x
 
 
 class Qwen3VisionTower(VisionTower):
