@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from services.common.errors import ValidationError
-from services.engine.kernels.activation import gated_activation, gelu_tanh_and_mul, silu_and_mul
+from services.engine.kernels.activation import gelu_tanh_and_mul, silu_and_mul
 from services.engine.kernels.common import (
     cdiv,
     check_float,
@@ -60,6 +60,7 @@ from services.engine.kernels.skinny_linear import (
     launch,
     plan_linear,
     plan_rows,
+    store_row_tiles,
 )
 from services.engine.model.fp8 import FP8_DTYPE, Fp8Weight
 
@@ -235,17 +236,8 @@ def _w8a8_rows_kernel(
         acc = acc * tl.load(ws_ptr + n, mask=n_mask, other=0.0)[:, None]
         if ACTIVATION != "none":
             acc_up = acc_up * tl.load(ws_ptr + up_offset + n, mask=n_mask, other=0.0)[:, None]
-    y = acc
-    if HAS_BIAS:
-        y += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-    if ACTIVATION != "none":
-        up = acc_up
-        if HAS_BIAS:
-            up += tl.load(b_ptr + up_offset + n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        y = gated_activation(y.to(act_dtype).to(tl.float32), up.to(act_dtype).to(tl.float32),
-                             ACTIVATION)
-    out = out_ptr + m.to(tl.int64)[None, :] * stride_o + n[:, None]
-    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
+    store_row_tiles(acc, acc_up, b_ptr, out_ptr, n, n_mask, m, m_mask, up_offset, stride_o,
+                    act_dtype, HAS_BIAS, ACTIVATION)
 
 
 def _check(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> None:

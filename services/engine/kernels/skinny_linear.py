@@ -326,7 +326,18 @@ def _skinny_rows_kernel(
         rstd = 1.0 / tl.sqrt(tl.sum(sum_sq, axis=1) / k_dim + eps)   # [BM]
         acc = acc * rstd[None, :]
         acc_up = acc_up * rstd[None, :]
-    y = acc                                                            # [BN, BM]
+    store_row_tiles(acc, acc_up, b_ptr, out_ptr, n, n_mask, m, m_mask, up_offset, stride_o,
+                    act_dtype, HAS_BIAS, ACTIVATION)
+
+
+@triton.jit
+def store_row_tiles(acc, acc_up, b_ptr, out_ptr, n, n_mask, m, m_mask, up_offset, stride_o,
+                    act_dtype: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
+    """The rows kernels' epilogue (here and fp8_layers' W8A8 one): the fp32 sums [BN, BM] of
+    output features n by token rows m, plus the bias; with a gated ACTIVATION, act(gate) * up
+    over the gate (acc) and up (acc_up) halves, each rounded to the activations' dtype as the
+    unfused path rounds them; stored transposed into out [rows, n_out]."""
+    y = acc
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
     if ACTIVATION != "none":
