@@ -212,12 +212,12 @@ class LinearCase:
                 self.out.copy_(self.wide)
 
     def skinny(self, plan: Any) -> None:
-        from services.engine.kernels.skinny_linear import _launch
+        from services.engine.kernels.skinny_linear import launch
 
         for w in self.weights:
-            _launch(self.x, self.res if self.normed else None,
-                    self.norm_w if self.normed else None, 1e-6, w, None, self.out,
-                    self.res_out if self.normed else None, "silu" if self.silu else None, plan)
+            launch(self.x, self.res if self.normed else None,
+                   self.norm_w if self.normed else None, 1e-6, w, None, self.out,
+                   self.res_out if self.normed else None, "silu" if self.silu else None, plan)
 
 
 def bench_linear(shape: str, device: torch.device, args) -> list[dict]:
@@ -239,7 +239,8 @@ def bench_linear(shape: str, device: torch.device, args) -> list[dict]:
             row: dict[str, Any] = {"shape": shape, "proj": name, "m": m, "n": n, "k": k,
                                    "sets": sets, "cublas_us": base / sets * 1e6,
                                    "cublas_gb_s": weight_bytes / (base / sets) / 1e9}
-            default = plan_linear(n // 2 if case.silu else n, k, m, sms, case.silu)
+            default = plan_linear(n // 2 if case.silu else n, k, m, sms, case.silu,
+                                  case.normed)
             plans = {default, *(LinearPlan(bn, bk, w) for bn, bk, w in args.plans)} if m == 1 \
                 else {default, *(LinearPlan(bn, bk, w, 16, st) for bn, bk, w, st in args.row_plans)}
             best: tuple[str, float] | None = None

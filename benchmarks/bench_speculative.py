@@ -4,6 +4,8 @@ against speculation off in the same run.
     python benchmarks/bench_speculative.py --out benchmarks/out/gpu
     python benchmarks/bench_speculative.py --smoke        # CPU check of the script (tiny shape;
                                                           # also what runs without CUDA)
+    python benchmarks/bench_speculative.py --acceptances 0.7 --widths 4 --batch 0 \
+        --no-repeat --no-eagle3 --profile     # the a=0.7 k=4 row and its kernels alone
 
 Random weights accept no real drafts, so the mechanism is measured with an oracle proposer:
 it offers the target's own greedy continuation (recorded by the plain run of the same
@@ -384,6 +386,12 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64, help="switch-off check (0: skip)")
     parser.add_argument("--batch-input-len", type=int, default=1024)
     parser.add_argument("--batch-output-len", type=int, default=1024)
+    parser.add_argument("--acceptances", default=",".join(map(str, ACCEPTANCES)),
+                        help="the oracle rows' acceptance rates a (comma-separated)")
+    parser.add_argument("--widths", default=",".join(map(str, WIDTHS)),
+                        help="the oracle rows' widths k (comma-separated)")
+    parser.add_argument("--no-repeat", dest="repeat", action="store_false",
+                        help="skip the copy-proposal rows on a repeated block")
     parser.add_argument("--no-eagle3", dest="eagle3", action="store_false",
                         help="skip the EAGLE-3 head rows")
     parser.add_argument("--smoke", action="store_true", help="CPU check: a tiny shape")
@@ -392,6 +400,8 @@ def main() -> int:
                              "run each under torch.profiler (profile.json)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = parser.parse_args()
+    acceptances = [float(a) for a in args.acceptances.split(",")]
+    widths = [int(k) for k in args.widths.split(",")]
     import torch
 
     if not torch.cuda.is_available() and not args.smoke:
@@ -413,7 +423,7 @@ def main() -> int:
         model_dir = write_shape(args.shape, Path(tmp) / args.shape)
         (model_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         engine = _build(model_dir, args, speculative_method="ngram",
-                        num_speculative_tokens=max(WIDTHS))
+                        num_speculative_tokens=max(widths))
         make_repeating(engine.runner.model)
         proposer_off = engine.scheduler.state.config.proposer
         vocab = engine.scheduler.limits.vocab_size     # the tokenizer's ids (no padding rows)
@@ -438,8 +448,8 @@ def main() -> int:
                 "drafter_forward_ms": round(1e3 * getattr(drafter, "forward_s", 0.0), 3),
                 "same_as_plain_until": _agree(tokens["o"], reference)})
 
-        for acceptance in ACCEPTANCES:
-            for width in WIDTHS:
+        for acceptance in acceptances:
+            for width in widths:
                 oracle = Oracle({tuple(prompt): reference}, acceptance, width, vocab, seed=width)
                 results.append(oracle_row(f"oracle a={acceptance} k={width}", oracle,
                                           acceptance, width))
@@ -452,17 +462,19 @@ def main() -> int:
         # token, so every copy is right: the real proposer's ceiling)
         block = [rng.randrange(vocab) for _ in range(args.input_len // 4)]
         repeated = block * 4
-        _with_proposer(engine, None)
-        _reset(engine)
-        plain_rep, plain_s, _ = _serve(engine, [_request("rep-off", repeated, args.output_len)])
-        off_row = _row("repeat, off", engine, plain_rep, plain_s, 0.0, {})
-        results.append(off_row)
-        _with_proposer(engine, proposer_off)
-        _reset(engine)
-        rep, rep_s, _ = _serve(engine, [_request("rep", repeated, args.output_len)])
-        results.append(_row(f"repeat, ngram k={max(WIDTHS)}", engine, rep, rep_s,
-                            off_row["tok_s"],
-                            {"same_as_plain_until": _agree(rep["rep"], plain_rep["rep-off"])}))
+        if args.repeat:
+            _with_proposer(engine, None)
+            _reset(engine)
+            plain_rep, plain_s, _ = _serve(engine, [_request("rep-off", repeated,
+                                                             args.output_len)])
+            off_row = _row("repeat, off", engine, plain_rep, plain_s, 0.0, {})
+            results.append(off_row)
+            _with_proposer(engine, proposer_off)
+            _reset(engine)
+            rep, rep_s, _ = _serve(engine, [_request("rep", repeated, args.output_len)])
+            results.append(_row(f"repeat, ngram k={max(widths)}", engine, rep, rep_s,
+                                off_row["tok_s"], {"same_as_plain_until": _agree(
+                                    rep["rep"], plain_rep["rep-off"])}))
         if args.batch:
             # three prompt sets that share no prefix (no run reuses another's KV): this
             # target's continuation is its prompt's last token, whatever comes before it
