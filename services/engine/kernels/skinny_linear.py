@@ -62,6 +62,7 @@ from services.engine.kernels.norm import row_rstd
 from services.engine.kernels.pdl import (
     launch_options,
     let_next_launch,
+    rows_trigger,
     wait_for_previous_grids,
     wait_only,
 )
@@ -146,16 +147,32 @@ def plan_rows(n_out: int, k: int, gated: bool, normed: bool, elem_bytes: int = 2
         block_k, stages = 256, 3 if normed else 5
     block_n, block_m = 64, 16
     block_k = min(block_k, max(16, next_power_of_2(k)))
-    # wider elements (fp32) fit the shared memory with fewer stages, then narrower steps:
-    # each stage holds the weight tile(s) and the rows (and residual) of one step
-    per_k = elem_bytes * (block_n * (2 if gated else 1) + block_m * (2 if normed else 1))
-    while stages * block_k * per_k > SHARED_BYTES and block_k > 16:
+    # wider elements (fp32) fit the shared memory with fewer stages, then narrower steps
+    while stages * block_k * _row_step_bytes(block_n, block_m, gated, normed, elem_bytes) \
+            > SHARED_BYTES and block_k > 16:
         if stages > 3:
             stages = 3
         else:
             block_k //= 2
     return LinearPlan(block_n=block_n, block_k=block_k, num_warps=4, block_m=block_m,
                       num_stages=stages)
+
+
+def _row_step_bytes(block_n: int, block_m: int, gated: bool, normed: bool,
+                    elem_bytes: int) -> int:
+    """Shared memory per reduction element of one pipeline stage of the tl.dot kernel: the
+    weight tile(s) and the rows (and residual) of one step."""
+    return elem_bytes * (block_n * (2 if gated else 1) + block_m * (2 if normed else 1))
+
+
+def resident_programs(plan: LinearPlan, num_sms: int, gated: bool, normed: bool,
+                      elem_bytes: int = 2) -> int:
+    """How many of the tl.dot kernel's programs the device holds at once, by shared memory
+    (the pipeline's stages): 1 a multiprocessor for 64 x 256 in 5 stages, 2 for gate + up's
+    64 x 64 in 5."""
+    stage = plan.block_k * _row_step_bytes(plan.block_n, plan.block_m, gated, normed,
+                                           elem_bytes)
+    return num_sms * max(1, SHARED_BYTES // (plan.num_stages * stage))
 
 
 @triton.jit
@@ -247,7 +264,7 @@ def _skinny_rows_kernel(
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
-    W_SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+    W_SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, EARLY_NEXT: tl.constexpr,
 ):
     # The few-rows twin of _skinny_linear_kernel: each program streams its BLOCK_N weight rows
     # once for BLOCK_M token rows, tl.dot of the weight tile with the transposed row tile (the
@@ -267,7 +284,13 @@ def _skinny_rows_kernel(
     kk = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w               # [BN, 1]
     up_rows = w_rows + up_offset * stride_w
-    wait_only(PDL)   # the next kernel launches only after this one's sums (let_next_launch)
+    # PDL: the next kernel launches once every program of this one has waited (EARLY_NEXT:
+    # the whole grid is resident, so the next one's programs take only room this one leaves)
+    # or has its sums (a grid larger than the device: the next kernel's programs, launched
+    # early, would hold the room this one's later programs need)
+    wait_only(PDL)
+    if EARLY_NEXT:
+        let_next_launch(PDL)
     act_dtype = x_ptr.dtype.element_ty
     m64 = m.to(tl.int64)[:, None]                                      # [BM, 1]
     x_rows = x_ptr + m64 * stride_x
@@ -317,7 +340,8 @@ def _skinny_rows_kernel(
                 acc_up += tl.dot(u, a_t, input_precision=DOT_PRECISION) * s_u[:, None]
             else:
                 acc_up = tl.dot(u, a_t, acc_up, input_precision=DOT_PRECISION)
-    let_next_launch(PDL)
+    if not EARLY_NEXT:
+        let_next_launch(PDL)
     if W_SCALE == "channel":
         acc = acc * tl.load(ws_ptr + n, mask=n_mask, other=0.0)[:, None]
         if ACTIVATION != "none":
@@ -421,9 +445,14 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Te
     # on CUDA 16-bit operands go to the MMA as they are (fp32 accumulation either way)
     interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     precision = "ieee" if x.dtype == torch.float32 or interpreted else "tf32"
-    _skinny_rows_kernel[(cdiv(n_out, plan.block_n), cdiv(rows, plan.block_m))](
+    grid = (cdiv(n_out, plan.block_n), cdiv(rows, plan.block_m))
+    early = flags["PDL"] and rows_trigger() == "auto" and grid[0] * grid[1] <= \
+        resident_programs(plan, sm_count(x.device), activation is not None,
+                          norm_weight is not None, x.element_size())
+    _skinny_rows_kernel[grid](
         *pointers, scales, rows, *sizes, scale_stride,
-        BLOCK_M=plan.block_m, NUM_STAGES=plan.num_stages, DOT_PRECISION=precision, **flags)
+        BLOCK_M=plan.block_m, NUM_STAGES=plan.num_stages, DOT_PRECISION=precision,
+        EARLY_NEXT=early, **flags)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
