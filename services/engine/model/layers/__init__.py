@@ -6,9 +6,10 @@ layer of the Llama family."""
 from services.engine.model.layers.attention import Attention
 from services.engine.model.layers.decoder import PreNormDecoderLayer
 from services.engine.model.layers.embedding import Embedding
-from services.engine.model.layers.linear import Linear, PackedLinear
+from services.engine.model.layers.linear import Linear, PackedLinear, PaddedLinear
 from services.engine.model.layers.mlp import GatedMLP
 from services.engine.model.layers.norm import RMSNorm
 
 __all__ = ["Attention", "Embedding", "GatedMLP", "Linear", "PackedLinear",
+           "PaddedLinear",
            "PreNormDecoderLayer", "RMSNorm"]

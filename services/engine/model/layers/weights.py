@@ -53,6 +53,19 @@ def packed_loader(shards: Mapping[str, tuple[int, int]]) -> WeightLoader:
     return load
 
 
+def leading_block_loader(shape: tuple[int, ...]) -> WeightLoader:
+    """The tensor (of `shape`) fills the parameter's leading block, [:rows] or [:rows, :cols];
+    the rest of the parameter is zeroed (padding)."""
+
+    def load(param: nn.Parameter, tensor: torch.Tensor, shard: str | None) -> None:
+        _check_shape(tensor, shape)
+        block = tuple(slice(0, n) for n in shape)
+        param.data.zero_()
+        param.data[block].copy_(tensor)
+
+    return load
+
+
 def offset_loader(offset: float) -> WeightLoader:
     """Stores `tensor + offset`, computed in float32 (Gemma's norms scale by 1 + w)."""
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.engine.model import ops
-from services.engine.model.layers import Linear, PackedLinear, RMSNorm
+from services.engine.model.layers import Linear, PackedLinear, PaddedLinear, RMSNorm
 from services.engine.model.layers.weights import parameter
 from services.engine.model.vision.config import VisionConfig
 from services.engine.model.vision.encoder_attention import (
@@ -173,6 +173,16 @@ class VisionAttention(nn.Module):
         return self.proj(out.reshape(n, -1))
 
 
+def aligned_width(features: int) -> int:
+    """The MLP's intermediate width as the encoder stores it: unchanged when a multiple of 8,
+    else padded to a multiple of 64. Qwen2.5-VL's 3,420 leaves the activation's rows and the
+    down projection's weight off 16-byte alignment, where cuBLAS falls back to an sm80 kernel
+    at half the speed of its Hopper ones (6.25 ms of a 23 ms encoder pass on an H200,
+    RESULTS.md 2026-12-06, eighth session). The padding is zeros (act(0) * 0 = 0 and zero
+    weights: the same sums); dummy weights draw random values there like everywhere else."""
+    return features if features % 8 == 0 else -(-features // 64) * 64
+
+
 class GatedVisionMLP(nn.Module):
     """Qwen2.5-VL's block MLP: act(gate) * up -> down, every projection with a bias."""
 
@@ -182,8 +192,9 @@ class GatedVisionMLP(nn.Module):
         inter, hidden = config.intermediate_size, config.hidden_size
         self.activation = config.activation
         self.gate_up_proj = PackedLinear(hidden, {"gate": inter, "up": inter}, bias=True,
-                                         device=device, dtype=dtype)
-        self.down_proj = Linear(inter, hidden, bias=True, device=device, dtype=dtype)
+                                         device=device, dtype=dtype, slot=aligned_width)
+        self.down_proj = PaddedLinear(inter, hidden, bias=True, device=device, dtype=dtype,
+                                      padded_in=aligned_width(inter))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -191,15 +202,19 @@ class GatedVisionMLP(nn.Module):
 
 
 class PlainVisionMLP(nn.Module):
-    """Qwen3-VL's block MLP: fc1 -> act -> fc2."""
+    """Qwen3-VL's block MLP: fc1 -> act -> fc2 (the intermediate padded as `aligned_width`
+    says: fc1's extra rows and bias are zero, so act(0) = 0 meets fc2's zero columns)."""
 
     def __init__(self, config: VisionConfig, *, device: torch.device | str,
                  dtype: torch.dtype) -> None:
         super().__init__()
         inter, hidden = config.intermediate_size, config.hidden_size
         self.activation = config.activation
-        self.linear_fc1 = Linear(hidden, inter, bias=True, device=device, dtype=dtype)
-        self.linear_fc2 = Linear(inter, hidden, bias=True, device=device, dtype=dtype)
+        width = aligned_width(inter)
+        self.linear_fc1 = PaddedLinear(hidden, inter, bias=True, device=device, dtype=dtype,
+                                       padded_out=width)
+        self.linear_fc2 = PaddedLinear(inter, hidden, bias=True, device=device, dtype=dtype,
+                                       padded_in=width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(activate(self.linear_fc1(x), self.activation))

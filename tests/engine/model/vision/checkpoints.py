@@ -57,14 +57,16 @@ SPECS: dict[str, VisionSpec] = {spec.name: spec for spec in (
                "qwen2_5_vl",
                {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                     "mrope_section": [2, 3, 3]}},
-               {"depth": 3, "hidden_size": 32, "intermediate_size": 48, "num_heads": 2,
+               # intermediate widths not a multiple of 8 (as the real 3,420): the
+               # encoder pads them to 64 (vision/layers.py aligned_width)
+               {"depth": 3, "hidden_size": 32, "intermediate_size": 36, "num_heads": 2,
                 "out_hidden_size": 64, "patch_size": 14, "spatial_merge_size": 2,
                 "temporal_patch_size": 2, "window_size": 112, "fullatt_block_indexes": [1]}),
     VisionSpec("qwen3_vl", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "qwen3_vl",
                {"head_dim": 16, "rope_parameters": {
                    "rope_type": "default", "rope_theta": 5000.0, "mrope_section": [2, 3, 3],
                    "mrope_interleaved": True}},
-               {"depth": 3, "hidden_size": 32, "intermediate_size": 48, "num_heads": 2,
+               {"depth": 3, "hidden_size": 32, "intermediate_size": 52, "num_heads": 2,
                 "out_hidden_size": 64, "patch_size": 16, "spatial_merge_size": 2,
                 "temporal_patch_size": 2, "num_position_embeddings": 2304,
                 "deepstack_visual_indexes": [0, 1]}, seed=1),
