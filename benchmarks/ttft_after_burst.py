@@ -1,0 +1,124 @@
+"""Does a burst of concurrent requests leave the stack slower for the next lone request? TTFT
+at c=1 through HTTP and through the engine's gRPC, before and after bursts.
+
+    python benchmarks/ttft_after_burst.py                      # the CPU demo (helios run --demo)
+    python benchmarks/ttft_after_burst.py --serve CORE --config YAML --model NAME   # a GPU stack
+
+Why: on an H200 bench_serving's c=1 row, which runs right after a warm-up of 256 concurrent
+requests, gave an HTTP TTFT of 21.5 ms over the engine's 9.6 (RESULTS.md 2026-12-06, eighth
+session), where a dedicated c=1 run on an H200 had given 13.6 over 9.5 (second session). Each
+round: `--prompts` lone requests on each path (TTFT p50 / p90), then `--burst` requests at
+once (`--burst-input-len` prompts, `--burst-output-len` tokens each) through HTTP. A TTFT
+that grows round over round points at state the bursts leave behind. Writes
+ttft_after_burst.json under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_serving import (
+    engine_request,
+    http_request,
+    random_prompt,
+    run_level,
+    serve_stack,
+)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _measure(args: argparse.Namespace, engine: str, url: str) -> list[dict]:
+    import httpx
+
+    from services.common.grpc_client import open_channel
+    from services.common.pb import engine_pb2_grpc
+
+    rng = random.Random(0)
+    channel = open_channel(engine)
+    stub = engine_pb2_grpc.EngineStub(channel)
+    client = httpx.AsyncClient(timeout=httpx.Timeout(600.0),
+                               limits=httpx.Limits(max_connections=args.burst + 8))
+    paths = {"http": lambda p: http_request(client, url, args.model, p, args.output_len),
+             "engine": lambda p: engine_request(stub, p, args.output_len)}
+    rows: list[dict] = []
+    try:
+        for send in paths.values():       # first use of each path (connections, caches)
+            await run_level(send, 1, [random_prompt(rng, args.input_len, args.vocab_limit)
+                                      for _ in range(3)])
+        for round_index in range(args.rounds + 1):
+            row: dict = {"round": round_index, "bursts_before": round_index}
+            for name, send in paths.items():
+                prompts = [random_prompt(rng, args.input_len, args.vocab_limit)
+                           for _ in range(args.prompts)]
+                results, _ = await run_level(send, 1, prompts)
+                ttft = [1e3 * r.ttft_s for r in results if r.ok]
+                row[name] = {"p50": round(statistics.median(ttft), 2),
+                             "p90": round(_percentile(ttft, 0.9), 2),
+                             "failed": sum(not r.ok for r in results)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if round_index == args.rounds:
+                break
+            burst = [random_prompt(rng, args.burst_input_len, args.vocab_limit)
+                     for _ in range(args.burst)]
+            results, duration = await run_level(
+                lambda p: http_request(client, url, args.model, p, args.burst_output_len),
+                args.burst, burst)
+            print(f"burst {round_index + 1}: {len(burst)} requests in {duration:.2f} s, "
+                  f"{sum(not r.ok for r in results)} failed", flush=True)
+    finally:
+        await client.aclose()
+        await channel.close()
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--serve", type=Path, help="a model core to serve (default: the demo)")
+    parser.add_argument("--config", type=Path)
+    parser.add_argument("--model", default="helios-demo", help="model name for HTTP requests")
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--burst", type=int, default=64)
+    parser.add_argument("--burst-input-len", type=int, default=256)
+    parser.add_argument("--burst-output-len", type=int, default=16)
+    parser.add_argument("--vocab-limit", type=int, default=32000)
+    parser.add_argument("--startup-timeout", type=float, default=600.0)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    args = parser.parse_args()
+    from tests.support.processes import HeliosRun
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.serve is None:
+            stack = HeliosRun.start_demo(Path(tmp))
+        else:
+            stack = serve_stack(args.serve, args.config, Path(tmp) / "helios-run.log",
+                                args.startup_timeout)
+        with stack as run:
+            rows = asyncio.run(_measure(args, run.addresses["engine"], run.url))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ttft_after_burst.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"{'bursts before':>14}{'http p50':>10}{'p90':>8}{'engine p50':>12}{'p90':>8}")
+    for row in rows:
+        print(f"{row['bursts_before']:>14}{row['http']['p50']:>10}{row['http']['p90']:>8}"
+              f"{row['engine']['p50']:>12}{row['engine']['p90']:>8}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
