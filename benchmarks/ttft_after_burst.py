@@ -79,6 +79,7 @@ async def _measure(args: argparse.Namespace, engine: str, url: str) -> list[dict
                 args.burst, burst)
             print(f"burst {round_index + 1}: {len(burst)} requests in {duration:.2f} s, "
                   f"{sum(not r.ok for r in results)} failed", flush=True)
+            await asyncio.sleep(args.settle)
     finally:
         await client.aclose()
         await channel.close()
@@ -98,6 +99,8 @@ def main() -> int:
     parser.add_argument("--burst-input-len", type=int, default=256)
     parser.add_argument("--burst-output-len", type=int, default=16)
     parser.add_argument("--vocab-limit", type=int, default=32000)
+    parser.add_argument("--settle", type=float, default=0.0,
+                        help="seconds to wait after each burst before the lone requests")
     parser.add_argument("--startup-timeout", type=float, default=600.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = parser.parse_args()
