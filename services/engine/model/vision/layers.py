@@ -42,6 +42,7 @@ class Segments:
     offset: torch.Tensor | None = None      # int64 [N]
     keys: torch.Tensor | None = None        # bool [S, 1, 1, L]
     paged: PagedSegments | None = None      # the triton backend's layout (else SDPA)
+    flat: torch.Tensor | None = None        # int64 [N]: segment * longest + offset
 
     @classmethod
     def of(cls, cu_seqlens: Sequence[int], device: torch.device | str,
@@ -58,7 +59,7 @@ class Segments:
         longest = max(lengths)
         keys = torch.arange(longest)[None, :] < sizes[:, None]
         return cls(len(lengths), longest, segment.to(device), offset.to(device),
-                   keys[:, None, None, :].to(device))
+                   keys[:, None, None, :].to(device), flat=(segment * longest + offset).to(device))
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -75,12 +76,16 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
         out = F.scaled_dot_product_attention(batched(q), batched(k), batched(v), scale=scale)
         return out.transpose(1, 2).reshape(num_rows, heads, dim)
-    segment, offset = segments.segment, segments.offset
+    segment, offset, flat = segments.segment, segments.offset, segments.flat
+    assert flat is not None
     padded = []
     for x in (q, k, v):
-        buffer = x.new_zeros(segments.count, segments.longest, heads, dim)
-        buffer[segment, offset] = x
-        padded.append(buffer.transpose(1, 2))                        # [S, H, L, D]
+        # rows copied along one dim (an index_put over (segment, offset) took 31 us a tensor
+        # for the 7B's 3,996 patches on an H200: 2.6 ms of a 23 ms pass)
+        buffer = x.new_zeros(segments.count * segments.longest, heads, dim)
+        buffer.index_copy_(0, flat, x)
+        padded.append(buffer.view(segments.count, segments.longest, heads, dim)
+                      .transpose(1, 2))                              # [S, H, L, D]
     out = F.scaled_dot_product_attention(padded[0], padded[1], padded[2],
                                          attn_mask=segments.keys,
                                          scale=scale)                # [S, H, L, D]
