@@ -172,9 +172,12 @@ class VisionAttention(nn.Module):
                 segments: Segments) -> torch.Tensor:
         """x [N, hidden], rotary [N, D] (rows: 0..N-1) -> [N, hidden]."""
         n = x.shape[0]
-        q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
-        q, k = ops.apply_rotary(q.contiguous(), k.contiguous(), rows, rotary, True)
-        out = varlen_attention(q, k, v.contiguous(), segments, self.head_dim ** -0.5)
+        # one copy lays q, k and v out contiguously (three .contiguous() calls were three
+        # kernels a block)
+        q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).transpose(0, 1) \
+            .contiguous().unbind(0)
+        q, k = ops.apply_rotary(q, k, rows, rotary, True)
+        out = varlen_attention(q, k, v, segments, self.head_dim ** -0.5)
         return self.proj(out.reshape(n, -1))
 
 
@@ -202,7 +205,10 @@ class GatedVisionMLP(nn.Module):
                                       padded_in=aligned_width(inter))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.activation in ops.GATED_ACTIVATIONS:     # one kernel on CUDA (the decoder's)
+            return self.down_proj(ops.gated_activation(gate_up, self.activation))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(activate(gate, self.activation) * up)
 
 
