@@ -60,8 +60,8 @@ from services.engine.kernels.skinny_linear import (
     launch,
     plan_linear,
     plan_rows,
-    store_row_tiles,
 )
+from services.engine.kernels.skinny_rows import store_row_tiles
 from services.engine.model.fp8 import FP8_DTYPE, Fp8Weight
 
 MAX_ROWS = 1
@@ -136,7 +136,7 @@ def _w8a8_rows_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
     NUM_STAGES: tl.constexpr, SCALE_BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
-    # W8A8 for a few rows: skinny_linear's _skinny_rows_kernel layout (each program streams
+    # W8A8 for a few rows: skinny_rows' _skinny_rows_kernel layout (each program streams
     # BLOCK_N weight rows once for BLOCK_M token rows, weights on the MMA's wide side), the
     # rows' (normed) activations quantized to e4m3 exactly as fp8_quant.py quantizes them for
     # the GEMM path: KIND "token" one scale a row (its amax), "group" one a row and 128

@@ -81,10 +81,9 @@ class PaddedLinear(Linear):
             raise ValueError(f"padding ({padded_out}, {padded_in}) below the projection's "
                              f"({out_features}, {in_features})")
         super().__init__(padded_in, padded_out, bias=bias, device=device, dtype=dtype)
-        self.weight.data.zero_()
+        # the loaders zero the padding as they fill the block
         self.weight.weight_loader = leading_block_loader(   # type: ignore[attr-defined]
             (out_features, in_features))
         if self.bias is not None:
-            self.bias.data.zero_()
             self.bias.weight_loader = leading_block_loader(     # type: ignore[attr-defined]
                 (out_features,))
