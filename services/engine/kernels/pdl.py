@@ -20,7 +20,7 @@ to 200 KiB of shared memory, and a trigger before the wait let every kernel down
 launch early, each crowding the kernel still running (the Qwen3-8B batch-4 step: 5.50 ms with
 that trigger, 4.93 without PDL, 4.68 with the trigger after the sums; RESULTS.md 2026-12-04,
 later session). A grid the device holds whole triggers right after its wait, so only one
-kernel waits ahead; a larger one triggers after its sums (skinny_linear's EARLY_NEXT).
+kernel waits ahead; a larger one triggers after its sums (skinny_rows' EARLY_NEXT).
 
 The contract every PDL kernel keeps: before `wait_for_previous_grids` it reads only memory no
 kernel of the step writes (weights), and writes nothing; every program executes the wait
