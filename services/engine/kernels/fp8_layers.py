@@ -61,7 +61,7 @@ from services.engine.kernels.skinny_linear import (
     plan_linear,
     plan_rows,
 )
-from services.engine.kernels.skinny_rows import store_row_tiles
+from services.engine.kernels.skinny_rows import row_tile, store_row_tiles
 from services.engine.model.fp8 import FP8_DTYPE, Fp8Weight
 
 MAX_ROWS = 1
@@ -146,13 +146,8 @@ def _w8a8_rows_kernel(
     # ONE_ROW (batch 1): the norm and the quantization run on the row as a [BLOCK_K] vector
     # and a select places it in the MMA's 16-row tile, so the 15 padding rows cost no math.
     pid_n = tl.program_id(0)
-    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_mask = m < rows
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n < n_out
-    kk = tl.arange(0, BLOCK_K)
-    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w                # [BN, 1]
-    up_rows = w_rows + up_offset * stride_w
+    m, m_mask, n, n_mask, kk, w_rows, up_rows = row_tile(
+        rows, n_out, w_ptr, up_offset, stride_w, BLOCK_M, BLOCK_N, BLOCK_K)
     wait_only(PDL)
     act_dtype = x_ptr.dtype.element_ty
     fp8 = w_ptr.dtype.element_ty

@@ -14,6 +14,19 @@ from services.engine.kernels.pdl import let_next_launch, wait_only
 
 
 @triton.jit
+def row_tile(rows, n_out, w_ptr, up_offset, stride_w, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A rows kernel's program tile (here and fp8_layers' W8A8 one): its token rows m and
+    output features n with their masks, the K offsets of one step, and the pointers to its
+    BLOCK_N weight rows (and, for a gated weight, their up rows)."""
+    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w               # [BN, 1]
+    return (m, m < rows, n, n < n_out, tl.arange(0, BLOCK_K), w_rows,
+            w_rows + up_offset * stride_w)
+
+
+@triton.jit
 def _skinny_rows_kernel(
     x_ptr, res_ptr, norm_w_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr, ws_ptr,
     rows, n_out, k_dim, up_offset, eps,
@@ -34,13 +47,8 @@ def _skinny_rows_kernel(
     # activations' dtype (exact) for the MMA; a row's scale multiplies its sums at the end,
     # a 128x128 block's scale each K step's partial sums (BLOCK_K divides SCALE_BLOCK)
     pid_n = tl.program_id(0)
-    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_mask = m < rows
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n < n_out
-    kk = tl.arange(0, BLOCK_K)
-    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w               # [BN, 1]
-    up_rows = w_rows + up_offset * stride_w
+    m, m_mask, n, n_mask, kk, w_rows, up_rows = row_tile(
+        rows, n_out, w_ptr, up_offset, stride_w, BLOCK_M, BLOCK_N, BLOCK_K)
     # PDL: the next kernel launches once every program of this one has waited (EARLY_NEXT:
     # the whole grid is resident, so the next one's programs take only room this one leaves)
     # or has its sums (a grid larger than the device: the next kernel's programs, launched
