@@ -36,6 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import gc_pauses
+
 
 @dataclass
 class RequestResult:
@@ -66,6 +68,7 @@ class RunSummary:
     peak_gpu_mem_mib: float | None = None
     graphs: list[dict] = field(default_factory=list)   # engine per-shape GPU time, this level
     gpu_busy: float | None = None      # sum of step GPU time / wall time (engine target)
+    gc: dict | None = None   # every process's collector pauses this level (gc_pauses.summary)
 
 
 def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float]:
@@ -224,9 +227,21 @@ def print_table(summaries: list[RunSummary]) -> None:
               "top step shapes (calls, median ms, total s):")
         print("  " + "; ".join(f"{g['kind']} {g['label']}: {g['calls']}, {g['median_ms']:.2f}, "
                                f"{g['total_ms'] / 1e3:.1f}" for g in s.graphs[:6]))
+    for s in summaries:
+        if s.gc:
+            print(f"{s.target} C={s.concurrency}: full collections (ms) "
+                  + ", ".join(f"{proc} {p['gen2']} ({p['gen2_ms']:.0f})"
+                              for proc, p in s.gc.items())
+                  + "; all collections ms "
+                  + ", ".join(f"{proc} {p['all_ms']:.0f}" for proc, p in s.gc.items()))
 
 
 async def main_async(args: argparse.Namespace) -> list[RunSummary]:
+    """Each target's warm-up, c=1 row and levels. Through HTTP every level gets a client of
+    its own, its pool sized to the level: a pool left holding the warm-up's 256 idle
+    connections cost each later request 2-6 ms of the client's own time on the CPU demo
+    (benchmarks/ttft_after_burst.py, RESULTS.md 2026-12-07), which the c=1 row counted as
+    TTFT."""
     import httpx
 
     from services.common.grpc_client import open_channel
@@ -234,35 +249,40 @@ async def main_async(args: argparse.Namespace) -> list[RunSummary]:
 
     rng = random.Random(args.seed)
     summaries: list[RunSummary] = []
-    targets = []
+    stub = None
     if args.engine:
         channel = open_channel(args.engine)
         stub = engine_pb2_grpc.EngineStub(channel)
-        targets.append(("engine", lambda p: engine_request(stub, p, args.output_len)))
-    if args.http:
-        client = httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=httpx.Limits(
-            max_connections=max(args.concurrency) + 8))
-        targets.append(("http", lambda p: http_request(client, args.http, args.model, p,
-                                                       args.output_len)))
+
+    @contextlib.asynccontextmanager
+    async def sender(name: str, width: int, output_len: int):
+        """send(prompt) for `width` requests at once on target `name`."""
+        if name == "engine":
+            yield lambda p: engine_request(stub, p, output_len)
+            return
+        async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0),
+                                     limits=httpx.Limits(max_connections=width + 8)) as client:
+            yield lambda p: http_request(client, args.http, args.model, p, output_len)
+
+    targets = [name for name, address in (("engine", args.engine), ("http", args.http))
+               if address]
     wanted = set(getattr(args, "targets", "engine,http").split(","))
-    targets = [(name, send) for name, send in targets if name in wanted]
-    for name, send in targets:
+    for name in (t for t in targets if t in wanted):
         # warm-up at the largest concurrency, short outputs: every step shape the level will
         # meet (eager prefill/mixed shapes compile their kernels on first use) is seen once
         width = max(args.concurrency) if args.warmup else 2
         warm_len = min(args.output_len, 16)
-        send_warm = ((lambda p, n=warm_len: engine_request(stub, p, n)) if name == "engine"
-                     else (lambda p, n=warm_len: http_request(client, args.http, args.model,
-                                                              p, n)))
-        warm, _ = await run_level(send_warm, width, [
-            random_prompt(rng, args.input_len, args.vocab_limit) for _ in range(width)])
+        async with sender(name, width, warm_len) as send_warm:
+            warm, _ = await run_level(send_warm, width, [
+                random_prompt(rng, args.input_len, args.vocab_limit) for _ in range(width)])
         if not all(r.ok for r in warm):
             raise SystemExit(f"{name}: warm-up failed: {[r.error for r in warm][:3]}")
         ttft_len = getattr(args, "ttft_input_len", 0)
         if ttft_len:    # one request at a time: time to the first token of a short prompt
             prompts = [random_prompt(rng, ttft_len, args.vocab_limit)
                        for _ in range(args.ttft_prompts)]
-            results, duration = await run_level(send_warm, 1, prompts)
+            async with sender(name, 1, warm_len) as send_one:
+                results, duration = await run_level(send_one, 1, prompts)
             summary = summarize(name, 1, ttft_len, warm_len, results, duration)
             summaries.append(summary)
             print(f"{name} c=1 {ttft_len}-token prompts: TTFT p50 {summary.ttft_ms['p50']:.1f} ms",
@@ -274,10 +294,15 @@ async def main_async(args: argparse.Namespace) -> list[RunSummary]:
             count = max(args.min_prompts, args.prompts_per_concurrency * concurrency)
             prompts = [random_prompt(rng, args.input_len, args.vocab_limit) for _ in range(count)]
             before = await engine_graphs(args.engine) if name == "engine" else []
-            results, duration = await run_level(send, concurrency, prompts)
+            pauses = await asyncio.to_thread(gc_pauses.scrape, args.http) if args.http else None
+            async with sender(name, concurrency, args.output_len) as send:
+                results, duration = await run_level(send, concurrency, prompts)
             summary = summarize(name, concurrency, args.input_len, args.output_len, results,
                                 duration)
             summaries.append(summary)
+            if pauses is not None:
+                summary.gc = gc_pauses.summary(gc_pauses.delta(
+                    pauses, await asyncio.to_thread(gc_pauses.scrape, args.http)))
             if name == "engine":
                 summary.graphs = graph_delta(before, await engine_graphs(args.engine))
                 summary.gpu_busy = sum(g["total_ms"] for g in summary.graphs) / 1e3 / duration
@@ -286,8 +311,6 @@ async def main_async(args: argparse.Namespace) -> list[RunSummary]:
                   f"{summary.failed} failed {sorted(errors)[:3]}", flush=True)
     if args.engine:
         await channel.close()
-    if args.http:
-        await client.aclose()
     return summaries
 
 

@@ -36,6 +36,7 @@ from gateway.openai.responses import router as responses_router
 from gateway.state import GatewayState
 from gateway.validation import validation_error
 from services.common.errors import HeliosError, InternalError
+from services.common.heap import freeze_startup_heap
 from services.common.metrics import merge_exposition
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,10 @@ def _install_error_handlers(app: FastAPI, config: GatewayConfig) -> None:
         return typed(request, error)
 
 
-def create_app(config: GatewayConfig) -> FastAPI:
+def create_app(config: GatewayConfig, *, freeze_heap: bool = False) -> FastAPI:
+    """The gateway app. `freeze_heap`: the gateway process's own app (gateway/server.py)
+    freezes the start-up heap once its lifespan started (services/common/heap.py); apps run
+    inside another process (tests) leave that process's heap alone."""
     admission = Admission(config.admission_limit, capacity_hint=config.capacity_hint,
                           retry_after_s=config.retry_after_s)
     metrics = GatewayMetrics(config.admission_limit, lambda: admission.active)
@@ -96,6 +100,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
         state = GatewayState(config, admission, metrics)
         app.state.gateway = state
         state.start()
+        if freeze_heap:
+            freeze_startup_heap("gateway")
         try:
             yield
         finally:

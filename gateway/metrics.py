@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from services.common.heap import register_gc_metrics
+
 _ROUTES = (
     "/v1/chat/completions", "/v1/completions", "/v1/messages/count_tokens", "/v1/messages",
     "/v1/models", "/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/version",
@@ -59,6 +61,7 @@ class GatewayMetrics:
               registry=r).set_function(active)
         Gauge("helios_gateway_uptime_seconds", "seconds since the gateway started",
               registry=r).set_function(lambda: time.monotonic() - started)
+        register_gc_metrics(r, "gateway")
 
     def watch_body_readers(self, capacity: int, active: Callable[[], float]) -> None:
         """Gauges of the body phase (requests still sending their body, `max_body_readers`)."""

@@ -75,7 +75,7 @@ class GatewayServer(uvicorn.Server):
 
 async def _serve(config: GatewayConfig) -> int:
     startup_phases("gateway").record_process_start("start Python and import")
-    app = create_app(config)
+    app = create_app(config, freeze_heap=True)
     server = GatewayServer(uvicorn.Config(
         app,
         host=config.host,

@@ -4,8 +4,9 @@ A service supplies its servicer bindings and a `Lifecycle` (load, stop admission
 `serve` does the rest the same way for all four services:
 
 1. bind the listen address (host:port or unix:///path), start serving health NOT_SERVING;
-2. `lifecycle.start(health)` loads the model / assets; SERVING once it returns (a lifecycle with
-   `dynamic_health = True` sets its own status, e.g. the frontend tracking its upstreams);
+2. `lifecycle.start(health)` loads the model / assets; once it returns the start-up heap is
+   frozen (services/common/heap.py), then SERVING (a lifecycle with `dynamic_health = True`
+   sets its own status, e.g. the frontend tracking its upstreams);
 3. on SIGTERM/SIGINT: health NOT_SERVING (for good: a lifecycle's later SERVING is ignored),
    `stop_admission()`, `drain(grace_period_s)`, stop the server, `close()`, exit 0 (1 if the
    drain failed);
@@ -32,6 +33,7 @@ from prometheus_client import CollectorRegistry
 from services.common.config import ServiceConfig
 from services.common.errors import ValidationError
 from services.common.grpc_errors import ErrorInterceptor
+from services.common.heap import freeze_startup_heap
 from services.common.metrics import MetricsEndpoint, service_registry
 from services.common.startup import startup_phases
 
@@ -187,11 +189,14 @@ async def serve(
     bindings: Sequence[ServiceBinding],
     lifecycle: Lifecycle,
     registry: CollectorRegistry | None = None,
+    freeze_heap: bool = True,
 ) -> int:
     """Run one service until SIGTERM/SIGINT or a fatal failure; return the exit code.
 
     With `config.metrics_listen` set, `registry` (default: a registry with only the uptime
-    gauge) is served as Prometheus text from the moment the listener is bound."""
+    gauge) is served as Prometheus text from the moment the listener is bound. `freeze_heap`
+    (step 2) is for the service's own process; a test serving in its own process passes
+    False."""
     startup_phases(service).record_process_start("start Python and import")
     server = grpc.aio.server(interceptors=[ErrorInterceptor(service)], options=server_options())
     for binding in bindings:
@@ -243,6 +248,8 @@ async def serve(
                   exc_info=start_task.exception())
         exit_code = 1
     elif start_task in done:
+        if freeze_heap:               # before SERVING: no request waits on the collection
+            freeze_startup_heap(service)
         if not lifecycle.dynamic_health:
             await reporter.set_serving(True)
         log.info("%s ready", service)

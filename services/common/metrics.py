@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from services.common.errors import ValidationError
+from services.common.heap import register_gc_metrics
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +35,13 @@ def parse_listen(listen: str) -> tuple[str, int]:
 
 
 def service_registry(service: str) -> CollectorRegistry:
-    """A fresh registry with the gauge every service has: seconds since its listener started."""
+    """A fresh registry with what every service has: seconds since its listener started, and
+    its garbage-collector pauses (services/common/heap.py)."""
     registry = CollectorRegistry()
     started = time.monotonic()
     Gauge(f"helios_{service}_uptime_seconds", f"seconds since the {service} listener started",
           registry=registry).set_function(lambda: time.monotonic() - started)
+    register_gc_metrics(registry, service)
     return registry
 
 

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from services.common.heap import gc_families
 from services.engine.core.telemetry import LoadSnapshot
 from services.engine.prefix.history import BLOCK_TOKENS
 
@@ -129,6 +130,8 @@ class EngineMetrics(Collector):
             yield metric
         yield from _tier_metrics(snap)
         yield from _speculative_metrics(snap, self.model_name)
+        if snap.gc is not None:         # the core's own pauses stall the step loop
+            yield from gc_families("helios_engine_core", snap.gc, "engine core process")
         # the cache's shape, as vLLM states it (Gateway API Inference Extension's model-server
         # protocol): a block is the prefix cache's 64-token unit, the one KV events name
         info = GaugeMetricFamily(

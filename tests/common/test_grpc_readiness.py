@@ -70,7 +70,7 @@ async def test_health_is_not_serving_before_teardown_starts(tmp_path, dynamic):
     lifecycle = RecordingLifecycle(address, dynamic=dynamic)
     config = ServiceConfig(listen=address, grace_period_s=1.0)
     served = asyncio.create_task(serve(service="probe", config=config, bindings=[],
-                                       lifecycle=lifecycle))
+                                       lifecycle=lifecycle, freeze_heap=False))
     for _ in range(200):
         with contextlib.suppress(grpc.RpcError):
             if await _status(address) == SERVING:

@@ -139,3 +139,26 @@ def test_a_disconnect_counts_as_cancelled(run):
     assert value(after, "helios_frontend_requests_total", outcome="cancelled") - \
         value(before, "helios_frontend_requests_total", outcome="cancelled") == 1
     assert value(after, "helios_engine_slots_live") == 0
+
+
+# objects each process keeps alive after start-up; far more are frozen (imports, the model)
+MIN_FROZEN = 10_000
+
+
+def test_every_process_froze_its_start_up_heap_and_times_its_collections(run):
+    """Each service (and the engine core, through its load snapshot) froze its start-up heap
+    before serving, and its collector pauses show as a histogram by generation."""
+    client = openai.OpenAI(base_url=run.url + "/v1", api_key="unused", max_retries=0)
+    client.chat.completions.create(model="helios-demo", max_tokens=2,
+                                   messages=[{"role": "user", "content": "Hi."}])
+    samples = wait_quiet(run.url)
+    for prefix in ("helios_gateway", "helios_frontend", "helios_imageprep", "helios_engine",
+                   "helios_engine_core"):
+        frozen = value(samples, f"{prefix}_gc_frozen_objects")
+        assert frozen > MIN_FROZEN, (prefix, frozen)
+        counts = [value(samples, f"{prefix}_gc_pause_seconds_count", generation=str(g))
+                  for g in range(3)]
+        assert counts[0] >= 1, (prefix, counts)    # serving allocates: young collections ran
+        # the freeze's own full collection ran before SERVING and was timed
+        assert counts[2] >= 1 and value(samples, f"{prefix}_gc_pause_seconds_sum",
+                                        generation="2") > 0, (prefix, counts)

@@ -26,6 +26,7 @@ from typing import NoReturn
 
 from services.common.core import open_model
 from services.common.errors import HeliosError, WorkerFailure
+from services.common.heap import GcPauses, freeze_startup_heap
 from services.common.logging import setup_logging
 from services.common.processes import die_with_parent
 from services.common.startup import startup_phases
@@ -66,6 +67,7 @@ def core_main(config: EngineConfig, connection: Connection) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     die_with_parent()
     setup_logging("engine", config.log_level, config.log_format)
+    GcPauses.install()                      # the core's pauses travel in its load snapshot
     phases = startup_phases("engine")
     phases.record_process_start("import the engine core")     # the spawn: Python, torch
     # forked first: before CUDA is initialised and before the outbox starts its thread
@@ -99,6 +101,7 @@ def core_main(config: EngineConfig, connection: Connection) -> None:
         if compile_pool is not None:
             compile_pool.close()
         _refuse(outbox, exc)
+    freeze_startup_heap("engine core")     # torch, the model: skipped by collections
     session_id = uuid.uuid4().hex
     log.info("engine core ready", extra={"fields": {"pid": os.getpid(),
                                                     "session": session_id}})

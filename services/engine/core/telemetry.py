@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from services.common.heap import GcPauses, GcSnapshot
 from services.engine.prefix.host_tier import HostTier
 from services.engine.scheduler.plan import Completion, SlotHandle, Step
 from services.engine.scheduler.scheduler import Scheduler
@@ -163,6 +164,7 @@ class LoadSnapshot:
     experts_per_token: int = 0
     host_tier: HostTierLoad | None = None      # None: no host tier
     speculative: SpeculativeLoad | None = None  # None: speculative decoding off
+    gc: GcSnapshot | None = None     # the core process's collector pauses (common/heap.py)
 
 
 @dataclass(slots=True)
@@ -269,4 +271,5 @@ def snapshot(scheduler: Scheduler, telemetry: Telemetry, query: LoadQuery, *,
         speculative=SpeculativeLoad.of(scheduler),
         expert_tokens=experts.tokens if experts else (),
         moe_layers=experts.layers if experts else 0,
-        experts_per_token=experts.top_k if experts else 0)
+        experts_per_token=experts.top_k if experts else 0,
+        gc=pauses.snapshot() if (pauses := GcPauses.current()) is not None else None)
