@@ -325,6 +325,29 @@ def _run_against_demo(args: argparse.Namespace) -> list[RunSummary]:
         return asyncio.run(main_async(args))
 
 
+def add_stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """--serve / --config / --model / --startup-timeout: the stack a script measures
+    (`measured_stack`: the CPU demo unless --serve names a core)."""
+    parser.add_argument("--serve", type=Path, help="a model core to serve (default: the demo)")
+    parser.add_argument("--config", type=Path)
+    parser.add_argument("--model", default="helios-demo", help="model name for HTTP requests")
+    parser.add_argument("--startup-timeout", type=float, default=600.0)
+
+
+@contextlib.contextmanager
+def measured_stack(args: argparse.Namespace, tmp: Path):
+    """`helios run --demo`, or `helios run SERVE --config CONFIG` (add_stack_arguments)."""
+    from tests.support.processes import HeliosRun
+
+    if args.serve is None:
+        with HeliosRun.start_demo(tmp) as run:
+            yield run
+    else:
+        with serve_stack(args.serve, args.config, tmp / "helios-run.log",
+                         args.startup_timeout) as run:
+            yield run
+
+
 @contextlib.contextmanager
 def serve_stack(model: Path, config: Path | None, log_path: Path, startup_timeout: float):
     """`helios run MODEL --config YAML` (all four services) until the block ends."""

@@ -29,11 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import gc_pauses
 from benchmarks.bench_serving import (
+    add_stack_arguments,
     engine_request,
     http_request,
+    measured_stack,
     random_prompt,
     run_level,
-    serve_stack,
 )
 
 ROLES = ("gateway", "frontend", "imageprep", "engine")
@@ -133,9 +134,7 @@ async def _measure(args: argparse.Namespace, run) -> list[dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--serve", type=Path, help="a model core to serve (default: the demo)")
-    parser.add_argument("--config", type=Path)
-    parser.add_argument("--model", default="helios-demo", help="model name for HTTP requests")
+    add_stack_arguments(parser)
     parser.add_argument("--concurrency", default="32",
                         type=lambda s: [int(x) for x in s.split(",")])
     parser.add_argument("--input-len", type=int, default=64)
@@ -143,19 +142,10 @@ def main() -> int:
     parser.add_argument("--requests-per-level", type=int, default=0,
                         help="requests a level (default: twice its concurrency)")
     parser.add_argument("--vocab-limit", type=int, default=32000)
-    parser.add_argument("--startup-timeout", type=float, default=600.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = parser.parse_args()
-    from tests.support.processes import HeliosRun
-
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.serve is None:
-            stack = HeliosRun.start_demo(Path(tmp))
-        else:
-            stack = serve_stack(args.serve, args.config, Path(tmp) / "helios-run.log",
-                                args.startup_timeout)
-        with stack as run:
-            rows = asyncio.run(_measure(args, run))
+    with tempfile.TemporaryDirectory() as tmp, measured_stack(args, Path(tmp)) as run:
+        rows = asyncio.run(_measure(args, run))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "http_cpu_per_token.json").write_text(json.dumps(rows, indent=2) + "\n")
     roles = sorted({role for row in rows for role in row["cpu_us_per_token"]})

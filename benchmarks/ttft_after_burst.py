@@ -33,11 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import gc_pauses
 from benchmarks.bench_serving import (
+    add_stack_arguments,
     engine_request,
     http_request,
+    measured_stack,
     random_prompt,
     run_level,
-    serve_stack,
 )
 
 
@@ -107,9 +108,7 @@ async def _measure(args: argparse.Namespace, engine: str, url: str) -> list[dict
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--serve", type=Path, help="a model core to serve (default: the demo)")
-    parser.add_argument("--config", type=Path)
-    parser.add_argument("--model", default="helios-demo", help="model name for HTTP requests")
+    add_stack_arguments(parser)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=20)
@@ -120,19 +119,10 @@ def main() -> int:
     parser.add_argument("--vocab-limit", type=int, default=32000)
     parser.add_argument("--settle", type=float, default=0.0,
                         help="seconds to wait after each burst before the lone requests")
-    parser.add_argument("--startup-timeout", type=float, default=600.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = parser.parse_args()
-    from tests.support.processes import HeliosRun
-
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.serve is None:
-            stack = HeliosRun.start_demo(Path(tmp))
-        else:
-            stack = serve_stack(args.serve, args.config, Path(tmp) / "helios-run.log",
-                                args.startup_timeout)
-        with stack as run:
-            rows = asyncio.run(_measure(args, run.addresses["engine"], run.url))
+    with tempfile.TemporaryDirectory() as tmp, measured_stack(args, Path(tmp)) as run:
+        rows = asyncio.run(_measure(args, run.addresses["engine"], run.url))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ttft_after_burst.json").write_text(json.dumps(rows, indent=2) + "\n")
     print(f"{'bursts before':>14}{'http p50':>10}{'p90':>8}{'bursts client p50':>19}{'p90':>8}"
