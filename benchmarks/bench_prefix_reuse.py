@@ -43,8 +43,8 @@ from benchmarks.bench_serving import (
     percentiles,
     random_prompt,
     run_level,
-    serve_stack,
 )
+from benchmarks.stacks import serve_stack
 
 
 def shared_prompts(rng: random.Random, args: argparse.Namespace) -> list[list[int]]:

@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from benchmarks.bench_serving import serve_stack
 from benchmarks.model_shapes import write_core
+from benchmarks.stacks import serve_stack
 from services.common import assets
 
 TEXT = {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,

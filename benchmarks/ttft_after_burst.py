@@ -33,13 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import gc_pauses
 from benchmarks.bench_serving import (
-    add_stack_arguments,
     engine_request,
     http_request,
-    measured_stack,
     random_prompt,
     run_level,
 )
+from benchmarks.stacks import add_stack_arguments, measured_stack
 
 
 def _percentile(values: list[float], q: float) -> float:
