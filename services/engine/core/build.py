@@ -343,7 +343,7 @@ def build_engine(config: EngineConfig, source: ModelSource,
             graph_runner.precompile(compile_pool, submitted=bool(known))
         phases.start("capture CUDA graphs")
         graph_runner.capture(kernel_list, known)
-        if isinstance(draft_proposer, Eagle3Proposer) and choice.graph_max_batch:  # its rounds'
+        if draft_proposer is not None and choice.graph_max_batch:  # the drafter's rounds'
             draft_proposer.warm_up()        # graphs (after the target's) and eager round
         runner = graph_runner
     else:

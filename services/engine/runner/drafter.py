@@ -15,8 +15,16 @@ the entry: the next forward overwrites those positions), feeds the rest (catchin
 accepted tokens and the correction; a new choice prefills its prompt in chunks), then runs
 k - 1 one-token forwards for the drafts after the first (the policy picks k before, from
 the acceptance statistics and, with the cost model, the measured `forward_s`). Without free pages the least
-recently used other choices give theirs back (they prefill again when next asked); a choice
+recently used other choices give their pages back (they prefill again when next asked); a choice
 that still does not fit gets no drafts this round.
+
+Rounds: a round that catches up on at most max(k + 1, 32) rows (every round after a choice's
+first: the last verification's accepted drafts plus its correction, or the plain rounds since
+its last drafts) runs as one CUDA graph replay (`DraftRoundGraphs`, runner/round_graphs.py:
+the catch-up forward padded to a power-of-two row capacity, the draft from its last real
+row, then the chained forwards), captured at start-up after the target's graphs
+(`warm_up`). Eagerly, each forward of a 28-layer draft model costs the host's launch latency
+for its ~200 kernels. A choice's first round (its prompt) runs eagerly in chunks.
 
 Exactness: the drafts are a deterministic function of the choice's tokens (a greedy draft:
 its proposal distribution is a point mass), so the existing verification, which samples the
@@ -52,11 +60,13 @@ from services.engine.model import (
     load_model,
 )
 from services.engine.runner.draft_pages import (
+    DraftEntry,
     DraftPages,
     PagedDrafter,
     common_prefix,
     round_inputs,
 )
+from services.engine.runner.round_graphs import RoundGraphs
 from services.engine.sampling.vocab import mask_beyond_vocab_, token_vocab_size
 from services.engine.scheduler.plan import SlotHandle
 from services.engine.scheduler.speculation import DRAFT
@@ -79,6 +89,9 @@ class DraftModelProposer(PagedDrafter):
         self.page_size = kv.page_size
         self.device = model.device
         self.pages = DraftPages(kv.num_pages, kv.page_size)
+        # a round that catches up on at most max(k + 1, 32) rows: one graph replay
+        self.graphs = DraftRoundGraphs(model, kv, num_tokens=num_tokens,
+                                       token_vocab=token_vocab, max_positions=max_positions)
 
     @torch.inference_mode()
     def propose_for(self, handle: SlotHandle, tokens: Any, limit: int,
@@ -97,6 +110,25 @@ class DraftModelProposer(PagedDrafter):
             self.pages.drop(handle.slot)
             return (), 0
         started = time.perf_counter()
+        start = len(entry.tokens)
+        if self.graphs.fits(len(entry.pages), len(tokens) - start, limit):   # the usual round
+            out = self.graphs.run(entry.pages, start, tokens[start:], None, limit)
+            entry.tokens.extend(tokens[start:])
+            entry.tokens.extend(out[:limit - 1])     # the chained rows fed drafts
+            self.pages.forward_times.append((time.perf_counter() - started) / limit)
+            return out, limit
+        out, forwards = self._eager_round(entry, tokens, limit)
+        if not self.graphs.graphs:
+            # with round graphs captured, a draft's cost is a graph round's: an eager round
+            # (a prompt's catch-up) is a one-off, not a per-draft cost; the read-back waited
+            # for the device's work, so the wall time covers it
+            self.pages.forward_times.append((time.perf_counter() - started) / forwards)
+        return out, forwards
+
+    def _eager_round(self, entry: DraftEntry, tokens: list[int], limit: int
+                     ) -> tuple[tuple[int, ...], int]:
+        """Catch `entry` up on `tokens` in chunks, then chain to `limit` drafts, forward by
+        forward: the drafts (one read-back) and the forwards run."""
         feeds = [(start, tokens[start:start + self.chunk_tokens], None)   # catch up (chunked)
                  for start in range(len(entry.tokens), len(tokens), self.chunk_tokens)]
         steps = round_inputs(entry.pages, self.page_size, self.device, feeds, limit - 1)
@@ -118,9 +150,59 @@ class DraftModelProposer(PagedDrafter):
                 drafts.append(draft)
         out = tuple(int(d) for d in torch.stack(drafts).tolist())    # the one read-back
         entry.tokens.extend(out[:len(steps) - len(feeds)])   # the chained rows fed drafts
-        # the read-back waited for the device's work, so the wall time covers it
-        self.pages.forward_times.append((time.perf_counter() - started) / len(steps))
         return out, len(steps)
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Capture the round graphs, then run the eager round once at a chunk's full length
+        and at an odd one (CUDA): a choice's first round catches up on its prompt eagerly,
+        and whatever a process's first eager rounds initialise (kernel variants, library
+        state) is paid here, not while serving. Writes only into draft pages no choice holds
+        yet (nothing is served before this)."""
+        if self.device.type != "cuda":
+            return
+        self.graphs.capture()
+        for rows in sorted({self.chunk_tokens, max(1, self.chunk_tokens // 2 - 1)}):
+            needed = -(-(rows + self.num_tokens) // self.page_size)
+            if needed > self.kv.num_pages or rows + self.num_tokens > self.max_positions:
+                continue                            # a pool too small to warm this length
+            entry = DraftEntry(generation=-1, pages=list(range(needed)))
+            self._eager_round(entry, [0] * rows, self.num_tokens)
+        torch.cuda.synchronize(self.device)
+
+
+class DraftRoundGraphs(RoundGraphs):
+    """A draft-model round as CUDA graphs (runner/round_graphs.py): the draft model's
+    catch-up forward over the fed rows, the greedy draft from the last real row's logits,
+    then the chained one-row forwards, each feeding the last draft."""
+
+    kind = "draft-model"
+
+    def __init__(self, model: CausalLM, kv: KVCache, *, num_tokens: int, token_vocab: int,
+                 max_positions: int) -> None:
+        self.model = model
+        self.kv = kv
+        self.token_vocab = token_vocab
+        super().__init__(model.device, max_positions=max_positions, num_tokens=num_tokens,
+                         page_size=kv.page_size)
+
+    def _draft(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [1, H] -> the greedy draft, int64 [1] on the device (no host read)."""
+        logits = mask_beyond_vocab_(self.model.compute_logits(hidden), self.token_vocab)
+        return logits.argmax(dim=-1)
+
+    @torch.inference_mode()
+    def _body(self, rows: int, drafts: int) -> None:
+        dev = self._dev
+        hidden = self.model(ForwardBatch(dev.ids[:rows], dev.positions[:rows],
+                                         self.catch_up_meta(rows)), self.kv).hidden
+        draft = self._draft(hidden.index_select(0, dev.last))
+        self.out[0:1].copy_(draft)
+        for j in range(drafts - 1):
+            hidden = self.model(ForwardBatch(draft, dev.chain_positions[j, :1],
+                                             self.chained_meta(j)), self.kv).hidden
+            draft = self._draft(hidden)
+            self.out[j + 1:j + 2].copy_(draft)
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,7 +60,7 @@ from services.engine.runner.draft_pages import (
     common_prefix,
     round_inputs,
 )
-from services.engine.runner.eagle3_graphs import RoundGraphs, greedy_draft
+from services.engine.runner.eagle3_graphs import Eagle3RoundGraphs, greedy_draft
 from services.engine.sampling.vocab import token_vocab_size
 from services.engine.scheduler.plan import SlotHandle
 from services.engine.scheduler.speculation import DRAFT
@@ -109,8 +109,8 @@ class Eagle3Proposer(PagedDrafter):
         self._beyond = head.draft_to_target >= token_vocab
         self.pages = DraftPages(kv.num_pages, kv.page_size)
         # a round that catches up on at most k + 1 rows: one graph replay (eagle3_graphs.py)
-        self.graphs = RoundGraphs(head, embedding, kv, store, self._beyond,
-                                  num_tokens=num_tokens, page_size=kv.page_size)
+        self.graphs = Eagle3RoundGraphs(head, embedding, kv, store, self._beyond,
+                                        num_tokens=num_tokens, page_size=kv.page_size)
 
     @torch.inference_mode()
     def propose_for(self, handle: SlotHandle, tokens: Sequence[int], limit: int,

@@ -125,7 +125,7 @@ def test_the_next_turn_after_a_verified_stop_on_the_gpu(source):
 def _draft_on_device(source, tmp_path, device: str, overlap: str) -> None:
     """A draft model (the target itself, then a perturbed copy) on `device` through the
     GraphRunner (verification graphs, `overlap`): the CPU's plain tokens; the target as its
-    own draft has every greedy draft accepted."""
+    own draft has every greedy draft accepted, drafting in its round graphs."""
     from tests.engine.runner.test_speculative_draft import perturbed_copy
 
     perturbed = perturbed_copy(source.root, tmp_path / "draft")
@@ -142,6 +142,14 @@ def _draft_on_device(source, tmp_path, device: str, overlap: str) -> None:
         assert engine.runner.verify_graph_steps > 0 or device == "cpu"
         if draft == source.root:
             assert counters.spec_accepted_tokens == counters.spec_draft_tokens
+        # the rounds after a choice's first replayed the drafter's round graphs, every
+        # (rows, drafts) shape captured at start-up (runner/round_graphs.py)
+        graphs = engine.scheduler.state.config.proposer.graphs
+        assert graphs.rounds > 0
+        if device != "cpu":
+            want = {(rows, drafts) for rows in graphs.row_capacities
+                    for drafts in range(1, graphs.num_tokens + 1)}
+            assert set(graphs.graphs) == want and graphs.capture_seconds > 0
 
 
 @pytest.mark.parametrize("overlap", ["off", "on"])

@@ -175,6 +175,32 @@ def test_rejected_drafts_are_rolled_back(source, perturbed_dir):
     assert drafter.tokens_held(0) == tuple(tokens[:5]) and drafter.free_pages > pages
 
 
+def test_graph_rounds_draft_what_eager_rounds_draft(source, perturbed_dir):
+    """A round that fits the round graphs (runner/round_graphs.py; on the CPU the graph body
+    runs eagerly on the padded buffers) drafts what the forward-by-forward eager round drafts
+    for the same tokens and holds the same rows: a whole catch-up of every length up to the
+    largest row capacity (33 rows: eager in both), then a round after a partly rejected one,
+    at fewer drafts than k."""
+    graphed = _draft_engine(source, perturbed_dir, k=4).scheduler.state.config.proposer
+    eager = _draft_engine(source, perturbed_dir, k=4).scheduler.state.config.proposer
+    assert isinstance(graphed, DraftModelProposer) and isinstance(eager, DraftModelProposer)
+    eager.graphs.fits = lambda *_: False                      # type: ignore[method-assign]
+    assert graphed.graphs.row_capacities[-1] == 32
+    prompt = _prompt(40, 11)
+    for generation, length in enumerate((1, 2, 3, 7, 16, 31, 32, 33), start=1):
+        handle, tokens = SlotHandle(0, generation), prompt[:length]
+        rounds = graphed.graphs.rounds
+        drafts, forwards = graphed.propose_for(handle, tokens, 4)
+        assert drafts == eager.propose_for(handle, tokens, 4)[0], length
+        assert graphed.graphs.rounds == rounds + (length <= 32)
+        assert forwards == 4           # the catch-up (one chunk of <= 64), then 3
+        assert graphed.tokens_held(0) == eager.tokens_held(0) == (*tokens, *drafts[:3])
+        kept = [*tokens, drafts[0], (drafts[1] + 1) % VOCAB_SIZE]      # draft 1 rejected
+        again, forwards = graphed.propose_for(handle, kept, 2)
+        assert again == eager.propose_for(handle, kept, 2)[0] and forwards == 2
+        assert graphed.tokens_held(0) == eager.tokens_held(0) == (*kept, again[0])
+
+
 def test_seeded_sampling_draws_the_plain_tokens(source, perturbed_dir):
     """Seed for seed, sampled requests draw the tokens they draw without speculation (the
     drafts are a deterministic function of the tokens: no proposal distribution to correct)."""
