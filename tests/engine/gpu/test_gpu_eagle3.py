@@ -53,7 +53,7 @@ def eagle3_on_device(target_dir, head_dir, device: str, overlap: str) -> None:
     counters = engine.scheduler.state.counters
     assert counters.spec_drafter_steps > 0 and counters.spec_draft_tokens > 0
     assert engine.runner.graph_steps > 0 or device == "cpu"
-    _check_round_graphs(engine, device)
+    check_round_graphs(engine, device)
 
     engine = make_engine(source, **spec)
     proposer = engine.scheduler.state.config.proposer
@@ -96,12 +96,12 @@ def accepted_on_device(repeating, device: str, overlap: str) -> None:
     counters = engine.scheduler.state.counters
     assert counters.spec_accepted_tokens == counters.spec_draft_tokens > 20
     assert engine.runner.verify_graph_steps > 0 or device == "cpu"
-    _check_round_graphs(engine, device)   # every draft accepted: the replays drafted right
+    check_round_graphs(engine, device)   # every draft accepted: the replays drafted right
 
 
-def _check_round_graphs(engine, device: str) -> None:
-    """The head's rounds after the first ran in its round graphs (eagle3_graphs.py), every
-    (rows, drafts) shape captured at start-up on CUDA."""
+def check_round_graphs(engine, device: str) -> None:
+    """The drafter's rounds after a choice's first ran in its round graphs
+    (runner/round_graphs.py), every (rows, drafts) shape captured at start-up on CUDA."""
     graphs = engine.scheduler.state.config.proposer.graphs
     assert graphs.rounds > 0
     if device != "cpu":

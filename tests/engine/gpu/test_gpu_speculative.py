@@ -16,6 +16,7 @@ import pytest
 
 from services.common.core import open_model
 from services.engine.scheduler.requests import FinishReason, StopRules
+from tests.engine.gpu.test_gpu_eagle3 import check_round_graphs
 from tests.engine.grammar.byte_tokenizer import write_byte_tokenizer
 from tests.engine.grammar.conftest import constrained, schema_spec
 from tests.engine.model.checkpoints import SPECS, VOCAB_SIZE, build_checkpoint
@@ -142,14 +143,7 @@ def _draft_on_device(source, tmp_path, device: str, overlap: str) -> None:
         assert engine.runner.verify_graph_steps > 0 or device == "cpu"
         if draft == source.root:
             assert counters.spec_accepted_tokens == counters.spec_draft_tokens
-        # the rounds after a choice's first replayed the drafter's round graphs, every
-        # (rows, drafts) shape captured at start-up (runner/round_graphs.py)
-        graphs = engine.scheduler.state.config.proposer.graphs
-        assert graphs.rounds > 0
-        if device != "cpu":
-            want = {(rows, drafts) for rows in graphs.row_capacities
-                    for drafts in range(1, graphs.num_tokens + 1)}
-            assert set(graphs.graphs) == want and graphs.capture_seconds > 0
+        check_round_graphs(engine, device)
 
 
 @pytest.mark.parametrize("overlap", ["off", "on"])
