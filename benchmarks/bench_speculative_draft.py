@@ -12,7 +12,12 @@ Random weights make real acceptance unmeasurable, so two drafts bound it:
   speed);
 - `0.6b`: the Qwen3-0.6B shape (the issue's pairing) with random weights: drafts are
   rejected, so the row shows the policy narrowing the width to zero (probes only) and the
-  overhead left.
+  overhead left;
+- `0.6b + oracle a=0.7`: the same draft model, every forward run and paid, its drafts
+  replaced by bench_speculative's oracle at a = 0.7 (`OracleHead`) on a target made to
+  repeat its last token (`make_repeating`, so the oracle's continuation stays exact): the
+  speedup a draft model of that shape and acceptance would give, against plain decoding of
+  the same engine.
 Per row: output tok/s, speedup over plain decoding of the same prompt, tokens per round,
 acceptance, mean width, drafter forwards per round, the drafter's measured forward (ms) and
 how long the output stays the plain one. Writes speculative_draft.json under --out.
@@ -29,7 +34,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_speculative import _agree, _build, _cell, _free, _request, _row, _serve
+from benchmarks.bench_speculative import (
+    Oracle,
+    OracleHead,
+    _agree,
+    _build,
+    _cell,
+    _free,
+    _request,
+    _row,
+    _serve,
+    _with_proposer,
+    make_repeating,
+)
 from benchmarks.model_shapes import SHAPES, write_shape
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -93,16 +110,45 @@ def main() -> int:
                 "same_as_plain_until": _agree(tokens["d"], plain["plain"])}))
             del engine, proposer
             _free()
+        results += _oracle_rows(target, drafts["0.6b"], prompt, vocab, args, kv)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "speculative_draft.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(f"{'run':<20}{'tok/s':>9}{'speedup':>9}{'tok/round':>10}{'accept':>8}{'width':>7}"
+    print(f"{'run':<31}{'tok/s':>9}{'speedup':>9}{'tok/round':>10}{'accept':>8}{'width':>7}"
           f"{'fwd/rnd':>8}{'fwd ms':>8}{'same':>6}")
     for r in results:
-        print(f"{r['name']:<20}{_cell(r, 'tok_s', 9)}{_cell(r, 'speedup', 9)}"
+        print(f"{r['name']:<31}{_cell(r, 'tok_s', 9)}{_cell(r, 'speedup', 9)}"
               f"{_cell(r, 'tokens_per_round', 10)}{_cell(r, 'acceptance', 8)}"
               f"{_cell(r, 'mean_width', 7)}{_cell(r, 'drafter_forwards_per_round', 8)}"
               f"{_cell(r, 'drafter_forward_ms', 8)}{_cell(r, 'same_as_plain_until', 6)}")
     return 0
+
+
+def _oracle_rows(target: Path, draft: Path, prompt: list[int], vocab: int, args,
+                 kv: dict) -> list[dict]:
+    """Plain decoding, then the draft model's rounds under the oracle's tokens (a = 0.7),
+    on one engine whose target repeats its last token (module docstring)."""
+    engine = _build(target, args, speculative_method="draft", speculative_model=str(draft),
+                    num_speculative_tokens=args.k, **kv)
+    make_repeating(engine.runner.model)
+    drafter = engine.scheduler.state.config.proposer
+    _with_proposer(engine, None)
+    _serve(engine, [_request("warm", prompt[:32], 8)])
+    plain, plain_s, _ = _serve(engine, [_request("plain", prompt, args.output_len)])
+    rows = [_row("off, repeating target", engine, plain, plain_s, 0.0, {})]
+    oracle = Oracle({tuple(prompt): plain["plain"]}, 0.7, args.k, vocab, seed=args.k)
+    _with_proposer(engine, OracleHead(drafter, oracle))
+    engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+    tokens, spec_s, _ = _serve(engine, [_request("o", prompt, args.output_len)])
+    counters = engine.scheduler.state.counters
+    rows.append(_row(f"draft 0.6b + oracle a=0.7 k={args.k}", engine, tokens, spec_s,
+                     rows[0]["tok_s"], {
+                         "drafter_forwards_per_round": round(counters.spec_drafter_steps /
+                                                             max(1, counters.spec_rounds), 3),
+                         "drafter_forward_ms": round(1e3 * drafter.forward_s, 3),
+                         "same_as_plain_until": _agree(tokens["o"], plain["plain"])}))
+    del engine, drafter
+    _free()
+    return rows
 
 
 if __name__ == "__main__":
