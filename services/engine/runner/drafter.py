@@ -59,6 +59,7 @@ from services.engine.model import (
     load_dummy_model,
     load_model,
 )
+from services.engine.model.registry import resolve
 from services.engine.runner.draft_pages import (
     DraftEntry,
     DraftPages,
@@ -236,6 +237,11 @@ def open_drafter(model_path: str, target: ModelSource, device: torch.device,
     source = open_model(model_path, allow_missing_weights=dummy_seed is not None)
     token_vocab = check_same_vocabulary(target, source, model_path)
     config = ModelConfig.from_dict(source.config)
+    if resolve(source.config).model_class.position_rows != 1:
+        raise ValidationError(
+            f"speculative_model {model_path} is a {config.architecture}, whose positions "
+            "are multimodal (mRoPE rows): a draft model must be a text model (its drafts "
+            "feed token ids at 1-D positions)", param="speculative_model")
     max_positions = min(max_positions, config.max_context)
     if dummy_seed is not None:
         model = load_dummy_model(config, device, dtype, max_positions=max_positions,

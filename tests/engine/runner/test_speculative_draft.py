@@ -256,3 +256,16 @@ def test_grammar_and_stops_with_a_draft_model(source, perturbed_dir):
         engine = _draft_engine(source, draft, structured_outputs="eager")
         assert _drive(engine, requests, engine.grammars) == reference
         assert engine.scheduler.state.counters.spec_accepted_tokens > 0
+
+
+def test_a_multimodal_draft_is_refused(source, tmp_path):
+    """A vision-language draft (mRoPE positions: its forwards need [3, T] rows) sharing the
+    target's tokenizer is refused at start-up, naming speculative_model."""
+    from tests.engine.model.vision.checkpoints import SPECS as VISION_SPECS
+    from tests.engine.model.vision.checkpoints import build_checkpoint as build_vision
+
+    draft = build_vision(VISION_SPECS["qwen2_5_vl"], tmp_path / "vl")
+    write_byte_tokenizer(draft, VOCAB_SIZE)
+    with pytest.raises(ValidationError, match="multimodal") as info:
+        _draft_engine(source, draft)
+    assert info.value.param == "speculative_model"
