@@ -14,7 +14,9 @@
 #      SKIP_HOST_TIER=1, HOST_TIER_ARGS, HOST_GPU_KV_BYTES, HOST_TIER_GIB (the agents workload),
 #      SKIP_COLD_START=0 (bench_cold_start.py, off by default), COLD_TIMEOUT_S, COLD_ARGS,
 #      BENCHES (more benchmarks, one per line: "name timeout_s command ..."; ttft_benches.txt
-#      and pending_benches.txt hold such lines: BENCHES="$(cat ...)" or a few of its lines),
+#      and pending_benches.txt hold such lines: BENCHES="$(cat ...)" or a few of its lines;
+#      its gpu_suite + gpu_suite_count lines run the GPU suite as a BENCHES entry, so that it
+#      can come after the benchmarks that matter most, with a count even when cut off),
 #      BENCH_TAIL,
 #      SERVING_BASELINE=1 (the serving levels again with prefix_block_reuse off),
 #      SERVING_EAGER_PREFILL=1 (the serving levels again with cuda_graph_prefill off: the
