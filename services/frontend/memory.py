@@ -8,8 +8,8 @@ heaps, and each preparation thread has its own arena that is trimmed only from i
 reference cycles with its frames (the gRPC abort is raised while handling it), which keep the
 prompt alive until the cyclic collector happens to run. `MemoryReleaser` runs `gc.collect()`
 and then `malloc_trim(0)` (every arena, free pages returned with madvise) shortly after the
-last large request ends (and once more a second later), on a thread (ctypes releases the GIL);
-and the frontend fixes the mmap threshold at 1 MiB at start (`cap_mmap_threshold`), so big
+last large request ends (and again one and four seconds later), on a thread (ctypes
+releases the GIL); and the frontend fixes the mmap threshold at 1 MiB at start (`cap_mmap_threshold`), so big
 blocks are unmapped as soon as they are freed. On a C library without `malloc_trim` /
 `mallopt` these do nothing.
 """
@@ -27,8 +27,11 @@ log = logging.getLogger(__name__)
 
 LARGE_REQUEST_BYTES = 1 << 20     # requests at least this big are followed by a trim
 # After the last large request: soon (its handler and gRPC have dropped their references by
-# then, as a rule), and once more a second later for what a loaded machine released late.
-TRIM_DELAYS_S = (0.05, 1.0)
+# then, as a rule), a second later, and once more a few seconds later for what a loaded
+# machine released late: in a CI run on two busy cores the frontend still held 175 MiB of
+# its 150 ten seconds after two refused 30 MiB prompts, where an idle machine is back at
+# ~115 MiB: most likely blocks freed after the one-second trim, which nothing trimmed.
+TRIM_DELAYS_S = (0.05, 1.0, 4.0)
 
 
 M_MMAP_THRESHOLD = -3            # glibc mallopt parameter
