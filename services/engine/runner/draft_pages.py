@@ -25,13 +25,18 @@ from __future__ import annotations
 
 import collections
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from services.engine.model.attention import AttentionMetadata, kv_slot
 from services.engine.scheduler.plan import SlotHandle
+
+if TYPE_CHECKING:
+    from services.engine.runner.round_graphs import RoundGraphs
 
 
 @dataclass(slots=True)
@@ -45,6 +50,7 @@ class DraftEntry:
 
 class DraftPages:
     def __init__(self, num_pages: int, page_size: int) -> None:
+        self.num_pages = num_pages
         self.page_size = page_size
         self._free = list(range(num_pages - 1, -1, -1))
         self._entries: collections.OrderedDict[int, DraftEntry] = collections.OrderedDict()
@@ -102,11 +108,51 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class PagedDrafter:
-    """What both drafters expose over their `pages` (a DraftPages): the free page count and
-    the rows a slot holds (tests, diagnostics), and `forward_s`, a draft forward's measured
-    duration, which the width policy weighs drafts by when the cost model is on."""
+    """What both drafters share over their `pages` (a DraftPages) and their round `graphs`
+    (runner/round_graphs.py): the free page count and the rows a slot holds (tests,
+    diagnostics); `forward_s`, a draft forward's measured duration, which the width policy
+    weighs drafts by when the cost model is on (`record_forwards`); and the start-up
+    `warm_up` (the subclass runs one eager round: `_warm_round`)."""
 
     pages: DraftPages
+    graphs: RoundGraphs
+    device: torch.device
+    page_size: int
+    chunk_tokens: int
+    num_tokens: int
+
+    def record_forwards(self, started: float, forwards: int, *, graph_round: bool) -> None:
+        """A round's wall time per forward (the round's one read-back waited for the
+        device's work, so the wall time covers it): every graph round, and eager rounds only
+        while no round graph is captured (with graphs, an eager round, a prompt's catch-up,
+        is a one-off, not a per-draft cost)."""
+        if graph_round or not self.graphs.graphs:
+            self.pages.forward_times.append((time.perf_counter() - started) / forwards)
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Capture the round graphs, then run the eager round once at a chunk's full length
+        and at an odd one (CUDA): a choice's first round catches up on its prompt eagerly,
+        and whatever a process's first eager rounds initialise (kernel variants, library
+        state) is paid here, not while serving. On the H200, before this warm-up, the
+        benchmark's first EAGLE-3 request spent 1.15 s planning (its drafting) over ~16
+        rounds, against ~1.4 ms a round later. Writes only into draft pages no choice holds
+        yet (nothing is served before this)."""
+        if self.device.type != "cuda":
+            return
+        self.graphs.capture()
+        for rows in sorted({self.chunk_tokens, max(1, self.chunk_tokens // 2 - 1)}):
+            needed = -(-(rows + self.num_tokens) // self.page_size)
+            if needed > self.pages.num_pages or \
+                    rows + self.num_tokens > self.graphs.max_positions:
+                continue                            # a pool too small to warm this length
+            self._warm_round(list(range(needed)), rows)
+        torch.cuda.synchronize(self.device)
+
+    def _warm_round(self, pages: list[int], rows: int) -> None:
+        """One eager round over `pages` catching up on `rows` padding rows, then chaining
+        to num_tokens drafts."""
+        raise NotImplementedError
 
     @property
     def free_pages(self) -> int:

@@ -23,7 +23,7 @@ first: the last verification's accepted drafts plus its correction, or the plain
 its last drafts) runs as one CUDA graph replay (`DraftRoundGraphs`, runner/round_graphs.py:
 the catch-up forward padded to a power-of-two row capacity, the draft from its last real
 row, then the chained forwards), captured at start-up after the target's graphs
-(`warm_up`). Eagerly, each forward of a 28-layer draft model costs the host's launch latency
+(`PagedDrafter.warm_up`). Eagerly, each forward of a 28-layer draft model costs the host's launch latency
 for its ~200 kernels. A choice's first round (its prompt) runs eagerly in chunks.
 
 Exactness: the drafts are a deterministic function of the choice's tokens (a greedy draft:
@@ -116,14 +116,10 @@ class DraftModelProposer(PagedDrafter):
             out = self.graphs.run(entry.pages, start, tokens[start:], None, limit)
             entry.tokens.extend(tokens[start:])
             entry.tokens.extend(out[:limit - 1])     # the chained rows fed drafts
-            self.pages.forward_times.append((time.perf_counter() - started) / limit)
+            self.record_forwards(started, limit, graph_round=True)
             return out, limit
         out, forwards = self._eager_round(entry, tokens, limit)
-        if not self.graphs.graphs:
-            # with round graphs captured, a draft's cost is a graph round's: an eager round
-            # (a prompt's catch-up) is a one-off, not a per-draft cost; the read-back waited
-            # for the device's work, so the wall time covers it
-            self.pages.forward_times.append((time.perf_counter() - started) / forwards)
+        self.record_forwards(started, forwards, graph_round=False)
         return out, forwards
 
     def _eager_round(self, entry: DraftEntry, tokens: list[int], limit: int
@@ -153,23 +149,8 @@ class DraftModelProposer(PagedDrafter):
         entry.tokens.extend(out[:len(steps) - len(feeds)])   # the chained rows fed drafts
         return out, len(steps)
 
-    @torch.inference_mode()
-    def warm_up(self) -> None:
-        """Capture the round graphs, then run the eager round once at a chunk's full length
-        and at an odd one (CUDA): a choice's first round catches up on its prompt eagerly,
-        and whatever a process's first eager rounds initialise (kernel variants, library
-        state) is paid here, not while serving. Writes only into draft pages no choice holds
-        yet (nothing is served before this)."""
-        if self.device.type != "cuda":
-            return
-        self.graphs.capture()
-        for rows in sorted({self.chunk_tokens, max(1, self.chunk_tokens // 2 - 1)}):
-            needed = -(-(rows + self.num_tokens) // self.page_size)
-            if needed > self.kv.num_pages or rows + self.num_tokens > self.max_positions:
-                continue                            # a pool too small to warm this length
-            entry = DraftEntry(generation=-1, pages=list(range(needed)))
-            self._eager_round(entry, [0] * rows, self.num_tokens)
-        torch.cuda.synchronize(self.device)
+    def _warm_round(self, pages: list[int], rows: int) -> None:
+        self._eager_round(DraftEntry(generation=-1, pages=pages), [0] * rows, self.num_tokens)
 
 
 class DraftRoundGraphs(RoundGraphs):

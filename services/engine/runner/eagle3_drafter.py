@@ -135,7 +135,7 @@ class Eagle3Proposer(PagedDrafter):
             replayed = self.graphs.run(entry.pages, start, feed, [
                 kv_slot(target_pages, p, self.page_size) for p in range(start, n - 1)], limit)
             entry.tokens.extend(feed)
-            self.pages.forward_times.append((time.perf_counter() - started) / limit)
+            self.record_forwards(started, limit, graph_round=True)
             return replayed, limit
         feeds = []                                  # catch up (chunked) on the target's rows
         for start in range(len(entry.tokens), n - 1, self.chunk_tokens):
@@ -146,10 +146,7 @@ class Eagle3Proposer(PagedDrafter):
         for _, chunk, _ in feeds:
             entry.tokens.extend(chunk)
         forwards = len(feeds) + limit - 1
-        if not self.graphs.graphs:
-            # with round graphs captured, a draft's cost is a graph round's: an eager round
-            # (a prompt's catch-up) is a one-off, not a per-draft cost
-            self.pages.forward_times.append((time.perf_counter() - started) / forwards)
+        self.record_forwards(started, forwards, graph_round=False)
         return out, forwards
 
     def _eager_round(self, pages: list[int], feeds: list[tuple[int, list[int], list[int]]],
@@ -174,26 +171,9 @@ class Eagle3Proposer(PagedDrafter):
                 drafts.append(draft)
         return tuple(torch.cat(drafts).tolist())    # the one read-back
 
-    @torch.inference_mode()
-    def warm_up(self) -> None:
-        """Capture the round graphs, then run the eager round once at a chunk's full length
-        and at an odd one (CUDA): a choice's first round catches up on its prompt eagerly,
-        and whatever a process's first eager rounds initialise (kernel variants, library
-        state) is paid here, not while serving. On the H200, before this warm-up, the
-        benchmark's first EAGLE-3 request spent 1.15 s planning (its drafting) over ~16
-        rounds, against ~1.4 ms a round later. Writes only into draft pages no choice holds
-        yet (nothing is served before this)."""
-        if self.device.type != "cuda":
-            return
-        self.graphs.capture()
-        for rows in sorted({self.chunk_tokens, max(1, self.chunk_tokens // 2 - 1)}):
-            pages = list(range(min(self.kv.num_pages, -(-(rows + self.num_tokens) //
-                                                        self.page_size))))
-            if len(pages) * self.page_size < rows + self.num_tokens:
-                continue                            # a pool too small to warm this length
-            self._eager_round(pages, [(0, [0] * rows, [self.store.padding_row] * rows)],
-                              self.num_tokens)
-        torch.cuda.synchronize(self.device)
+    def _warm_round(self, pages: list[int], rows: int) -> None:
+        self._eager_round(pages, [(0, [0] * rows, [self.store.padding_row] * rows)],
+                          self.num_tokens)
 
 
 @dataclass(frozen=True, slots=True)
