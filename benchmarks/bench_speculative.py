@@ -295,6 +295,32 @@ def _agree(a: list[int], b: list[int]) -> int:
                 min(len(a), len(b)))
 
 
+def split_margin(engine, prompt: list[int], plain: list[int], index: int) -> float | None:
+    """Where a speculative output leaves the plain one (`index` < len(plain)): the target's
+    gap, in nats, between its best and second-best token after prompt + plain[:index],
+    scored without speculation on `engine`. A gap under bf16's rounding of the logits (a few
+    hundredths) says a verification row and a decode step rounded a near-tie apart; a wide
+    one says the speculative state is wrong. None when the outputs never split."""
+    import dataclasses as dc
+
+    if index >= len(plain):
+        return None
+    request = dc.replace(_request("margin", prompt + plain[:index], 1), logprobs=True,
+                         top_logprobs=2, speculative=False)
+    engine.scheduler.admit(request)
+    top: tuple = ()
+    while engine.scheduler.has_work:
+        plan = engine.scheduler.plan()
+        if plan is not None:
+            engine.runner.submit(engine.scheduler.commit(
+                plan, engine.scheduler.state.resources.fences.next_fence))
+        if engine.runner.outstanding:
+            for update in engine.scheduler.complete(engine.runner.wait()):
+                for delta in update.deltas:
+                    top = top or (delta.logprobs[0].top if delta.logprobs else ())
+    return round(top[0].logprob - top[1].logprob, 4) if len(top) > 1 else None
+
+
 def _with_proposer(engine, proposer) -> None:
     state = engine.scheduler.state
     state.config = dataclasses.replace(state.config, proposer=proposer)

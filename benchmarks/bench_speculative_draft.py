@@ -20,7 +20,9 @@ Random weights make real acceptance unmeasurable, so two drafts bound it:
   the same engine.
 Per row: output tok/s, speedup over plain decoding of the same prompt, tokens per round,
 acceptance, mean width, drafter forwards per round, the drafter's measured forward (ms) and
-how long the output stays the plain one. Writes speculative_draft.json under --out.
+how long the output stays the plain one, and where it leaves it, the target's gap between
+its two best tokens there (bench_speculative.split_margin: a near-tie or a wrong state).
+Writes speculative_draft.json under --out.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from benchmarks.bench_speculative import (
     _serve,
     _with_proposer,
     make_repeating,
+    split_margin,
 )
 from benchmarks.model_shapes import SHAPES, write_shape
 
@@ -107,7 +110,8 @@ def main() -> int:
                 "drafter_forwards_per_round": round(counters.spec_drafter_steps /
                                                     max(1, counters.spec_rounds), 3),
                 "drafter_forward_ms": round(1e3 * getattr(proposer, "forward_s", 0.0), 3),
-                "same_as_plain_until": _agree(tokens["d"], plain["plain"])}))
+                "same_as_plain_until": (same := _agree(tokens["d"], plain["plain"])),
+                "split_margin_nats": split_margin(engine, prompt, plain["plain"], same)}))
             del engine, proposer
             _free()
         results += _oracle_rows(target, drafts["0.6b"], prompt, vocab, args, kv)

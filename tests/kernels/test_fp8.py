@@ -227,7 +227,9 @@ def test_rowwise_backend_by_rows(backend, rows, triton, monkeypatch):
 
 def test_split_k_partials_add_in_order(device, gen):
     """Split K (each split's float32 partial, then one ordered sum) equals the unsplit GEMM
-    up to float32 rounding, and the same call twice gives the same bits (no atomics)."""
+    up to the accumulator's rounding (float32 in the interpreter, Hopper's narrower FP8 MMA
+    accumulator on a GPU: 4.8e-4 measured on an H100), and the same call twice gives the
+    same bits (no atomics)."""
     _, fp8_gemm, _ = _kernels()
     weight, _ = make_weight(256, 1024, SCHEMES["token-channel"], gen, device)
     a, a_scale = quantize_activation(torch.randn(7, 1024, generator=gen), "token", 128)
@@ -239,7 +241,7 @@ def test_split_k_partials_add_in_order(device, gen):
 
     whole, split = run(1), run(4)
     assert torch.equal(split, run(4))
-    assert rel(split, whole) < 1e-6
+    assert rel(split, whole) < (fp32_gemm_tol(device) if device.type == "cuda" else 1e-6)
 
 
 def test_rowwise_static_scale(device, gen):
@@ -324,7 +326,10 @@ def test_w8a8_skinny_equals_the_gemm_path(scheme_name, activation, rows, device,
                                           monkeypatch):
     """HELIOS_FP8_SKINNY=w8a8 quantizes the normed rows in its kernel as norm_quantize_fp8
     does for the GEMM, so both give the same e4m3 operands: their outputs differ only by the
-    float32 summation order (a bf16 step at most)."""
+    summation order (a bf16 step at most in the interpreter's float32; on a GPU each path's
+    FP8 MMA accumulator rounds on its own K blocking, fp32_gemm_tol, and an element near zero
+    may differ by more than its own size: an H100 measured 0.03 at an output of 0.09, so
+    there the bound is a bf16 step of the output's largest element)."""
     fp8_quant, _, fp8_layers = _kernels()
     from services.engine.kernels.activation import silu_and_mul
 
@@ -341,7 +346,12 @@ def test_w8a8_skinny_equals_the_gemm_path(scheme_name, activation, rows, device,
     w8a8, w8a8_res = fp8_layers.fp8_norm_linear(x, residual, g, 1e-6, weight, None, activation)
     assert torch.equal(gemm_res, w8a8_res)
     assert w8a8.shape == gemm.shape == (rows, 128 if activation else 256)
-    torch.testing.assert_close(w8a8.float(), gemm.float(), rtol=2 ** -7, atol=1e-5)
+    if device.type == "cuda":
+        assert rel(w8a8, gemm) < 4 * fp32_gemm_tol(device)
+        atol = 2 ** -7 * float(gemm.float().abs().max())
+    else:
+        atol = 1e-5
+    torch.testing.assert_close(w8a8.float(), gemm.float(), rtol=2 ** -7, atol=atol)
 
 
 @pytest.mark.parametrize("rows", [1, 3])     # the skinny kernel and the quantize + GEMM path
