@@ -253,46 +253,6 @@ def test_plan_linear(n, k, rows, gated) -> None:
         assert programs >= 2 * num_sms or plan.block_n == 4  # every SM busy where N allows
 
 
-@pytest.mark.parametrize(("n", "k", "gated", "normed", "early"), [
-    (6144, 4096, False, True, True),       # Qwen3-8B qkv: 96 programs, one a multiprocessor
-    (4096, 4096, False, False, True),      # o_proj: 64
-    (12288, 4096, True, True, True),       # gate + up: 192, two a multiprocessor
-    (4096, 12288, False, False, True),     # down: 64
-    (151936, 4096, False, False, False),   # the lm_head: 2,374 programs, many waves
-])
-def test_rows_kernel_pdl_trigger(n, k, gated, normed, early, monkeypatch) -> None:
-    """With PDL the tl.dot kernel lets the next kernel launch right after its wait when the
-    device holds its whole grid (the next one's programs then take only room it leaves), and
-    after its sums otherwise; without PDL the flag stays off (one variant)."""
-    seen: list[tuple[tuple[int, int], dict]] = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: seen.append((grid, kwargs))
-
-    monkeypatch.setattr(skinny_linear, "_skinny_rows_kernel", Recorder())
-    monkeypatch.setattr(skinny_linear, "sm_count", lambda device: 132)
-    meta = torch.device("meta")
-    x = torch.empty((5, k), dtype=torch.bfloat16, device=meta)
-    w = torch.empty((2 * n if gated else n, k), dtype=torch.bfloat16, device=meta)
-    out = torch.empty((5, n), dtype=torch.bfloat16, device=meta)
-    norm = torch.empty((k,), dtype=torch.bfloat16, device=meta) if normed else None
-    activation = "silu" if gated else None
-    for pdl_on, trigger in ((True, "auto"), (False, "auto"), (True, "sums")):
-        options = {"PDL": True, "launch_pdl": True} if pdl_on else {"PDL": False}
-        monkeypatch.setattr(skinny_linear, "launch_options", lambda device, rows, o=options: o)
-        monkeypatch.setenv("HELIOS_PDL_ROWS_TRIGGER", trigger)
-        pdl_mod.rows_trigger.cache_clear()
-        skinny_linear.launch(x, None, norm, EPS, w, None, out, None, activation)
-    pdl_mod.rows_trigger.cache_clear()
-    (grid, kwargs), (_, kwargs_off), (_, kwargs_sums) = seen
-    plan = plan_linear(n, k, 5, 132, gated, normed)
-    assert grid == (-(-n // plan.block_n), 1)
-    assert kwargs["EARLY_NEXT"] is early
-    assert kwargs_off["EARLY_NEXT"] is False and kwargs_sums["EARLY_NEXT"] is False
-    assert (grid[0] <= skinny_linear.resident_programs(plan, 132, gated, normed)) is early
-
-
 @pytest.mark.parametrize("rows", [1, 3, 4, 7])
 def test_linear_float32_out(rows, device, gen) -> None:
     """The logits path: fp32 output from bf16/fp16 operands, without a rounding to the input
@@ -477,8 +437,8 @@ def test_graph_replay(rows, activation, pdl, device, gen) -> None:
     against the reference of its actual input, so a stage reading stale data is caught."""
     assert pdl_mod.pdl_enabled(device) == (pdl and torch.cuda.get_device_capability(device)[0] >= 9)
     bf16 = torch.bfloat16
-    # the lm_head's 1,024 programs of 3 rows pass what any device holds at once: its PDL
-    # trigger comes after the sums, the other projections' right after their wait
+    # the lm_head's 1,024 programs of 3 rows pass what any device holds at once: later
+    # programs start only as earlier ones finish, behind the next kernel's early launch
     hidden, qkv_n, inter, vocab = 1024, 4096, 3072, 65536
 
     def draw(*shape: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:

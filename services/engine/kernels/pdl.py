@@ -19,8 +19,10 @@ alone (bench_decode_step.py, RESULTS.md 2026-11-29). The 2-16-row tl.dot kernel 
 to 200 KiB of shared memory, and a trigger before the wait let every kernel down the chain
 launch early, each crowding the kernel still running (the Qwen3-8B batch-4 step: 5.50 ms with
 that trigger, 4.93 without PDL, 4.68 with the trigger after the sums; RESULTS.md 2026-12-04,
-later session). A grid the device holds whole triggers right after its wait, so only one
-kernel waits ahead; a larger one triggers after its sums (skinny_rows' EARLY_NEXT).
+later session). Triggering right after the wait where the device holds the whole grid (so
+only one kernel waits ahead) measured slower still: the oracle a=0.7 k=4 verification rounds
+at 2.30x and 2.33x plain decoding on an H100 against 2.46x and 2.48x with the trigger after
+the sums, interleaved in one call (RESULTS.md 2026-12-07, eleventh session).
 
 The contract every PDL kernel keeps: before `wait_for_previous_grids` it reads only memory no
 kernel of the step writes (weights), and writes nothing; every program executes the wait
@@ -74,16 +76,6 @@ def _capable(device_index: int) -> bool:
 def switched_off() -> bool:
     """HELIOS_PDL=0 turns PDL off (read once; `switched_off.cache_clear()` re-reads it)."""
     return os.environ.get("HELIOS_PDL", "1").strip() == "0"
-
-
-@functools.cache
-def rows_trigger() -> str:
-    """HELIOS_PDL_ROWS_TRIGGER: where the tl.dot kernel lets the next kernel launch, "auto"
-    (default: after its wait when the device holds its whole grid, else after its sums) or
-    "sums" (always after its sums: the same-run before of the earlier trigger). Read once."""
-    from services.engine.kernels.common import env_choice
-
-    return env_choice("HELIOS_PDL_ROWS_TRIGGER", ("auto", "sums"))
 
 
 def pdl_enabled(device: torch.device) -> bool:

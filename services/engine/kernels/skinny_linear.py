@@ -59,7 +59,7 @@ from services.engine.kernels.common import (
     sm_count,
 )
 from services.engine.kernels.norm import row_rstd
-from services.engine.kernels.pdl import launch_options, rows_trigger, wait_for_previous_grids
+from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
 from services.engine.kernels.skinny_rows import _skinny_rows_kernel
 
 # Above this many rows the fused skinny path hands over to cuBLAS (see the module docstring;
@@ -158,16 +158,6 @@ def _row_step_bytes(block_n: int, block_m: int, gated: bool, normed: bool,
     """Shared memory per reduction element of one pipeline stage of the tl.dot kernel: the
     weight tile(s) and the rows (and residual) of one step."""
     return elem_bytes * (block_n * (2 if gated else 1) + block_m * (2 if normed else 1))
-
-
-def resident_programs(plan: LinearPlan, num_sms: int, gated: bool, normed: bool,
-                      elem_bytes: int = 2) -> int:
-    """How many of the tl.dot kernel's programs the device holds at once, by shared memory
-    (the pipeline's stages): 1 a multiprocessor for 64 x 256 in 5 stages, 2 for gate + up's
-    64 x 64 in 5."""
-    stage = plan.block_k * _row_step_bytes(plan.block_n, plan.block_m, gated, normed,
-                                           elem_bytes)
-    return num_sms * max(1, SHARED_BYTES // (plan.num_stages * stage))
 
 
 @triton.jit
@@ -323,13 +313,10 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Te
     interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     precision = "ieee" if x.dtype == torch.float32 or interpreted else "tf32"
     grid = (cdiv(n_out, plan.block_n), cdiv(rows, plan.block_m))
-    early = flags["PDL"] and rows_trigger() == "auto" and grid[0] * grid[1] <= \
-        resident_programs(plan, sm_count(x.device), activation is not None,
-                          norm_weight is not None, x.element_size())
     _skinny_rows_kernel[grid](
         *pointers, scales, rows, *sizes, scale_stride,
         BLOCK_M=plan.block_m, NUM_STAGES=plan.num_stages, DOT_PRECISION=precision,
-        EARLY_NEXT=early, **flags)
+        **flags)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

@@ -1,6 +1,6 @@
 """The tl.dot kernel of `skinny_linear` for steps of 2 to `MAX_ROWS` token rows (a
 verification's pending token and drafts, small decode batches), and the epilogue it shares
-with fp8_layers' W8A8 kernel. `skinny_linear` plans (`plan_rows`, `resident_programs`) and
+with fp8_layers' W8A8 kernel. `skinny_linear` plans (`plan_rows`) and
 launches it (`launch`); the module docstring there says why it looks as it does.
 """
 
@@ -34,7 +34,7 @@ def _skinny_rows_kernel(
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
-    W_SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, EARLY_NEXT: tl.constexpr,
+    W_SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr,
 ):
     # The few-rows twin of _skinny_linear_kernel: each program streams its BLOCK_N weight rows
     # once for BLOCK_M token rows, tl.dot of the weight tile with the transposed row tile (the
@@ -49,13 +49,8 @@ def _skinny_rows_kernel(
     pid_n = tl.program_id(0)
     m, m_mask, n, n_mask, kk, w_rows, up_rows = row_tile(
         rows, n_out, w_ptr, up_offset, stride_w, BLOCK_M, BLOCK_N, BLOCK_K)
-    # PDL: the next kernel launches once every program of this one has waited (EARLY_NEXT:
-    # the whole grid is resident, so the next one's programs take only room this one leaves)
-    # or has its sums (a grid larger than the device: the next kernel's programs, launched
-    # early, would hold the room this one's later programs need)
+    # PDL: wait first; the next kernel launches once this one has its sums (pdl.py)
     wait_only(PDL)
-    if EARLY_NEXT:
-        let_next_launch(PDL)
     act_dtype = x_ptr.dtype.element_ty
     m64 = m.to(tl.int64)[:, None]                                      # [BM, 1]
     x_rows = x_ptr + m64 * stride_x
@@ -105,8 +100,7 @@ def _skinny_rows_kernel(
                 acc_up += tl.dot(u, a_t, input_precision=DOT_PRECISION) * s_u[:, None]
             else:
                 acc_up = tl.dot(u, a_t, acc_up, input_precision=DOT_PRECISION)
-    if not EARLY_NEXT:
-        let_next_launch(PDL)
+    let_next_launch(PDL)
     if W_SCALE == "channel":
         acc = acc * tl.load(ws_ptr + n, mask=n_mask, other=0.0)[:, None]
         if ACTIVATION != "none":

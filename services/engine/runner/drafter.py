@@ -23,8 +23,14 @@ first: the last verification's accepted drafts plus its correction, or the plain
 its last drafts) runs as one CUDA graph replay (`DraftRoundGraphs`, runner/round_graphs.py:
 the catch-up forward padded to a power-of-two row capacity, the draft from its last real
 row, then the chained forwards), captured at start-up after the target's graphs
-(`PagedDrafter.warm_up`). Eagerly, each forward of a 28-layer draft model costs the host's launch latency
-for its ~200 kernels. A choice's first round (its prompt) runs eagerly in chunks.
+(`PagedDrafter.warm_up`). Eagerly, each forward of a 28-layer draft model costs the host's
+launch latency for its ~200 kernels. A choice's first round (its prompt) runs eagerly in
+chunks, and so does a catch-up past the graphs' rows: their forwards meet the prompt-chunk
+and context shapes the target's eager steps meet, so start-up warms the draft model over the
+same single-sequence shapes (runner/warm_up.py) and no kernel compiles while serving. Before
+that, an H100 spent 1.7 s of a 256-token request planning: the Qwen3-0.6B-shape draft's first
+256-row catch-up compiled the kernels its own widths need (RESULTS.md 2026-12-07, eleventh
+session).
 
 Exactness: the drafts are a deterministic function of the choice's tokens (a greedy draft:
 its proposal distribution is a point mass), so the existing verification, which samples the
@@ -68,6 +74,7 @@ from services.engine.runner.draft_pages import (
     round_inputs,
 )
 from services.engine.runner.round_graphs import RoundGraphs
+from services.engine.runner.warm_up import warm_up_eager
 from services.engine.sampling.vocab import mask_beyond_vocab_, token_vocab_size
 from services.engine.scheduler.plan import SlotHandle
 from services.engine.scheduler.speculation import DRAFT
@@ -148,6 +155,13 @@ class DraftModelProposer(PagedDrafter):
         out = tuple(int(d) for d in torch.stack(drafts).tolist())    # the one read-back
         entry.tokens.extend(out[:len(steps) - len(feeds)])   # the chained rows fed drafts
         return out, len(steps)
+
+    def warm_up(self) -> None:
+        """The shared warm-up (round graphs, two eager rounds), then the draft model's
+        forwards over the eager step shapes of one sequence (module docstring)."""
+        super().warm_up()
+        warm_up_eager(self.model, self.kv, max_tokens=self.chunk_tokens, max_seqs=1,
+                      max_model_len=self.max_positions)
 
     def _warm_round(self, pages: list[int], rows: int) -> None:
         self._eager_round(DraftEntry(generation=-1, pages=pages), [0] * rows, self.num_tokens)

@@ -66,3 +66,38 @@ def test_serving_compiles_no_kernel_variant(tmp_path):
         tokens, _, _ = serve(engine, requests)
         assert all(len(tokens[r.request_id]) == r.stop.max_tokens for r in requests)
     assert new_variants(after_start) == {}, "kernels compiled while serving (before, after)"
+
+
+# a draft model of its own width, head count and depth: its kernels cannot ride on the
+# variants the target's warm-up compiled
+DRAFT = {**CONFIG, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 1,
+         "num_attention_heads": 16, "num_key_value_heads": 4}
+
+
+def test_a_draft_model_compiles_nothing_while_serving(tmp_path):
+    """Speculating with a draft model (`speculative_method draft`), one request at a time over
+    prompts of many lengths, long ones included: the draft model's eager catch-ups (a
+    prompt's chunks, a catch-up past the round graphs) compile no kernel variant either
+    (DraftModelProposer.warm_up; an H100 once spent 1.7 s of a 256-token request in them)."""
+    from services.common.core import open_model
+    from services.engine.kernels.variants import compiled_variants, new_variants
+    from tests.engine.model.checkpoints import write_tokenizer
+    from tests.engine.runner.conftest import greedy_request, make_engine, serve
+
+    for name, config in (("target", CONFIG), ("draft", DRAFT)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        write_tokenizer(tmp_path / name)
+    engine = make_engine(open_model(tmp_path / "target", allow_missing_weights=True),
+                         device="cuda", dtype="bfloat16", load_format="dummy", page_size=16,
+                         max_num_seqs=8, prefill_chunk_size=512, max_num_batched_tokens=1024,
+                         kv_cache_bytes=1 << 30, speculative_method="draft",
+                         speculative_model=str(tmp_path / "draft"), num_speculative_tokens=4)
+    after_start = compiled_variants()
+    lengths = (1, 2, 5, 16, 17, 63, 64, 65, 100, 200, 257, 511, 513, 1023, 1500, 3000, 9000)
+    for i, n in enumerate(lengths):
+        request = greedy_request(f"d{i}", _prompt(n, 300 + i), 40)
+        tokens, _, _ = serve(engine, [request])
+        assert len(tokens[request.request_id]) == 40
+    assert engine.scheduler.state.counters.spec_drafter_steps > 0
+    assert new_variants(after_start) == {}, "kernels compiled while serving (before, after)"
