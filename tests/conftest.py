@@ -62,3 +62,14 @@ def transformers_gguf(request):
     from tests.support.transformers_gguf import TransformersGGUF
 
     return TransformersGGUF(lambda name: request.getfixturevalue(f"{name}_gguf"))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """HELIOS_FAILURE_LOG=path: each failure's traceback appended there as it happens (under
+    xdist the controller receives every worker's reports), so a GPU run cut off by its time
+    limit still shows why what failed before the cut failed (pytest prints them only at the
+    end)."""
+    path = os.environ.get("HELIOS_FAILURE_LOG")
+    if path and report.failed:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
