@@ -21,7 +21,8 @@ Random weights make real acceptance unmeasurable, so two drafts bound it:
   the same engine.
 Per row: output tok/s, speedup over plain decoding of the same prompt, tokens per round,
 acceptance, mean width, drafter forwards per round, the drafter's measured forward (ms) and
-how long the output stays the plain one, and where it leaves it, the target's gap between
+the drafter's rounds by kind (graph replays, eager) with their wall time, how long the output
+stays the plain one, and where it leaves it, the target's gap between
 its two best tokens there (bench_speculative.split_margin: a near-tie or a wrong state).
 Writes speculative_draft.json under --out.
 """
@@ -103,6 +104,9 @@ def main() -> int:
                             speculative_model=str(draft), num_speculative_tokens=args.k, **kv)
             _serve(engine, [_request("warm", prompt[:32], 8)])
             engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+            pages = engine.scheduler.state.config.proposer.pages
+            pages.round_seconds, pages.round_counts = dict.fromkeys(pages.round_seconds, 0.0), \
+                dict.fromkeys(pages.round_counts, 0)
             tokens, spec_s, _ = _serve(engine, [_request("d", prompt, args.output_len)])
             counters = engine.scheduler.state.counters
             proposer = engine.scheduler.state.config.proposer
@@ -111,6 +115,7 @@ def main() -> int:
                 "drafter_forwards_per_round": round(counters.spec_drafter_steps /
                                                     max(1, counters.spec_rounds), 3),
                 "drafter_forward_ms": round(1e3 * getattr(proposer, "forward_s", 0.0), 3),
+                "drafter_rounds": _rounds(proposer),
                 "same_as_plain_until": (same := _agree(tokens["d"], plain["plain"])),
                 "split_margin_nats": split_margin(engine, prompt, plain["plain"], same)}))
             del engine, proposer
@@ -126,6 +131,14 @@ def main() -> int:
               f"{_cell(r, 'mean_width', 7)}{_cell(r, 'drafter_forwards_per_round', 8)}"
               f"{_cell(r, 'drafter_forward_ms', 8)}{_cell(r, 'same_as_plain_until', 6)}")
     return 0
+
+
+def _rounds(proposer) -> dict:
+    """The drafter's rounds in the timed request, by kind: count and milliseconds of wall
+    time (each round waits for its drafts, so the time is the planning it cost)."""
+    pages = proposer.pages
+    return {kind: {"rounds": pages.round_counts[kind],
+                   "ms": round(1e3 * pages.round_seconds[kind], 2)} for kind in ("graph", "eager")}
 
 
 def _oracle_rows(target: Path, draft: Path, prompt: list[int], vocab: int, args,
@@ -150,6 +163,7 @@ def _oracle_rows(target: Path, draft: Path, prompt: list[int], vocab: int, args,
                          "drafter_forwards_per_round": round(counters.spec_drafter_steps /
                                                              max(1, counters.spec_rounds), 3),
                          "drafter_forward_ms": round(1e3 * drafter.forward_s, 3),
+                         "drafter_rounds": _rounds(drafter),
                          "same_as_plain_until": _agree(tokens["o"], plain["plain"])}))
     del engine, drafter
     _free()

@@ -55,6 +55,9 @@ class DraftPages:
         self._free = list(range(num_pages - 1, -1, -1))
         self._entries: collections.OrderedDict[int, DraftEntry] = collections.OrderedDict()
         self.forward_times: collections.deque[float] = collections.deque(maxlen=9)
+        # every round's wall time, by kind (diagnostics: bench_speculative_draft.py)
+        self.round_seconds = {"graph": 0.0, "eager": 0.0}
+        self.round_counts = {"graph": 0, "eager": 0}
 
     @property
     def free_pages(self) -> int:
@@ -122,12 +125,17 @@ class PagedDrafter:
     num_tokens: int
 
     def record_forwards(self, started: float, forwards: int, *, graph_round: bool) -> None:
-        """A round's wall time per forward (the round's one read-back waited for the
+        """The round's wall time into `round_seconds` / `round_counts` by kind, and per
+        forward (the round's one read-back waited for the
         device's work, so the wall time covers it): every graph round, and eager rounds only
         while no round graph is captured (with graphs, an eager round, a prompt's catch-up,
         is a one-off, not a per-draft cost)."""
+        elapsed = time.perf_counter() - started
+        kind = "graph" if graph_round else "eager"
+        self.pages.round_seconds[kind] += elapsed
+        self.pages.round_counts[kind] += 1
         if graph_round or not self.graphs.graphs:
-            self.pages.forward_times.append((time.perf_counter() - started) / forwards)
+            self.pages.forward_times.append(elapsed / forwards)
 
     @torch.inference_mode()
     def warm_up(self) -> None:

@@ -199,6 +199,10 @@ def test_graph_rounds_draft_what_eager_rounds_draft(source, perturbed_dir):
         again, forwards = graphed.propose_for(handle, kept, 2)
         assert again == eager.propose_for(handle, kept, 2)[0] and forwards == 2
         assert graphed.tokens_held(0) == eager.tokens_held(0) == (*kept, again[0])
+    # each round's kind counted (bench_speculative_draft's diagnostics): 33 rows ran eagerly
+    assert graphed.pages.round_counts == {"graph": 15, "eager": 1}
+    assert eager.pages.round_counts == {"graph": 0, "eager": 16}
+    assert all(seconds > 0 for seconds in graphed.pages.round_seconds.values())
 
 
 def test_seeded_sampling_draws_the_plain_tokens(source, perturbed_dir):
