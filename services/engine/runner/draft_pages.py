@@ -125,11 +125,11 @@ class PagedDrafter:
     num_tokens: int
 
     def record_forwards(self, started: float, forwards: int, *, graph_round: bool) -> None:
-        """The round's wall time into `round_seconds` / `round_counts` by kind, and per
-        forward (the round's one read-back waited for the
-        device's work, so the wall time covers it): every graph round, and eager rounds only
-        while no round graph is captured (with graphs, an eager round, a prompt's catch-up,
-        is a one-off, not a per-draft cost)."""
+        """The round's wall time (its one read-back waited for the device's work, so the
+        wall time covers it) into `round_seconds` / `round_counts` by kind, and per forward
+        into `forward_times`: every graph round, and eager rounds only while no round graph
+        is captured (with graphs, an eager round, a prompt's catch-up, is a one-off, not a
+        per-draft cost)."""
         elapsed = time.perf_counter() - started
         kind = "graph" if graph_round else "eager"
         self.pages.round_seconds[kind] += elapsed
