@@ -24,13 +24,15 @@ its last drafts) runs as one CUDA graph replay (`DraftRoundGraphs`, runner/round
 the catch-up forward padded to a power-of-two row capacity, the draft from its last real
 row, then the chained forwards), captured at start-up after the target's graphs
 (`PagedDrafter.warm_up`). Eagerly, each forward of a 28-layer draft model costs the host's
-launch latency for its ~200 kernels. A choice's first round (its prompt) runs eagerly in
-chunks, and so does a catch-up past the graphs' rows: their forwards meet the prompt-chunk
-and context shapes the target's eager steps meet, so start-up warms the draft model over the
-same single-sequence shapes (runner/warm_up.py) and no kernel compiles while serving. Before
-that, an H100 spent 1.7 s of a 256-token request planning: the Qwen3-0.6B-shape draft's first
-256-row catch-up compiled the kernels its own widths need (RESULTS.md 2026-12-07, eleventh
-session).
+launch latency for its ~200 kernels. A longer catch-up (a choice's first round, over its
+prompt, or a gap past the graphs' rows) feeds all but its last 32 rows eagerly, in chunks
+and without logits (`_catch_up`), then replays the round's graph for the rest and the
+drafts, so only the chunks run eagerly, never the chained one-row forwards. Those chunks
+meet the prompt-chunk and context shapes the target's eager steps meet, so start-up warms
+the draft model over the same single-sequence shapes (runner/warm_up.py) and no kernel
+compiles while serving. Before that, an H100 spent 1.7 s of a 256-token request planning:
+the Qwen3-0.6B-shape draft's first 256-row catch-up compiled the kernels its own widths
+need (RESULTS.md 2026-12-07, eleventh session).
 
 Exactness: the drafts are a deterministic function of the choice's tokens (a greedy draft:
 its proposal distribution is a point mass), so the existing verification, which samples the
@@ -118,16 +120,36 @@ class DraftModelProposer(PagedDrafter):
             self.pages.drop(handle.slot)
             return (), 0
         started = time.perf_counter()
-        start = len(entry.tokens)
-        if self.graphs.fits(len(entry.pages), len(tokens) - start, limit):   # the usual round
-            out = self.graphs.run(entry.pages, start, tokens[start:], None, limit)
-            entry.tokens.extend(tokens[start:])
+        if self.graphs.fits(len(entry.pages), 1, limit):
+            # a prompt or a long gap: the rows before the graph's last capacity eagerly, in
+            # chunks and without logits; then the round's graph drafts
+            split = max(len(entry.tokens), len(tokens) - self.graphs.row_capacities[-1])
+            eager = self._catch_up(entry, tokens, split)
+            out = self.graphs.run(entry.pages, split, tokens[split:], None, limit)
+            entry.tokens.extend(tokens[split:])
             entry.tokens.extend(out[:limit - 1])     # the chained rows fed drafts
-            self.record_forwards(started, limit, graph_round=True)
-            return out, limit
+            self.record_forwards(started, eager + limit, graph_round=not eager)
+            return out, eager + limit
         out, forwards = self._eager_round(entry, tokens, limit)
         self.record_forwards(started, forwards, graph_round=False)
         return out, forwards
+
+    def _catch_up(self, entry: DraftEntry, tokens: list[int], end: int) -> int:
+        """Feed tokens[len(entry.tokens):end] in chunks (forwards that only write the draft
+        KV) and order the round graphs' stream after them: the forwards run."""
+        start = len(entry.tokens)
+        if end <= start:
+            return 0
+        feeds = [(at, tokens[at:min(end, at + self.chunk_tokens)], None)
+                 for at in range(start, end, self.chunk_tokens)]
+        steps = round_inputs(entry.pages, self.page_size, self.device, feeds, 0)
+        for step, (_, ids, _) in zip(steps, feeds, strict=True):
+            assert step.ids is not None                 # every step here is a feed
+            self.model(ForwardBatch(step.ids, step.positions, step.meta), self.kv)
+            entry.tokens.extend(ids)
+        if self.graphs.stream is not None:           # the replay reads the KV they wrote
+            self.graphs.stream.wait_stream(torch.cuda.current_stream(self.device))
+        return len(feeds)
 
     def _eager_round(self, entry: DraftEntry, tokens: list[int], limit: int
                      ) -> tuple[tuple[int, ...], int]:
