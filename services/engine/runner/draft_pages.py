@@ -26,7 +26,7 @@ from __future__ import annotations
 import collections
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -160,6 +160,32 @@ class PagedDrafter:
     def _warm_round(self, pages: list[int], rows: int) -> None:
         """One eager round over `pages` catching up on `rows` padding rows, then chaining
         to num_tokens drafts."""
+        raise NotImplementedError
+
+    def _catch_up(self, entry: DraftEntry, rows: Sequence[int], end: int,
+                  extra: Callable[[int, int], list[int]] | None = None) -> int:
+        """Feed rows[len(entry.tokens):end] (`extra(start, stop)`: their per-row values) in
+        chunks of `chunk_tokens`, forwards that only write the drafter's KV (`_feed`), and
+        order the round graphs' stream after them (the replay reads that KV); the forwards
+        run. A long catch-up (a prompt, a gap past the graphs' rows) takes this for all but
+        its last rows, then replays the round's graph."""
+        start = len(entry.tokens)
+        if end <= start:
+            return 0
+        feeds = []
+        for at in range(start, end, self.chunk_tokens):
+            stop = min(end, at + self.chunk_tokens)
+            feeds.append((at, list(rows[at:stop]), extra(at, stop) if extra else None))
+        steps = round_inputs(entry.pages, self.page_size, self.device, feeds, 0)
+        for step, (_, ids, _) in zip(steps, feeds, strict=True):
+            self._feed(step)
+            entry.tokens.extend(ids)
+        if self.graphs.stream is not None:
+            self.graphs.stream.wait_stream(torch.cuda.current_stream(self.device))
+        return len(feeds)
+
+    def _feed(self, step: ForwardInputs) -> None:
+        """One catch-up forward (no logits) of the drafter over `step`."""
         raise NotImplementedError
 
     @property

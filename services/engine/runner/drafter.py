@@ -26,7 +26,7 @@ row, then the chained forwards), captured at start-up after the target's graphs
 (`PagedDrafter.warm_up`). Eagerly, each forward of a 28-layer draft model costs the host's
 launch latency for its ~200 kernels. A longer catch-up (a choice's first round, over its
 prompt, or a gap past the graphs' rows) feeds all but its last 32 rows eagerly, in chunks
-and without logits (`_catch_up`), then replays the round's graph for the rest and the
+and without logits (`PagedDrafter._catch_up`), then replays the round's graph for the rest and the
 drafts, so only the chunks run eagerly, never the chained one-row forwards. Those chunks
 meet the prompt-chunk and context shapes the target's eager steps meet, so start-up warms
 the draft model over the same single-sequence shapes (runner/warm_up.py) and no kernel
@@ -71,6 +71,7 @@ from services.engine.model.registry import resolve
 from services.engine.runner.draft_pages import (
     DraftEntry,
     DraftPages,
+    ForwardInputs,
     PagedDrafter,
     common_prefix,
     round_inputs,
@@ -134,22 +135,9 @@ class DraftModelProposer(PagedDrafter):
         self.record_forwards(started, forwards, graph_round=False)
         return out, forwards
 
-    def _catch_up(self, entry: DraftEntry, tokens: list[int], end: int) -> int:
-        """Feed tokens[len(entry.tokens):end] in chunks (forwards that only write the draft
-        KV) and order the round graphs' stream after them: the forwards run."""
-        start = len(entry.tokens)
-        if end <= start:
-            return 0
-        feeds = [(at, tokens[at:min(end, at + self.chunk_tokens)], None)
-                 for at in range(start, end, self.chunk_tokens)]
-        steps = round_inputs(entry.pages, self.page_size, self.device, feeds, 0)
-        for step, (_, ids, _) in zip(steps, feeds, strict=True):
-            assert step.ids is not None                 # every step here is a feed
-            self.model(ForwardBatch(step.ids, step.positions, step.meta), self.kv)
-            entry.tokens.extend(ids)
-        if self.graphs.stream is not None:           # the replay reads the KV they wrote
-            self.graphs.stream.wait_stream(torch.cuda.current_stream(self.device))
-        return len(feeds)
+    def _feed(self, step: ForwardInputs) -> None:
+        assert step.ids is not None
+        self.model(ForwardBatch(step.ids, step.positions, step.meta), self.kv)
 
     def _eager_round(self, entry: DraftEntry, tokens: list[int], limit: int
                      ) -> tuple[tuple[int, ...], int]:

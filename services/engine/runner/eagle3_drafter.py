@@ -56,6 +56,7 @@ from services.engine.model.eagle3 import Eagle3Head, load_eagle3_head, parse_eag
 from services.engine.model.layers import Embedding
 from services.engine.runner.draft_pages import (
     DraftPages,
+    ForwardInputs,
     PagedDrafter,
     common_prefix,
     round_inputs,
@@ -129,14 +130,21 @@ class Eagle3Proposer(PagedDrafter):
             self.pages.drop(handle.slot)
             return (), 0
         started = time.perf_counter()
-        start = len(entry.tokens)
-        if self.graphs.fits(len(entry.pages), n - 1 - start, limit):   # the usual round
-            feed = inputs[start:n - 1]
-            replayed = self.graphs.run(entry.pages, start, feed, [
-                kv_slot(target_pages, p, self.page_size) for p in range(start, n - 1)], limit)
+
+        def target_slots(begin: int, stop: int) -> list[int]:     # rows' target states
+            return [kv_slot(target_pages, p, self.page_size) for p in range(begin, stop)]
+
+        if self.graphs.fits(len(entry.pages), 1, limit):
+            # a prompt or a long gap: all but the graph's last capacity of rows eagerly
+            # (PagedDrafter._catch_up), then the round's graph
+            split = max(len(entry.tokens), n - 1 - self.graphs.row_capacities[-1])
+            eager = self._catch_up(entry, inputs, split, target_slots)
+            feed = inputs[split:n - 1]
+            replayed = self.graphs.run(entry.pages, split, feed, target_slots(split, n - 1),
+                                       limit)
             entry.tokens.extend(feed)
-            self.record_forwards(started, limit, graph_round=True)
-            return replayed, limit
+            self.record_forwards(started, eager + limit, graph_round=not eager)
+            return replayed, eager + limit
         feeds = []                                  # catch up (chunked) on the target's rows
         for start in range(len(entry.tokens), n - 1, self.chunk_tokens):
             chunk = inputs[start:min(n - 1, start + self.chunk_tokens)]
@@ -174,6 +182,11 @@ class Eagle3Proposer(PagedDrafter):
     def _warm_round(self, pages: list[int], rows: int) -> None:
         self._eager_round(pages, [(0, [0] * rows, [self.store.padding_row] * rows)],
                           self.num_tokens)
+
+    def _feed(self, step: ForwardInputs) -> None:
+        assert step.ids is not None and step.extra is not None
+        self.head(self.embedding(step.ids), self.store.rows[step.extra], step.positions,
+                  self.kv, step.meta)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,8 @@ rounds since its last drafts, so the catch-up forward is captured at every power
 capacity up to capacity(max(k + 1, CATCH_UP_ROWS)), and the chain for every draft count
 1 .. k: a graph per (rows, drafts). A longer catch-up (the first round, over the whole
 prompt, or a catch-up past the largest capacity after a preemption or a long zero-width
-stretch) is the drafter's own: the draft model feeds all but the last capacity's rows
-eagerly and then replays a graph; the EAGLE-3 head runs such a round eagerly in chunks.
+stretch) feeds all but the last capacity's rows eagerly, in chunks
+(`PagedDrafter._catch_up`), and then replays a graph.
 
 Every input sits in two static device buffers at fixed offsets (int32: the page table row,
 the catch-up's query starts and KV length, each chained row's KV length; int64: the fed ids,
