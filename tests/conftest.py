@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.support.failure_log"]
+
 # Triton fixes interpreted-vs-compiled when a kernel (or triton.language itself) is defined, so
 # its CPU interpreter must be on before anything in the session imports triton: on machines
 # without a GPU driver the kernel tests (tests/kernels) run through it.
@@ -62,14 +64,3 @@ def transformers_gguf(request):
     from tests.support.transformers_gguf import TransformersGGUF
 
     return TransformersGGUF(lambda name: request.getfixturevalue(f"{name}_gguf"))
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """HELIOS_FAILURE_LOG=path: each failure's traceback appended there as it happens (under
-    xdist the controller receives every worker's reports), so a GPU run cut off by its time
-    limit still shows why what failed before the cut failed (pytest prints them only at the
-    end)."""
-    path = os.environ.get("HELIOS_FAILURE_LOG")
-    if path and report.failed:
-        with open(path, "a", encoding="utf-8") as log:
-            log.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
