@@ -200,9 +200,11 @@ def _build(model_dir: Path, args, **overrides):
                         open_model(model_dir, allow_missing_weights=True))
 
 
-def _serve(engine, requests, on_first=None) -> tuple[dict[str, list[int]], float, float]:
+def _serve(engine, requests, on_first=None, logprobs: dict | None = None
+           ) -> tuple[dict[str, list[int]], float, float]:
     """Drive like the engine loop: tokens per request, seconds from the first token to the
-    last (decode), and seconds in all. `on_first()` runs when the first token arrives."""
+    last (decode), and seconds in all. `on_first()` runs when the first token arrives;
+    `logprobs`, when given, gathers each request's sampled logprobs."""
     for request in requests:
         engine.scheduler.admit(request)
     scheduler, runner = engine.scheduler, engine.runner
@@ -241,6 +243,8 @@ def _serve(engine, requests, on_first=None) -> tuple[dict[str, list[int]], float
                         if on_first is not None:
                             on_first()
                     tokens.setdefault(update.request_id, []).extend(delta.token_ids)
+                    if logprobs is not None:
+                        logprobs.setdefault(update.request_id, []).extend(delta.logprobs)
     end = time.perf_counter()
     return tokens, end - (first or started), end - started
 
@@ -300,24 +304,15 @@ def split_margin(engine, prompt: list[int], plain: list[int], index: int) -> flo
     gap, in nats, between its best and second-best token after prompt + plain[:index],
     scored without speculation on `engine`. A gap under bf16's rounding of the logits (a few
     hundredths) says a verification row and a decode step rounded a near-tie apart; a wide
-    one says the speculative state is wrong. None when the outputs never split."""
-    import dataclasses as dc
-
+    one says the speculative state is wrong. None when the outputs never split. Serves a
+    request: call it after the row's counters are read."""
     if index >= len(plain):
         return None
-    request = dc.replace(_request("margin", prompt + plain[:index], 1), logprobs=True,
-                         top_logprobs=2, speculative=False)
-    engine.scheduler.admit(request)
-    top: tuple = ()
-    while engine.scheduler.has_work:
-        plan = engine.scheduler.plan()
-        if plan is not None:
-            engine.runner.submit(engine.scheduler.commit(
-                plan, engine.scheduler.state.resources.fences.next_fence))
-        if engine.runner.outstanding:
-            for update in engine.scheduler.complete(engine.runner.wait()):
-                for delta in update.deltas:
-                    top = top or (delta.logprobs[0].top if delta.logprobs else ())
+    request = dataclasses.replace(_request("margin", prompt + plain[:index], 1),
+                                  logprobs=True, top_logprobs=2, speculative=False)
+    logprobs: dict = {}
+    _serve(engine, [request], logprobs=logprobs)
+    top = logprobs["margin"][0].top if logprobs.get("margin") else ()
     return round(top[0].logprob - top[1].logprob, 4) if len(top) > 1 else None
 
 

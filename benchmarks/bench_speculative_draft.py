@@ -104,20 +104,19 @@ def main() -> int:
                             speculative_model=str(draft), num_speculative_tokens=args.k, **kv)
             _serve(engine, [_request("warm", prompt[:32], 8)])
             engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
-            pages = engine.scheduler.state.config.proposer.pages
-            pages.round_seconds, pages.round_counts = dict.fromkeys(pages.round_seconds, 0.0), \
-                dict.fromkeys(pages.round_counts, 0)
+            proposer = engine.scheduler.state.config.proposer
+            since = _round_totals(proposer)
             tokens, spec_s, _ = _serve(engine, [_request("d", prompt, args.output_len)])
             counters = engine.scheduler.state.counters
-            proposer = engine.scheduler.state.config.proposer
-            results.append(_row(f"draft {name} k={args.k}", engine, tokens, spec_s,
-                                base["tok_s"], {
+            row = _row(f"draft {name} k={args.k}", engine, tokens, spec_s, base["tok_s"], {
                 "drafter_forwards_per_round": round(counters.spec_drafter_steps /
                                                     max(1, counters.spec_rounds), 3),
                 "drafter_forward_ms": round(1e3 * getattr(proposer, "forward_s", 0.0), 3),
-                "drafter_rounds": _rounds(proposer),
-                "same_as_plain_until": (same := _agree(tokens["d"], plain["plain"])),
-                "split_margin_nats": split_margin(engine, prompt, plain["plain"], same)}))
+                "drafter_rounds": _rounds(proposer, since),
+                "same_as_plain_until": _agree(tokens["d"], plain["plain"])})
+            row["split_margin_nats"] = split_margin(engine, prompt, plain["plain"],
+                                                    row["same_as_plain_until"])
+            results.append(row)
             del engine, proposer
             _free()
         results += _oracle_rows(target, drafts["0.6b"], prompt, vocab, args, kv)
@@ -133,12 +132,19 @@ def main() -> int:
     return 0
 
 
-def _rounds(proposer) -> dict:
-    """The drafter's rounds in the timed request, by kind: count and milliseconds of wall
-    time (each round waits for its drafts, so the time is the planning it cost)."""
+def _round_totals(proposer) -> dict[str, tuple[int, float]]:
+    """The drafter's rounds so far by kind: (count, seconds of wall time)."""
     pages = proposer.pages
-    return {kind: {"rounds": pages.round_counts[kind],
-                   "ms": round(1e3 * pages.round_seconds[kind], 2)} for kind in ("graph", "eager")}
+    return {kind: (pages.round_counts[kind], pages.round_seconds[kind])
+            for kind in pages.round_counts}
+
+
+def _rounds(proposer, since: dict[str, tuple[int, float]]) -> dict:
+    """The drafter's rounds after `since` (`_round_totals`), by kind: count and milliseconds
+    of wall time (each round waits for its drafts, so the time is the planning it cost)."""
+    return {kind: {"rounds": count - since[kind][0],
+                   "ms": round(1e3 * (seconds - since[kind][1]), 2)}
+            for kind, (count, seconds) in _round_totals(proposer).items()}
 
 
 def _oracle_rows(target: Path, draft: Path, prompt: list[int], vocab: int, args,
@@ -156,6 +162,7 @@ def _oracle_rows(target: Path, draft: Path, prompt: list[int], vocab: int, args,
     oracle = Oracle({tuple(prompt): plain["plain"]}, 0.7, args.k, vocab, seed=args.k)
     _with_proposer(engine, OracleHead(drafter, oracle))
     engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+    since = _round_totals(drafter)
     tokens, spec_s, _ = _serve(engine, [_request("o", prompt, args.output_len)])
     counters = engine.scheduler.state.counters
     rows.append(_row(f"draft 0.6b + oracle a=0.7 k={args.k}", engine, tokens, spec_s,
@@ -163,7 +170,7 @@ def _oracle_rows(target: Path, draft: Path, prompt: list[int], vocab: int, args,
                          "drafter_forwards_per_round": round(counters.spec_drafter_steps /
                                                              max(1, counters.spec_rounds), 3),
                          "drafter_forward_ms": round(1e3 * drafter.forward_s, 3),
-                         "drafter_rounds": _rounds(drafter),
+                         "drafter_rounds": _rounds(drafter, since),
                          "same_as_plain_until": _agree(tokens["o"], plain["plain"])}))
     del engine, drafter
     _free()

@@ -9,8 +9,8 @@ reference cycles with its frames (the gRPC abort is raised while handling it), w
 prompt alive until the cyclic collector happens to run. `MemoryReleaser` runs `gc.collect()`
 and then `malloc_trim(0)` (every arena, free pages returned with madvise) shortly after the
 last large request ends (and again one and four seconds later), on a thread (ctypes
-releases the GIL); and the frontend fixes the mmap threshold at 1 MiB at start (`cap_mmap_threshold`), so big
-blocks are unmapped as soon as they are freed. On a C library without `malloc_trim` /
+releases the GIL); and the frontend fixes the mmap threshold at 1 MiB at start
+(`cap_mmap_threshold`), so big blocks are unmapped as soon as they are freed. On a C library without `malloc_trim` /
 `mallopt` these do nothing.
 """
 

@@ -23,6 +23,7 @@ metadata upload per forward from pageable memory, and a read-back per draft, eac
 
 from __future__ import annotations
 
+import abc
 import collections
 import statistics
 import time
@@ -110,7 +111,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return next(i for i in range(n) if a[i] != b[i])
 
 
-class PagedDrafter:
+class PagedDrafter(abc.ABC):
     """What both drafters share over their `pages` (a DraftPages) and their round `graphs`
     (runner/round_graphs.py): the free page count and the rows a slot holds (tests,
     diagnostics); `forward_s`, a draft forward's measured duration, which the width policy
@@ -157,10 +158,10 @@ class PagedDrafter:
             self._warm_round(list(range(needed)), rows)
         torch.cuda.synchronize(self.device)
 
+    @abc.abstractmethod
     def _warm_round(self, pages: list[int], rows: int) -> None:
         """One eager round over `pages` catching up on `rows` padding rows, then chaining
         to num_tokens drafts."""
-        raise NotImplementedError
 
     def _catch_up(self, entry: DraftEntry, rows: Sequence[int], end: int,
                   extra: Callable[[int, int], list[int]] | None = None) -> int:
@@ -184,9 +185,9 @@ class PagedDrafter:
             self.graphs.stream.wait_stream(torch.cuda.current_stream(self.device))
         return len(feeds)
 
+    @abc.abstractmethod
     def _feed(self, step: ForwardInputs) -> None:
         """One catch-up forward (no logits) of the drafter over `step`."""
-        raise NotImplementedError
 
     @property
     def free_pages(self) -> int:
