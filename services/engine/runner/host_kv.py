@@ -24,6 +24,7 @@ indexed assignments.
 from __future__ import annotations
 
 import logging
+import weakref
 
 import torch
 
@@ -54,6 +55,19 @@ def _raw(tensor: torch.Tensor) -> torch.Tensor:
         tensor.dtype != torch.uint8 else tensor
 
 
+def _unregister(store: torch.Tensor, stream: torch.cuda.Stream | None) -> None:
+    """Waits for the copies in flight, then unpins `store`; after a device fault (a sticky
+    error fails the wait) it unpins without waiting: nothing runs on that context again."""
+    try:
+        if stream is not None:
+            stream.synchronize()
+    except RuntimeError as exc:
+        log.warning("the host KV tier's copy stream failed before unpinning: %s", exc)
+    error = torch.cuda.cudart().cudaHostUnregister(store.data_ptr())
+    if int(error) != 0:
+        log.warning("unpinning the host KV tier failed (cudaHostUnregister error %s)", error)
+
+
 class HostKVStore:
     def __init__(self, kv: KVCache, num_pages: int, *,
                  staging_pages: int = STAGING_PAGES) -> None:
@@ -67,12 +81,12 @@ class HostKVStore:
         page_shape = tuple(self.caches[0].shape[1:])
         dtype = self.caches[0].dtype
         self.store = torch.empty((num_pages, len(self.caches), *page_shape), dtype=dtype)
-        self._registered = False
         self.stream: torch.cuda.Stream | None = None
         self.staging: torch.Tensor | None = None
+        self._unregister: weakref.finalize | None = None
         if self.cuda:
-            self._register()
             self.stream = torch.cuda.Stream(self.device)
+            self._register()
             self.staging = torch.empty((min(staging_pages, num_pages), len(self.caches),
                                         *page_shape), dtype=dtype, device=self.device)
         self.offloaded_pages = 0
@@ -87,19 +101,25 @@ class HostKVStore:
         return self.store.numel() * self.store.element_size()
 
     def _register(self) -> None:
+        """Pins the store. The finalizer holds the tensor, so its memory is unregistered before
+        it can be freed, whether the store is closed or only collected (an engine dropped
+        without closing: every GPU test's): the driver keeps a registered range mapped, and
+        freeing it under the driver is undefined behaviour."""
         error = torch.cuda.cudart().cudaHostRegister(self.store.data_ptr(), self.num_bytes, 0)
         if int(error) != 0:
             raise InternalError(f"pinning {self.num_bytes / 2**30:.1f} GiB of host memory for "
                                 f"the KV host tier failed (cudaHostRegister error {error}): "
                                 "lower --kv-offload-gib")
-        self._registered = True
+        self._unregister = weakref.finalize(self, _unregister, self.store, self.stream)
+
+    @property
+    def registered(self) -> bool:
+        return self._unregister is not None and self._unregister.alive
 
     def close(self) -> None:
-        if self._registered:
-            if self.stream is not None:
-                self.stream.synchronize()
-            torch.cuda.cudart().cudaHostUnregister(self.store.data_ptr())
-            self._registered = False
+        """Waits for the copies in flight, then unpins the store; idempotent."""
+        if self._unregister is not None:
+            self._unregister()
 
     # -- a step's copies --------------------------------------------------------------------
     def run(self, transfers: KVTransfers, model_stream: torch.cuda.Stream | None = None

@@ -3,6 +3,7 @@ host pages, the copy stream) and the graph runner serving evicted prompts from h
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -47,6 +48,21 @@ def test_host_store_round_trip_on_cuda():
                            before[torch.tensor(gpu, device="cuda")])
     assert store.offloaded_pages == store.onloaded_pages == 150
     store.close()
+    assert not store.registered and not store.store.is_pinned()
+    store.close()                           # idempotent
+
+
+def test_a_store_dropped_unclosed_unpins_its_memory_first():
+    """An engine built and dropped (every GPU test) never closes its host tier; its memory must
+    still be unregistered before it is freed, or a later CUDA call in the process crashes."""
+    kv = KVCache(k_caches=(torch.zeros((8, 16, 2, 64), device="cuda"),),
+                 v_caches=(torch.zeros((8, 16, 2, 64), device="cuda"),))
+    store = HostKVStore(kv, 32, staging_pages=4)
+    pinned = store.store
+    assert store.registered and pinned.is_pinned()
+    del store
+    gc.collect()
+    assert not pinned.is_pinned()
 
 
 def _prompt(length: int, seed: int) -> list[int]:
