@@ -25,9 +25,9 @@ the catch-up forward padded to a power-of-two row capacity, the draft from its l
 row, then the chained forwards), captured at start-up after the target's graphs
 (`PagedDrafter.warm_up`). Eagerly, each forward of a 28-layer draft model costs the host's
 launch latency for its ~200 kernels. A longer catch-up (a choice's first round, over its
-prompt, or a gap past the graphs' rows) feeds all but its last 32 rows eagerly, in chunks
-and without logits (`PagedDrafter._catch_up`), then replays the round's graph for the rest and the
-drafts, so only the chunks run eagerly, never the chained one-row forwards. Those chunks
+prompt, or a gap past the graphs' rows) feeds all but its last `CATCH_UP_ROWS` (64) rows
+eagerly, in chunks and without logits (`PagedDrafter._catch_up`), then replays the round's
+graph for the rest and the drafts, so only the chunks run eagerly, never the chained one-row forwards. Those chunks
 meet the prompt-chunk and context shapes the target's eager steps meet, so start-up warms
 the draft model over the same single-sequence shapes (runner/warm_up.py) and no kernel
 compiles while serving. Before that, an H100 spent 1.7 s of a 256-token request planning:

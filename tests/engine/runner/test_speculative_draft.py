@@ -17,6 +17,7 @@ from services.common.core import open_model
 from services.common.errors import ValidationError
 from services.engine.core.telemetry import SpeculativeLoad
 from services.engine.runner.drafter import DraftModelProposer
+from services.engine.runner.round_graphs import CATCH_UP_ROWS
 from services.engine.scheduler.plan import SlotHandle
 from tests.engine.fakes import run_like_the_loop
 from tests.engine.grammar.byte_tokenizer import write_byte_tokenizer
@@ -179,24 +180,24 @@ def test_graph_rounds_draft_what_eager_rounds_draft(source, perturbed_dir):
     """A round through the round graphs (runner/round_graphs.py; on the CPU the graph body
     runs eagerly on the padded buffers) drafts what the forward-by-forward eager round drafts
     for the same tokens and holds the same rows: a whole catch-up of every length up to the
-    largest row capacity, and past it (33 and 40 rows: one eager chunk first, then the graph;
+    largest row capacity, and past it (65 and 72 rows: one eager chunk first, then the graph;
     150 rows: two chunks of the 80-token budget, then the graph), then a round after a partly
     rejected one, at fewer drafts than k."""
     graphed = _draft_engine(source, perturbed_dir, k=4).scheduler.state.config.proposer
     eager = _draft_engine(source, perturbed_dir, k=4).scheduler.state.config.proposer
     assert isinstance(graphed, DraftModelProposer) and isinstance(eager, DraftModelProposer)
     eager.graphs.fits = lambda *_: False                      # type: ignore[method-assign]
-    assert graphed.graphs.row_capacities[-1] == 32
+    assert graphed.graphs.row_capacities[-1] == CATCH_UP_ROWS == 64
     prompt = _prompt(150, 11)
-    lengths = (1, 2, 3, 7, 16, 31, 32, 33, 40, 150)
+    lengths = (1, 2, 3, 7, 16, 31, 33, 40, 63, 64, 65, 72, 150)
     for generation, length in enumerate(lengths, start=1):
         handle, tokens = SlotHandle(0, generation), prompt[:length]
         rounds = graphed.graphs.rounds
         drafts, forwards = graphed.propose_for(handle, tokens, 4)
         assert drafts == eager.propose_for(handle, tokens, 4)[0], length
         assert graphed.graphs.rounds == rounds + 1
-        # eager chunks before the graph's 32 rows, then the graph's catch-up and 3 chained
-        assert forwards == 4 + (length > 32) + (length > 32 + 80)
+        # eager chunks before the graph's 64 rows, then the graph's catch-up and 3 chained
+        assert forwards == 4 + (length > 64) + (length > 64 + 80)
         assert graphed.tokens_held(0) == eager.tokens_held(0) == (*tokens, *drafts[:3])
         kept = [*tokens, drafts[0], (drafts[1] + 1) % VOCAB_SIZE]      # draft 1 rejected
         again, forwards = graphed.propose_for(handle, kept, 2)
@@ -204,8 +205,8 @@ def test_graph_rounds_draft_what_eager_rounds_draft(source, perturbed_dir):
         assert graphed.tokens_held(0) == eager.tokens_held(0) == (*kept, again[0])
     # each round's kind counted (bench_speculative_draft's diagnostics): a round with eager
     # chunks before its graph counts as eager
-    assert graphed.pages.round_counts == {"graph": 17, "eager": 3}
-    assert eager.pages.round_counts == {"graph": 0, "eager": 20}
+    assert graphed.pages.round_counts == {"graph": 23, "eager": 3}
+    assert eager.pages.round_counts == {"graph": 0, "eager": 26}
     assert all(seconds > 0 for seconds in graphed.pages.round_seconds.values())
 
 

@@ -151,10 +151,10 @@ def test_eagle3_output_is_the_plain_output(source, head_dir, plain, kind):
     _same(_drive(engine, _requests()), plain)
     counters = engine.scheduler.state.counters
     assert checked.rounds > 0 and counters.spec_draft_tokens > 0
-    # every round ends in the round graph (on the CPU, its body); the 37- and 70-token
-    # prompts' first rounds feed the rows before the graph's last 32 eagerly first
+    # every round ends in the round graph (on the CPU, its body); the 70-token prompt's
+    # first round feeds the rows before the graph's last 64 eagerly first
     assert checked.inner.graphs.rounds == checked.rounds
-    assert checked.inner.pages.round_counts["eager"] >= 2
+    assert checked.inner.pages.round_counts["eager"] >= 1
     assert counters.launches_by_kind["verify"] > 0
     assert counters.spec_drafter_steps >= counters.spec_draft_tokens
     object.__setattr__(config, "proposer", checked.inner)
