@@ -16,14 +16,8 @@ tok/s, the speedup over plain decoding of the same prompt, measured tokens per v
 round and accepted drafts per draft, the policy's mean width, and the ideal tokens per round
 of fixed width k, E = (1 - a^(k+1)) / (1 - a).
 
-The target repeats its last token (`make_repeating`: every layer's o_proj and down_proj
-zeroed, the embedding rows unit vectors and the lm_head those rows, the final norm's weight
-ones): each layer still runs every kernel on every weight at the real shape (the cost
-is the model's), but the greedy token leads by about sqrt(hidden) = 64 logits, so verification rows
-and one-token decodes, which round differently in bf16, still agree on it and the recorded
-continuation stays the target's own (`same`: tokens equal to the plain run). With
-full random layers a near-tie diverged after 18-34 tokens, after which the recorded
-continuation was no longer the target's and the oracle measured nothing.
+The target repeats its last token (`speculative_rows.make_repeating`), so the recorded
+continuation stays the target's own.
 
 Also: an EAGLE-3 head at its real shape for this target (`--speculative-method eagle3`, a
 random head written in the public format: one Llama decoder layer over 2x hidden inputs,
@@ -40,224 +34,34 @@ Writes speculative.json under --out and prints a table.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.model_shapes import SHAPES, write_shape
+from benchmarks.speculative_rows import (
+    Oracle,
+    OracleHead,
+    agree,
+    build_target,
+    cell,
+    free_memory,
+    greedy_request,
+    make_repeating,
+    meter,
+    report_row,
+    reset_row,
+    serve,
+    with_proposer,
+    write_eagle3_head,
+)
 
 ACCEPTANCES = (0.5, 0.7, 0.9)
 WIDTHS = (2, 4, 6)
-
-
-class Oracle:
-    """The recorded greedy continuation of each prompt, each draft corrupted with
-    probability 1 - acceptance (its own seeded stream)."""
-
-    source = "copy"
-    KEY = 32
-
-    def __init__(self, continuations: dict[tuple[int, ...], list[int]], acceptance: float,
-                 num_tokens: int, vocab: int, seed: int = 0) -> None:
-        # looked up by the prompt's length and first KEY tokens (the benchmark's prompts are
-        # random: those tell them apart), one dict probe per proposal: a scan comparing
-        # every whole prompt cost ~8 ms of host time per step at batch 64, which the step
-        # after a verification waits for
-        self.by_length: dict[int, dict[tuple[int, ...], list[int]]] = {}
-        for prompt, output in continuations.items():
-            outputs = self.by_length.setdefault(len(prompt), {})
-            assert prompt[:self.KEY] not in outputs, "prompts must differ in their first tokens"
-            outputs[prompt[:self.KEY]] = output
-        self.acceptance = acceptance
-        self.num_tokens = num_tokens
-        self.vocab = vocab
-        self.rng = random.Random(seed)
-
-    def propose(self, tokens, limit):
-        for length, outputs in self.by_length.items():
-            output = outputs.get(tuple(tokens[:min(length, self.KEY)]))
-            if output is not None and len(tokens) >= length:
-                done = len(tokens) - length
-                drafts = list(output[done:done + min(limit, self.num_tokens)])
-                return tuple(d if self.rng.random() < self.acceptance
-                             else (d + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
-                             for d in drafts)
-        return ()
-
-
-class OracleHead:
-    """A per-choice proposer (an EAGLE-3 head) that runs and is timed as usual; the oracle's
-    tokens replace its drafts (as many as it drafted)."""
-
-    def __init__(self, head, oracle: Oracle) -> None:
-        self.head = head
-        self.oracle = oracle
-
-    @property
-    def num_tokens(self) -> int:
-        return self.head.num_tokens
-
-    @property
-    def source(self) -> str:
-        return self.head.source
-
-    def propose_for(self, handle, tokens, limit, target_pages=()):
-        drafts, forwards = self.head.propose_for(handle, tokens, limit, target_pages)
-        return self.oracle.propose(tokens, len(drafts)) if drafts else (), forwards
-
-    def __getattr__(self, name: str):      # forward_s, drop, ... : the head's
-        return getattr(self.head, name)
-
-
-def make_repeating(model) -> None:
-    """Make the target's greedy token its last input token by a wide margin (module doc),
-    in place: captured graphs read the same tensors."""
-    import torch
-
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
-                param.zero_()
-        embed = model.model.embed_tokens.weight
-        rows = embed.float()
-        embed.copy_(rows / rows.norm(dim=-1, keepdim=True).clamp(min=1e-6))
-        del rows
-        if model.lm_head is not None:
-            model.lm_head.weight.copy_(embed)
-        model.model.norm.weight.fill_(1.0)
-
-
-def write_eagle3_head(directory: Path, target: dict, *, intermediate_size: int,
-                      draft_vocab: int, seed: int = 0) -> Path:
-    """A random EAGLE-3 head for `target` (a config dict) in the public checkpoint format
-    (config.json, model.safetensors with fc, midlayer.*, norm, lm_head, d2t, t2d), bf16."""
-    import torch
-    from safetensors.torch import save_file
-
-    h, heads, kv_heads, dim = (target[k] for k in ("hidden_size", "num_attention_heads",
-                                                   "num_key_value_heads", "head_dim"))
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-              "hidden_size": h, "intermediate_size": intermediate_size,
-              "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": dim,
-              "rms_norm_eps": target["rms_norm_eps"], "rope_theta": target["rope_theta"],
-              "max_position_embeddings": target["max_position_embeddings"],
-              "vocab_size": target["vocab_size"], "draft_vocab_size": draft_vocab,
-              "target_hidden_size": h, "torch_dtype": "bfloat16"}
-    layers = target["num_hidden_layers"]
-    if layers < 6:          # the default aux layers (2, L/2, L-3) need six (the smoke's two)
-        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 1, layers]}
-    shapes = {"fc.weight": (h, 3 * h), "lm_head.weight": (draft_vocab, h),
-              "midlayer.self_attn.q_proj.weight": (heads * dim, 2 * h),
-              "midlayer.self_attn.k_proj.weight": (kv_heads * dim, 2 * h),
-              "midlayer.self_attn.v_proj.weight": (kv_heads * dim, 2 * h),
-              "midlayer.self_attn.o_proj.weight": (h, heads * dim),
-              "midlayer.mlp.gate_proj.weight": (intermediate_size, h),
-              "midlayer.mlp.up_proj.weight": (intermediate_size, h),
-              "midlayer.mlp.down_proj.weight": (h, intermediate_size)}
-    g = torch.Generator().manual_seed(seed)
-    tensors = {name: (0.02 * torch.randn(*shape, generator=g)).to(torch.bfloat16)
-               for name, shape in shapes.items()}
-    for norm in ("norm", "midlayer.input_layernorm", "midlayer.hidden_norm",
-                 "midlayer.post_attention_layernorm"):
-        tensors[f"{norm}.weight"] = torch.ones(h, dtype=torch.bfloat16)
-    ids = torch.arange(draft_vocab)
-    tensors["d2t"] = ids * (target["vocab_size"] // draft_vocab // 2)   # target = draft + d2t
-    tensors["t2d"] = torch.zeros(target["vocab_size"], dtype=torch.bool)
-    tensors["t2d"][ids + tensors["d2t"]] = True
-    directory.mkdir(parents=True)
-    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
-    return directory
-
-
-def _free() -> None:
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def _build(model_dir: Path, args, **overrides):
-    from services.common.core import open_model
-    from services.engine.config import EngineConfig
-    from services.engine.core.build import build_engine
-
-    values = dict(model=str(model_dir), load_format="dummy", max_model_len=args.max_model_len,
-                  max_num_seqs=args.max_num_seqs, dummy_seed=1)
-    if args.smoke:
-        values.update(kv_cache_bytes=64 << 20, device="cpu", dtype="float32")
-    values.update(overrides)
-    return build_engine(EngineConfig(**values),
-                        open_model(model_dir, allow_missing_weights=True))
-
-
-def _serve(engine, requests, on_first=None, logprobs: dict | None = None
-           ) -> tuple[dict[str, list[int]], float, float]:
-    """Drive like the engine loop: tokens per request, seconds from the first token to the
-    last (decode), and seconds in all. `on_first()` runs when the first token arrives;
-    `logprobs`, when given, gathers each request's sampled logprobs."""
-    for request in requests:
-        engine.scheduler.admit(request)
-    scheduler, runner = engine.scheduler, engine.runner
-    tokens: dict[str, list[int]] = {}
-    host = _meter(engine).host = dict.fromkeys(("plan_s", "submit_s", "wait_s", "complete_s",
-                                              "steps", "followed"), 0.0)
-    clock = time.perf_counter
-    started = clock()
-    first = None
-    while scheduler.has_work:
-        submitted = False
-        if runner.outstanding < runner.window:
-            at = clock()
-            plan = scheduler.plan()
-            host["plan_s"] += clock() - at
-            if plan is not None:
-                at = clock()
-                step = scheduler.commit(plan, scheduler.state.resources.fences.next_fence)
-                runner.submit(step)
-                host["submit_s"] += clock() - at
-                host["steps"] += 1
-                host["followed"] += any(s.feeds_pending for s in step.seqs)
-                submitted = True
-        if runner.outstanding and (runner.outstanding >= runner.window or not submitted):
-            at = clock()
-            done = runner.wait()
-            host["wait_s"] += clock() - at
-            at = clock()
-            updates = scheduler.complete(done)
-            host["complete_s"] += clock() - at
-            for update in updates:
-                for delta in update.deltas:
-                    if delta.token_ids and first is None:
-                        first = time.perf_counter()
-                        host["steps_before_first"] = host["steps"]
-                        if on_first is not None:
-                            on_first()
-                    tokens.setdefault(update.request_id, []).extend(delta.token_ids)
-                    if logprobs is not None:
-                        logprobs.setdefault(update.request_id, []).extend(delta.logprobs)
-    end = time.perf_counter()
-    return tokens, end - (first or started), end - started
-
-
-def _request(request_id: str, prompt: list[int], max_tokens: int):
-    from services.engine.sampling import SamplingParams
-    from services.engine.scheduler.requests import EngineRequest, StopRules
-
-    params = SamplingParams.create(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                                   seed=0)
-    return EngineRequest(request_id=request_id, prompt_token_ids=tuple(prompt),
-                         sampling=params, stop=StopRules(max_tokens=max_tokens,
-                                                         ignore_eos=True), seed=0)
 
 
 def _profile(engine, name: str, proposer, prompt: list[int], output_len: int) -> dict:
@@ -268,18 +72,18 @@ def _profile(engine, name: str, proposer, prompt: list[int], output_len: int) ->
 
     from benchmarks.bench_kernels import kernel_rows
 
-    _reset(engine)
-    _with_proposer(engine, proposer)
+    reset_row(engine)
+    with_proposer(engine, proposer)
     prof = profile(activities=[ProfilerActivity.CUDA])
 
     def start() -> None:
         torch.cuda.synchronize()
         prof.start()
 
-    _serve(engine, [_request("p", prompt, output_len)], on_first=start)
+    serve(engine, [greedy_request("p", prompt, output_len)], on_first=start)
     torch.cuda.synchronize()
     prof.stop()
-    host = _meter(engine).host
+    host = meter(engine).host
     steps = host["steps"] - host["steps_before_first"]
     kernels, rows = kernel_rows(prof, steps)
     total = sum(r["us_per_step"] for r in rows)
@@ -290,111 +94,6 @@ def _profile(engine, name: str, proposer, prompt: list[int], output_len: int) ->
               f"each  {r['kernel']}")
     return {"name": name, "steps": steps, "kernels": kernels, "us_per_step": total,
             "top": rows[:40]}
-
-
-def _agree(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two greedy outputs share (all of them in float32; in bf16 a
-    verification row and a one-token decode may round a near-tie differently)."""
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                min(len(a), len(b)))
-
-
-def split_margin(engine, prompt: list[int], plain: list[int], index: int) -> float | None:
-    """Where a speculative output leaves the plain one (`index` < len(plain)): the target's
-    gap, in nats, between its best and second-best token after prompt + plain[:index],
-    scored without speculation on `engine`. A gap under bf16's rounding of the logits (a few
-    hundredths) says a verification row and a decode step rounded a near-tie apart; a wide
-    one says the speculative state is wrong. None when the outputs never split. Serves a
-    request: call it after the row's counters are read."""
-    if index >= len(plain):
-        return None
-    request = dataclasses.replace(_request("margin", prompt + plain[:index], 1),
-                                  logprobs=True, top_logprobs=2, speculative=False)
-    logprobs: dict = {}
-    _serve(engine, [request], logprobs=logprobs)
-    top = logprobs["margin"][0].top if logprobs.get("margin") else ()
-    return round(top[0].logprob - top[1].logprob, 4) if len(top) > 1 else None
-
-
-def _with_proposer(engine, proposer) -> None:
-    state = engine.scheduler.state
-    state.config = dataclasses.replace(state.config, proposer=proposer)
-
-
-def _row(name: str, engine, tokens: dict[str, list[int]], decode_s: float, base_tok_s: float,
-         extra: dict) -> dict:
-    counters = engine.scheduler.state.counters
-    generated = sum(len(t) for t in tokens.values())
-    tok_s = (generated - len(tokens)) / max(decode_s, 1e-9)
-    rounds = counters.spec_rounds
-    row = {"name": name, "tok_s": round(tok_s, 1),
-           "speedup": round(tok_s / base_tok_s, 3) if base_tok_s else None,
-           "tokens_per_round": round((generated - len(tokens)) / rounds, 3) if rounds else None,
-           "acceptance": round(counters.spec_accepted_tokens / counters.spec_draft_tokens, 3)
-           if counters.spec_draft_tokens else None,
-           "mean_width": round(counters.spec_depth / rounds, 3) if rounds else None,
-           "verify_steps": counters.spec_verify_steps,
-           "switched_off": counters.speculation_off,
-           "verify_graph_steps": getattr(engine.runner, "verify_graph_steps", 0),
-           "eager_verify": dict(getattr(engine.runner, "eager_verify_reasons", {})),
-           "drafter_graph_rounds": getattr(getattr(engine.scheduler.state.config.proposer,
-                                                   "graphs", None), "rounds", None),
-           # device seconds by step kind (the rest of the run's time is the host's)
-           "device_s": _device_seconds(engine),
-           "host_s": {k: round(v, 4) for k, v in _meter(engine).host.items()},
-           # the cost model's measured device ms per step shape (the policy's inputs)
-           "step_ms": {f"{kind} {label}": round(1e3 * stats.estimate_s(), 3)
-                       for (kind, label), stats in engine.scheduler.state.costs.shapes.items()
-                       if kind in ("decode", "verify") and stats.estimate_s() is not None}}
-    row.update(extra)
-    print(json.dumps(row), flush=True)      # as it comes (a run cut off keeps its rows)
-    return row
-
-
-@dataclasses.dataclass(slots=True)
-class _RowMeter:
-    """What a row measures besides the engine's counters: the device seconds by step kind
-    when the row was reset, and the last _serve's host seconds by phase (plan includes the
-    proposer's drafting), its steps and those that followed an in-flight one (overlap)."""
-
-    device_at_reset: dict[str, float] = dataclasses.field(default_factory=dict)
-    host: dict[str, float] = dataclasses.field(default_factory=dict)
-
-
-_METERS: dict[int, _RowMeter] = {}        # by id(engine): the script's engines
-
-
-def _meter(engine) -> _RowMeter:
-    return _METERS.setdefault(id(engine), _RowMeter())
-
-
-def _reset(engine) -> None:
-    """A row's counters start at zero (the cost model's estimates carry over)."""
-    engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
-    getattr(engine.runner, "eager_verify_reasons", {}).clear()
-    graphs = getattr(engine.scheduler.state.config.proposer, "graphs", None)
-    if graphs is not None:                       # an EAGLE-3 head's round graphs
-        graphs.rounds = 0
-    _meter(engine).device_at_reset = _device_totals(engine)
-
-
-def _device_totals(engine) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for (kind, _), stats in engine.scheduler.state.costs.shapes.items():
-        out[kind] = out.get(kind, 0.0) + stats.total_s
-    return out
-
-
-def _device_seconds(engine) -> dict[str, float]:
-    """Measured device seconds by step kind since the row's reset."""
-    base = _meter(engine).device_at_reset
-    return {kind: round(total - base.get(kind, 0.0), 4)
-            for kind, total in _device_totals(engine).items() if total > base.get(kind, 0.0)}
-
-
-def _cell(row: dict, key: str, width: int) -> str:
-    value = row.get(key)
-    return f"{'—' if value is None else value:>{width}}"
 
 
 def main() -> int:
@@ -443,31 +142,31 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_shape(args.shape, Path(tmp) / args.shape)
         (model_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        engine = _build(model_dir, args, speculative_method="ngram",
+        engine = build_target(model_dir, args, speculative_method="ngram",
                         num_speculative_tokens=max(widths))
         make_repeating(engine.runner.model)
         proposer_off = engine.scheduler.state.config.proposer
         vocab = engine.scheduler.limits.vocab_size     # the tokenizer's ids (no padding rows)
-        _with_proposer(engine, None)
+        with_proposer(engine, None)
         prompt = [rng.randrange(vocab) for _ in range(args.input_len)]
-        _serve(engine, [_request("warm", prompt[:32], 8)])
-        _reset(engine)
-        plain, decode_s, _ = _serve(engine, [_request("plain", prompt, args.output_len)])
+        serve(engine, [greedy_request("warm", prompt[:32], 8)])
+        reset_row(engine)
+        plain, decode_s, _ = serve(engine, [greedy_request("plain", prompt, args.output_len)])
         reference = plain["plain"]
-        base = _row("off", engine, plain, decode_s, 0.0, {})
+        base = report_row("off", engine, plain, decode_s, 0.0, {})
         base_tok_s = base["tok_s"]
         results.append(base)
 
         def oracle_row(name: str, proposer, acceptance: float, width: int) -> dict:
-            _reset(engine)
-            _with_proposer(engine, proposer)
-            tokens, decode_s, _ = _serve(engine, [_request("o", prompt, args.output_len)])
+            reset_row(engine)
+            with_proposer(engine, proposer)
+            tokens, decode_s, _ = serve(engine, [greedy_request("o", prompt, args.output_len)])
             ideal = (1 - acceptance ** (width + 1)) / (1 - acceptance)
             drafter = engine.scheduler.state.config.proposer
-            return _row(name, engine, tokens, decode_s, base_tok_s, {
+            return report_row(name, engine, tokens, decode_s, base_tok_s, {
                 "a": acceptance, "k": width, "ideal_tokens": round(ideal, 3),
                 "drafter_forward_ms": round(1e3 * getattr(drafter, "forward_s", 0.0), 3),
-                "same_as_plain_until": _agree(tokens["o"], reference)})
+                "same_as_plain_until": agree(tokens["o"], reference)})
 
         for acceptance in acceptances:
             for width in widths:
@@ -484,17 +183,17 @@ def main() -> int:
         block = [rng.randrange(vocab) for _ in range(args.input_len // 4)]
         repeated = block * 4
         if args.repeat:
-            _with_proposer(engine, None)
-            _reset(engine)
-            plain_rep, plain_s, _ = _serve(engine, [_request("rep-off", repeated,
+            with_proposer(engine, None)
+            reset_row(engine)
+            plain_rep, plain_s, _ = serve(engine, [greedy_request("rep-off", repeated,
                                                              args.output_len)])
-            off_row = _row("repeat, off", engine, plain_rep, plain_s, 0.0, {})
+            off_row = report_row("repeat, off", engine, plain_rep, plain_s, 0.0, {})
             results.append(off_row)
-            _with_proposer(engine, proposer_off)
-            _reset(engine)
-            rep, rep_s, _ = _serve(engine, [_request("rep", repeated, args.output_len)])
-            results.append(_row(f"repeat, ngram k={max(widths)}", engine, rep, rep_s,
-                                off_row["tok_s"], {"same_as_plain_until": _agree(
+            with_proposer(engine, proposer_off)
+            reset_row(engine)
+            rep, rep_s, _ = serve(engine, [greedy_request("rep", repeated, args.output_len)])
+            results.append(report_row(f"repeat, ngram k={max(widths)}", engine, rep, rep_s,
+                                off_row["tok_s"], {"same_as_plain_until": agree(
                                     rep["rep"], plain_rep["rep-off"])}))
         if args.batch:
             # three prompt sets that share no prefix (no run reuses another's KV): this
@@ -505,38 +204,38 @@ def main() -> int:
 
             warm, prompts = prompt_set(8), prompt_set(args.batch)
             again = [[(p[0] + 1) % vocab, *p[1:]] for p in prompts]
-            _with_proposer(engine, None)
-            _serve(engine, [_request(f"w{i}", p, 16) for i, p in enumerate(warm)])
-            _reset(engine)
-            off, off_s, _ = _serve(engine, [_request(f"b{i}", p, args.batch_output_len)
+            with_proposer(engine, None)
+            serve(engine, [greedy_request(f"w{i}", p, 16) for i, p in enumerate(warm)])
+            reset_row(engine)
+            off, off_s, _ = serve(engine, [greedy_request(f"b{i}", p, args.batch_output_len)
                                             for i, p in enumerate(prompts)])
-            batch_off = _row(f"batch {args.batch}, off", engine, off, off_s, 0.0, {})
+            batch_off = report_row(f"batch {args.batch}, off", engine, off, off_s, 0.0, {})
             results.append(batch_off)
             continuations = {tuple(p): off[f"b{i}"] for i, p in enumerate(again)}
-            _reset(engine)
-            _with_proposer(engine, Oracle(continuations, 0.7, 4, vocab))
-            on, on_s, _ = _serve(engine, [_request(f"b{i}", p, args.batch_output_len)
+            reset_row(engine)
+            with_proposer(engine, Oracle(continuations, 0.7, 4, vocab))
+            on, on_s, _ = serve(engine, [greedy_request(f"b{i}", p, args.batch_output_len)
                                           for i, p in enumerate(again)])
-            results.append(_row(f"batch {args.batch}, oracle a=0.7 k=4", engine, on, on_s,
+            results.append(report_row(f"batch {args.batch}, oracle a=0.7 k=4", engine, on, on_s,
                                 batch_off["tok_s"], {"same_as_plain_until": min(
-                                    _agree(on[f"b{i}"], off[f"b{i}"])
+                                    agree(on[f"b{i}"], off[f"b{i}"])
                                     for i in range(args.batch))}))
         del engine, proposer_off
-        _free()
+        free_memory()
         if args.eagle3:
             head = write_eagle3_head(Path(tmp) / "eagle3", config, draft_vocab=32000,
                                      intermediate_size=config["intermediate_size"])
-            engine = _build(model_dir, args, speculative_method="eagle3",
+            engine = build_target(model_dir, args, speculative_method="eagle3",
                             speculative_model=str(head), num_speculative_tokens=4)
             make_repeating(engine.runner.model)
             eagle = engine.scheduler.state.config.proposer
-            _serve(engine, [_request("warm", prompt[:32], 8)])
+            serve(engine, [greedy_request("warm", prompt[:32], 8)])
             results.append(oracle_row("eagle3 head, its drafts, k=4", eagle, 0.0, 4))
             oracle = Oracle({tuple(prompt): reference}, 0.7, 4, vocab, seed=4)
             results.append(oracle_row("eagle3 head + oracle a=0.7 k=4",
                                       OracleHead(eagle, oracle), 0.7, 4))
             del engine, eagle
-            _free()
+            free_memory()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "speculative.json").write_text(json.dumps(results, indent=2) + "\n")
     if args.profile:
@@ -544,11 +243,11 @@ def main() -> int:
     print(f"{'run':<32}{'tok/s':>9}{'speedup':>9}{'tok/round':>10}{'accept':>8}"
           f"{'width':>7}{'ideal':>7}{'fwd ms':>8}{'off':>5}{'same':>6}")
     for r in results:
-        print(f"{r['name']:<32}{_cell(r, 'tok_s', 9)}{_cell(r, 'speedup', 9)}"
-              f"{_cell(r, 'tokens_per_round', 10)}{_cell(r, 'acceptance', 8)}"
-              f"{_cell(r, 'mean_width', 7)}{_cell(r, 'ideal_tokens', 7)}"
-              f"{_cell(r, 'drafter_forward_ms', 8)}"
-              f"{_cell(r, 'switched_off', 5)}{_cell(r, 'same_as_plain_until', 6)}")
+        print(f"{r['name']:<32}{cell(r, 'tok_s', 9)}{cell(r, 'speedup', 9)}"
+              f"{cell(r, 'tokens_per_round', 10)}{cell(r, 'acceptance', 8)}"
+              f"{cell(r, 'mean_width', 7)}{cell(r, 'ideal_tokens', 7)}"
+              f"{cell(r, 'drafter_forward_ms', 8)}"
+              f"{cell(r, 'switched_off', 5)}{cell(r, 'same_as_plain_until', 6)}")
     return 0
 
 

@@ -38,21 +38,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_speculative import (
+from benchmarks.model_shapes import SHAPES, write_shape
+from benchmarks.speculative_rows import (
     Oracle,
     OracleHead,
-    _agree,
-    _build,
-    _cell,
-    _free,
-    _request,
-    _row,
-    _serve,
-    _with_proposer,
+    agree,
+    build_target,
+    cell,
+    free_memory,
+    greedy_request,
     make_repeating,
+    report_row,
+    serve,
     split_margin,
+    with_proposer,
 )
-from benchmarks.model_shapes import SHAPES, write_shape
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_window_layers=2)
@@ -90,45 +90,45 @@ def main() -> int:
         target = _shape("qwen3-8b", Path(tmp) / "qwen3-8b", args.smoke)
         drafts = {"self": target,
                   "0.6b": _shape("qwen3-0.6b", Path(tmp) / "qwen3-0.6b", args.smoke, 1)}
-        engine = _build(target, args, **kv)
+        engine = build_target(target, args, **kv)
         vocab = engine.scheduler.limits.vocab_size
         prompt = [random.Random(0).randrange(vocab) for _ in range(args.input_len)]
-        _serve(engine, [_request("warm", prompt[:32], 8)])
-        plain, decode_s, _ = _serve(engine, [_request("plain", prompt, args.output_len)])
-        base = _row("off", engine, plain, decode_s, 0.0, {})
+        serve(engine, [greedy_request("warm", prompt[:32], 8)])
+        plain, decode_s, _ = serve(engine, [greedy_request("plain", prompt, args.output_len)])
+        base = report_row("off", engine, plain, decode_s, 0.0, {})
         results.append(base)
         del engine
-        _free()
+        free_memory()
         for name, draft in drafts.items():
-            engine = _build(target, args, speculative_method="draft",
+            engine = build_target(target, args, speculative_method="draft",
                             speculative_model=str(draft), num_speculative_tokens=args.k, **kv)
-            _serve(engine, [_request("warm", prompt[:32], 8)])
+            serve(engine, [greedy_request("warm", prompt[:32], 8)])
             engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
             proposer = engine.scheduler.state.config.proposer
             since = _round_totals(proposer)
-            tokens, spec_s, _ = _serve(engine, [_request("d", prompt, args.output_len)])
+            tokens, spec_s, _ = serve(engine, [greedy_request("d", prompt, args.output_len)])
             counters = engine.scheduler.state.counters
-            row = _row(f"draft {name} k={args.k}", engine, tokens, spec_s, base["tok_s"], {
+            row = report_row(f"draft {name} k={args.k}", engine, tokens, spec_s, base["tok_s"], {
                 "drafter_forwards_per_round": round(counters.spec_drafter_steps /
                                                     max(1, counters.spec_rounds), 3),
                 "drafter_forward_ms": round(1e3 * getattr(proposer, "forward_s", 0.0), 3),
                 "drafter_rounds": _rounds(proposer, since),
-                "same_as_plain_until": _agree(tokens["d"], plain["plain"])})
+                "same_as_plain_until": agree(tokens["d"], plain["plain"])})
             row["split_margin_nats"] = split_margin(engine, prompt, plain["plain"],
                                                     row["same_as_plain_until"])
             results.append(row)
             del engine, proposer
-            _free()
+            free_memory()
         results += _oracle_rows(target, drafts["0.6b"], prompt, vocab, args, kv)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "speculative_draft.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"{'run':<31}{'tok/s':>9}{'speedup':>9}{'tok/round':>10}{'accept':>8}{'width':>7}"
           f"{'fwd/rnd':>8}{'fwd ms':>8}{'same':>6}")
     for r in results:
-        print(f"{r['name']:<31}{_cell(r, 'tok_s', 9)}{_cell(r, 'speedup', 9)}"
-              f"{_cell(r, 'tokens_per_round', 10)}{_cell(r, 'acceptance', 8)}"
-              f"{_cell(r, 'mean_width', 7)}{_cell(r, 'drafter_forwards_per_round', 8)}"
-              f"{_cell(r, 'drafter_forward_ms', 8)}{_cell(r, 'same_as_plain_until', 6)}")
+        print(f"{r['name']:<31}{cell(r, 'tok_s', 9)}{cell(r, 'speedup', 9)}"
+              f"{cell(r, 'tokens_per_round', 10)}{cell(r, 'acceptance', 8)}"
+              f"{cell(r, 'mean_width', 7)}{cell(r, 'drafter_forwards_per_round', 8)}"
+              f"{cell(r, 'drafter_forward_ms', 8)}{cell(r, 'same_as_plain_until', 6)}")
     return 0
 
 
@@ -151,29 +151,29 @@ def _oracle_rows(target: Path, draft: Path, prompt: list[int], vocab: int, args,
                  kv: dict) -> list[dict]:
     """Plain decoding, then the draft model's rounds under the oracle's tokens (a = 0.7),
     on one engine whose target repeats its last token (module docstring)."""
-    engine = _build(target, args, speculative_method="draft", speculative_model=str(draft),
+    engine = build_target(target, args, speculative_method="draft", speculative_model=str(draft),
                     num_speculative_tokens=args.k, **kv)
     make_repeating(engine.runner.model)
     drafter = engine.scheduler.state.config.proposer
-    _with_proposer(engine, None)
-    _serve(engine, [_request("warm", prompt[:32], 8)])
-    plain, plain_s, _ = _serve(engine, [_request("plain", prompt, args.output_len)])
-    rows = [_row("off, repeating target", engine, plain, plain_s, 0.0, {})]
+    with_proposer(engine, None)
+    serve(engine, [greedy_request("warm", prompt[:32], 8)])
+    plain, plain_s, _ = serve(engine, [greedy_request("plain", prompt, args.output_len)])
+    rows = [report_row("off, repeating target", engine, plain, plain_s, 0.0, {})]
     oracle = Oracle({tuple(prompt): plain["plain"]}, 0.7, args.k, vocab, seed=args.k)
-    _with_proposer(engine, OracleHead(drafter, oracle))
+    with_proposer(engine, OracleHead(drafter, oracle))
     engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
     since = _round_totals(drafter)
-    tokens, spec_s, _ = _serve(engine, [_request("o", prompt, args.output_len)])
+    tokens, spec_s, _ = serve(engine, [greedy_request("o", prompt, args.output_len)])
     counters = engine.scheduler.state.counters
-    rows.append(_row(f"draft 0.6b + oracle a=0.7 k={args.k}", engine, tokens, spec_s,
+    rows.append(report_row(f"draft 0.6b + oracle a=0.7 k={args.k}", engine, tokens, spec_s,
                      rows[0]["tok_s"], {
                          "drafter_forwards_per_round": round(counters.spec_drafter_steps /
                                                              max(1, counters.spec_rounds), 3),
                          "drafter_forward_ms": round(1e3 * drafter.forward_s, 3),
                          "drafter_rounds": _rounds(drafter, since),
-                         "same_as_plain_until": _agree(tokens["o"], plain["plain"])}))
+                         "same_as_plain_until": agree(tokens["o"], plain["plain"])}))
     del engine, drafter
-    _free()
+    free_memory()
     return rows
 
 

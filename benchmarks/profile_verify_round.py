@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import bench_speculative as spec
+from benchmarks import speculative_rows as spec
 from benchmarks.model_shapes import SHAPES, write_shape
 
 CLOCK = time.perf_counter
@@ -187,29 +187,29 @@ def main() -> int:
         model_dir = write_shape("qwen3-8b", Path(tmp) / "m")
         (model_dir / "config.json").write_text(json.dumps(config))
         overrides = {"runner": "graph", "overlap": "on"} if args.smoke else {}
-        engine = spec._build(model_dir, args, speculative_method="ngram",
+        engine = spec.build_target(model_dir, args, speculative_method="ngram",
                              num_speculative_tokens=4, **overrides)
         spec.make_repeating(engine.runner.model)
         vocab = engine.scheduler.limits.vocab_size
         rng = random.Random(0)
         prompt = [rng.randrange(vocab) for _ in range(input_len)]
-        spec._with_proposer(engine, None)
-        spec._serve(engine, [spec._request("warm", prompt[:32], 8)])
-        plain, decode_s, _ = spec._serve(engine, [spec._request("p", prompt,
+        spec.with_proposer(engine, None)
+        spec.serve(engine, [spec.greedy_request("warm", prompt[:32], 8)])
+        plain, decode_s, _ = spec.serve(engine, [spec.greedy_request("p", prompt,
                                                                  args.output_len)])
         oracle = spec.Oracle({tuple(prompt): plain["p"]}, 0.7, 4, vocab, seed=4)
-        spec._with_proposer(engine, oracle)
-        spec._serve(engine, [spec._request("o1", prompt, args.output_len)])   # warm
+        spec.with_proposer(engine, oracle)
+        spec.serve(engine, [spec.greedy_request("o1", prompt, args.output_len)])   # warm
         phases = Phases()
         instrument(engine, phases)
-        spec._reset(engine)
+        spec.reset_row(engine)
         profile = None
         if args.profile:
             import cProfile
 
             profile = cProfile.Profile()
             profile.enable()
-        tokens, round_s, _ = spec._serve(engine, [spec._request("o", prompt,
+        tokens, round_s, _ = spec.serve(engine, [spec.greedy_request("o", prompt,
                                                                  args.output_len)])
         if profile is not None:
             profile.disable()
@@ -226,7 +226,7 @@ def main() -> int:
         per = result["phases_us_per_round"]
         per["enqueue.before_launch"] = round(per["enqueue"] - per["enqueue.replay"]
                                              - per["enqueue.record"], 1)
-        result["host"] = {k: round(v, 4) for k, v in spec._meter(engine).host.items()}
+        result["host"] = {k: round(v, 4) for k, v in spec.meter(engine).host.items()}
         print(json.dumps(result, indent=1), flush=True)
         if cuda:
             from services.engine.runner.decode_graphs import padding_step
