@@ -176,7 +176,17 @@ def serve(engine, requests, on_first=None, logprobs: dict | None = None
            ) -> tuple[dict[str, list[int]], float, float]:
     """Drive like the engine loop: tokens per request, seconds from the first token to the
     last (decode), and seconds in all. `on_first()` runs when the first token arrives;
-    `logprobs`, when given, gathers each request's sampled logprobs."""
+    `logprobs`, when given, gathers each request's sampled logprobs.
+
+    The heap is frozen first, as the engine core's is once it is ready (services/common/
+    heap.py): unfrozen, a full collection of this process (torch, the model, the earlier
+    rows) pauses the loop for tens of ms whenever it falls inside a row. The row's collector
+    pauses land in its host seconds (`gc_s`, `gc_full`: full collections)."""
+    from services.common.heap import GcPauses, freeze_startup_heap
+
+    freeze_startup_heap("benchmark")
+    pauses = GcPauses.install()
+    before = pauses.snapshot()
     for request in requests:
         engine.scheduler.admit(request)
     scheduler, runner = engine.scheduler, engine.runner
@@ -218,6 +228,9 @@ def serve(engine, requests, on_first=None, logprobs: dict | None = None
                     if logprobs is not None:
                         logprobs.setdefault(update.request_id, []).extend(delta.logprobs)
     end = time.perf_counter()
+    after = pauses.snapshot()
+    host["gc_s"] = sum(after.seconds) - sum(before.seconds)
+    host["gc_full"] = after.collections(2) - before.collections(2)
     return tokens, end - (first or started), end - started
 
 
