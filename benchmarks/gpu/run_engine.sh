@@ -41,6 +41,10 @@ fi
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
   "$PY" -c "import sys, torch, triton, transformers, grpc, google.protobuf as pb; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'grpc', grpc.__version__, 'protobuf', pb.__version__)"
   nproc
+  # a warm machine keeps what an earlier call left running: busy leftovers slow the host side
+  # of every benchmark (the load average and the busiest processes say so)
+  echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+  ps -eo pcpu,etime,args --sort=-pcpu | head -n 4 | cut -c1-160
 } > /tmp/helios-machine.txt 2>&1
 cat /tmp/helios-machine.txt
 
@@ -208,11 +212,12 @@ bench_rcs=""
 while read -r name limit command; do
   [ -n "$name" ] || continue
   start=$(date +%s)
+  load=$(cut -d' ' -f1 /proc/loadavg)
   # shellcheck disable=SC2086
   timeout "$limit" bash -c "$command" > "$OUT/$name.log" 2>&1
   rc=$?
   bench_rcs="$bench_rcs $name=$rc"
-  echo "== $name: rc=$rc in $(( $(date +%s) - start )) s"
+  echo "== $name: rc=$rc in $(( $(date +%s) - start )) s (load average before: $load)"
 done <<< "${BENCHES:-}"
 
 echo
