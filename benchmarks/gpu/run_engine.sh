@@ -29,8 +29,16 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
 if compgen -G ".whl/*.whl" > /dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl > /tmp/helios-pip.log 2>&1 || { tail /tmp/helios-pip.log; exit 1; }
+  pip_install() {
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site "$@" >> /tmp/helios-pip.log 2>&1
+  }
+  # all at once; if one wheel does not suit this machine, the others one by one, naming it
+  if ! pip_install .whl/*.whl; then
+    for wheel in .whl/*.whl; do
+      pip_install "$wheel" || echo "wheel not installed (see /tmp/helios-pip.log): $wheel"
+    done
+  fi
   export PYTHONPATH="/tmp/site:$PWD"
 else
   export PYTHONPATH="$PWD"
