@@ -14,7 +14,10 @@ engine runs with `--speculative-method` on and `--num-speculative-tokens k`; the
 acceptance statistics still choose each round's width (up to k). Reported per row: output
 tok/s, the speedup over plain decoding of the same prompt, measured tokens per verification
 round and accepted drafts per draft, the policy's mean width, and the ideal tokens per round
-of fixed width k, E = (1 - a^(k+1)) / (1 - a).
+of fixed width k, E = (1 - a^(k+1)) / (1 - a). `--pairs N` measures each oracle row N times,
+each after a plain run of its own (plain, oracle, plain, oracle ...: the host's speed drifts
+between runs, and a round's host time is not hidden), and adds the median speedup of the pairs
+(`median_speedup`, `pair_speedups`): two single runs on one warm H100 gave 2.415x and 2.275x.
 
 The target repeats its last token (`speculative_rows.make_repeating`), so the recorded
 continuation stays the target's own.
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -114,6 +118,8 @@ def main() -> int:
                         help="skip the copy-proposal rows on a repeated block")
     parser.add_argument("--no-eagle3", dest="eagle3", action="store_false",
                         help="skip the EAGLE-3 head rows")
+    parser.add_argument("--pairs", type=int, default=1,
+                        help="interleaved plain/oracle pairs per oracle row (the median)")
     parser.add_argument("--smoke", action="store_true", help="CPU check: a tiny shape")
     parser.add_argument("--profile", action="store_true",
                         help="GPU kernels per step of the plain and a=0.7 k=4 rows, one more "
@@ -168,11 +174,32 @@ def main() -> int:
                 "drafter_forward_ms": round(1e3 * getattr(drafter, "forward_s", 0.0), 3),
                 "same_as_plain_until": agree(tokens["o"], reference)})
 
+        def rate(proposer) -> float:
+            """One more run of the prompt with `proposer` (None: plain): output tok/s."""
+            reset_row(engine)
+            with_proposer(engine, proposer)
+            tokens, seconds, _ = serve(engine, [greedy_request("r", prompt, args.output_len)])
+            return (len(tokens["r"]) - 1) / max(seconds, 1e-9)
+
         for acceptance in acceptances:
             for width in widths:
-                oracle = Oracle({tuple(prompt): reference}, acceptance, width, vocab, seed=width)
-                results.append(oracle_row(f"oracle a={acceptance} k={width}", oracle,
-                                          acceptance, width))
+                def oracle(width: int = width, acceptance: float = acceptance) -> Oracle:
+                    # the same seed every run: the same corrupted drafts, the same rounds
+                    return Oracle({tuple(prompt): reference}, acceptance, width, vocab,
+                                  seed=width)
+
+                name = f"oracle a={acceptance} k={width}"
+                row = oracle_row(name, oracle(), acceptance, width)
+                if args.pairs > 1:
+                    pairs = [row["speedup"]]
+                    for _ in range(args.pairs - 1):
+                        plain_tok_s = rate(None)            # plain first, as in the first pair
+                        pairs.append(round(rate(oracle()) / plain_tok_s, 3))
+                    row["pair_speedups"] = pairs
+                    row["median_speedup"] = statistics.median(pairs)
+                    print(f"{name}: {args.pairs} plain/oracle pairs, speedups {pairs}, "
+                          f"median {row['median_speedup']}", flush=True)
+                results.append(row)
         if args.profile and not args.smoke:
             profiled = Oracle({tuple(prompt): reference}, 0.7, 4, vocab, seed=4)
             profiles += [_profile(engine, "off", None, prompt, args.output_len),
