@@ -27,12 +27,12 @@ row, then the chained forwards), captured at start-up after the target's graphs
 launch latency for its ~200 kernels. A longer catch-up (a choice's first round, over its
 prompt, or a gap past the graphs' rows) feeds all but its last `CATCH_UP_ROWS` (64) rows
 eagerly, in chunks and without logits (`PagedDrafter._catch_up`), then replays the round's
-graph for the rest and the drafts, so only the chunks run eagerly, never the chained one-row forwards. Those chunks
-meet the prompt-chunk and context shapes the target's eager steps meet, so start-up warms
-the draft model over the same single-sequence shapes (runner/warm_up.py) and no kernel
-compiles while serving. Before that, an H100 spent 1.7 s of a 256-token request planning:
-the Qwen3-0.6B-shape draft's first 256-row catch-up compiled the kernels its own widths
-need (RESULTS.md 2026-12-07, eleventh session).
+graph for the rest and the drafts, so only the chunks run eagerly, never the chained
+one-row forwards. Those chunks meet the prompt-chunk and context shapes the target's eager
+steps meet, so start-up warms the draft model over the same single-sequence shapes
+(runner/warm_up.py) and no kernel compiles while serving. Before that, an H100 spent 1.7 s
+of a 256-token request planning: the Qwen3-0.6B-shape draft's first 256-row catch-up
+compiled the kernels its own widths need (RESULTS.md 2026-12-07, eleventh session).
 
 Exactness: the drafts are a deterministic function of the choice's tokens (a greedy draft:
 its proposal distribution is a point mass), so the existing verification, which samples the

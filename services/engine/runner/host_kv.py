@@ -83,7 +83,7 @@ class HostKVStore:
         self.store = torch.empty((num_pages, len(self.caches), *page_shape), dtype=dtype)
         self.stream: torch.cuda.Stream | None = None
         self.staging: torch.Tensor | None = None
-        self._unregister: weakref.finalize | None = None
+        self._unpin: weakref.finalize | None = None
         if self.cuda:
             self.stream = torch.cuda.Stream(self.device)
             self._register()
@@ -110,16 +110,16 @@ class HostKVStore:
             raise InternalError(f"pinning {self.num_bytes / 2**30:.1f} GiB of host memory for "
                                 f"the KV host tier failed (cudaHostRegister error {error}): "
                                 "lower --kv-offload-gib")
-        self._unregister = weakref.finalize(self, _unregister, self.store, self.stream)
+        self._unpin = weakref.finalize(self, _unregister, self.store, self.stream)
 
     @property
     def registered(self) -> bool:
-        return self._unregister is not None and self._unregister.alive
+        return self._unpin is not None and self._unpin.alive
 
     def close(self) -> None:
         """Waits for the copies in flight, then unpins the store; idempotent."""
-        if self._unregister is not None:
-            self._unregister()
+        if self._unpin is not None:
+            self._unpin()
 
     # -- a step's copies --------------------------------------------------------------------
     def run(self, transfers: KVTransfers, model_stream: torch.cuda.Stream | None = None
