@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.support.failure_log"]
+pytest_plugins = ["tests.support.run_log"]
 
 # Triton fixes interpreted-vs-compiled when a kernel (or triton.language itself) is defined, so
 # its CPU interpreter must be on before anything in the session imports triton: on machines

@@ -1,5 +1,6 @@
-"""tests/support/failure_log.py: a failure's traceback reaches HELIOS_FAILURE_LOG while the
-run goes on; a pass writes nothing."""
+"""tests/support/run_log.py: a failure's traceback reaches HELIOS_FAILURE_LOG while the run
+goes on (a pass writes nothing there), and every test phase's seconds reach
+HELIOS_DURATION_LOG."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ def test_failures_are_written_as_they_happen(tmp_path):
         "def test_passes():\n    pass\n\n"
         "def test_errors_in_setup(missing_fixture):\n    pass\n")
     log = tmp_path / "failures.txt"
-    env = {**os.environ, "HELIOS_FAILURE_LOG": str(log), "PYTHONPATH": str(ROOT)}
+    durations = tmp_path / "durations.txt"
+    env = {**os.environ, "HELIOS_FAILURE_LOG": str(log), "HELIOS_DURATION_LOG": str(durations),
+           "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "-p", "tests.support.failure_log", "-o", "addopts=",
+                          "-p", "tests.support.run_log", "-o", "addopts=",
                           str(tmp_path / "test_sample.py")],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 1, run.stdout + run.stderr
@@ -27,3 +30,9 @@ def test_failures_are_written_as_they_happen(tmp_path):
     assert "==== test_sample.py::test_fails (call)" in text and "the sum" in text
     assert "==== test_sample.py::test_errors_in_setup (setup)" in text
     assert "missing_fixture" in text and "test_passes" not in text
+    lines = [line.split(" ", 2) for line in durations.read_text().splitlines()]
+    phases = {(nodeid, when) for _, when, nodeid in lines}
+    assert ("test_sample.py::test_passes", "call") in phases
+    assert ("test_sample.py::test_fails", "teardown") in phases
+    assert ("test_sample.py::test_errors_in_setup", "setup") in phases
+    assert all(float(seconds) >= 0 for seconds, _, _ in lines)
