@@ -111,6 +111,7 @@ class HostKVStore:
                                 f"the KV host tier failed (cudaHostRegister error {error}): "
                                 "lower --kv-offload-gib")
         self._unpin = weakref.finalize(self, _unregister, self.store, self.stream)
+        self._unpin.atexit = False     # the process's exit frees it: no CUDA calls at exit
 
     @property
     def registered(self) -> bool:
