@@ -2,7 +2,7 @@
 
     python benchmarks/bench_fp8.py --out benchmarks/out/gpu        # ~5 minutes on one H200
     python benchmarks/bench_fp8.py --smoke           # CPU check of the script (Qwen3-0.6B)
-    python benchmarks/bench_fp8.py --batch1-only     # the five batch-1 rows, ~3 minutes
+    python benchmarks/bench_fp8.py --batch1-only     # the four batch-1 rows, ~2.5 minutes
     python benchmarks/bench_fp8.py --levels 64 --no-batch1   # C=64 only: bf16, fp8, scaled_mm
 
 Engine processes (`--load-format dummy`; weights drawn on the device, FP8 ones drawn in
@@ -20,9 +20,7 @@ client; benchmarks/bench_decode.py's batch-1 runs):
 - fp8 b1 w8a8:          batch-1 decode with `HELIOS_FP8_SKINNY=w8a8` (the row quantized in
                         the kernel, e4m3 x e4m3 wgmma; opt-in: 173-175 tok/s against the
                         default's 216 on an H100, 2026-12-06)
-- fp8 b1 wide:          batch-1 decode with `HELIOS_FP8_SKINNY=cuda-cores-wide` (the default
-                        kernel at the bf16 tiling's bytes per K step: fp8_layers.wide_plan)
-The three opt-in batch-1 rows run with --batch1-only only.
+The two opt-in batch-1 rows run with --batch1-only only.
 
 Per engine: KV pages (ModelInfo), GPU memory in use after the runs (nvidia-smi; the KV pool
 takes kv_cache_memory_fraction of what the weights leave, so it is nearly all of the GPU in
@@ -269,12 +267,9 @@ def main() -> int:
             EngineRow("fp8 b1 tensor cores", ["--quantization", "fp8"],
                       env={"HELIOS_FP8_SKINNY": "tensor-cores"}),
             EngineRow("fp8 b1 w8a8", ["--quantization", "fp8"],
-                      env={"HELIOS_FP8_SKINNY": "w8a8"}),
-            EngineRow("fp8 b1 wide", ["--quantization", "fp8"],
-                      env={"HELIOS_FP8_SKINNY": "cuda-cores-wide"})]
-    for row, fp8_w, fp8_kv in zip(rows, (False, True, True, True, True, True, True),
-                                  (False, False, True, False, False, False, False),
-                                  strict=True):
+                      env={"HELIOS_FP8_SKINNY": "w8a8"})]
+    for row, fp8_w, fp8_kv in zip(rows, (False, True, True, True, True, True),
+                                  (False, False, True, False, False, False), strict=True):
         row.decode_limit_tok_s = COPY_TB_S * 1e12 / step_bytes(config, fp8_w, fp8_kv, context)
     gemm = gemm_timings(args.smoke)
     with tempfile.TemporaryDirectory() as tmp:
@@ -284,8 +279,8 @@ def main() -> int:
                 (rows[2], broad, False), (rows[3], narrow, False))
         plan = tuple(entry for entry in plan if entry[1] or entry[2])
         if args.batch1_only:    # no serving levels: the batch-1 rows, the opt-in kernels too
-            plan = ((rows[0], [], True), (rows[1], [], True), (rows[6], [], True),
-                    (rows[4], [], True), (rows[5], [], True))
+            plan = ((rows[0], [], True), (rows[1], [], True), (rows[4], [], True),
+                    (rows[5], [], True))
         for row, levels, decode in plan:
             try:
                 run_engine(row, levels, decode, model_dir, args)

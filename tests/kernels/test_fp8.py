@@ -170,8 +170,8 @@ def test_an_unknown_skinny_kernel_is_refused():
     run = subprocess.run([sys.executable, "-c", "import services.engine.kernels.fp8_layers"],
                          env=env, cwd=root, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0
-    assert ("HELIOS_FP8_SKINNY='w8a16': expected one of cuda-cores, cuda-cores-wide, "
-            "tensor-cores, w8a8") in run.stderr
+    assert "HELIOS_FP8_SKINNY='w8a16': expected one of cuda-cores, tensor-cores, w8a8" in \
+        run.stderr
 
 
 @pytest.mark.parametrize(("name", "reader"), [("HELIOS_FP8_GEMM", "gemm_backend"),
@@ -254,12 +254,11 @@ def test_rowwise_static_scale(device, gen):
     assert rel(out, dequant64(a, a_scale) @ w64.t()) < fp32_gemm_tol(device)
 
 
-SKINNY_MODES = ["cuda-cores", "cuda-cores-wide", "tensor-cores", "w8a8"]
+SKINNY_MODES = ["cuda-cores", "tensor-cores", "w8a8"]
 
 
 def use_skinny(monkeypatch, fp8_layers, mode: str) -> None:
     """HELIOS_FP8_SKINNY as the module read it at import."""
-    monkeypatch.setattr(fp8_layers, "WIDE", mode == "cuda-cores-wide")
     monkeypatch.setattr(fp8_layers, "TENSOR_CORES", mode == "tensor-cores")
     monkeypatch.setattr(fp8_layers, "W8A8", mode == "w8a8")
 

@@ -39,7 +39,6 @@ from services.engine.kernels.common import (
     check_last_dim_contiguous,
     check_norm_inputs,
     env_choice,
-    next_power_of_2,
     sm_count,
 )
 from services.engine.kernels.fp8_gemm import block_mm, rowwise_mm
@@ -69,20 +68,14 @@ MAX_ROWS = 1
 BLOCK = SCALE_BLOCK       # 128 x 128 weight blocks
 # HELIOS_FP8_SKINNY picks batch 1's kernel (up to DOT_ROWS rows for the two tensor-core ones):
 # - unset or cuda-cores: skinny_linear's one-row kernel on the CUDA cores (W8A16, the e4m3 weights
-#   converted in registers), on the bf16 kernel's tiling: the same elements per K step, so half
-#   its bytes (RESULTS.md: 216 tok/s on an H100, 0.53 of the FP8 limit, where bf16 runs at 0.83);
-# - cuda-cores-wide: the same kernel at the bf16 tiling's bytes per step (`wide_plan`: twice
-#   the K step, twice the warps up to 8, so each thread holds what it holds in bf16). Not yet
-#   timed on a GPU: opt-in until it is (bench_fp8.py --batch1-only has its row);
+#   converted in registers);
 # - tensor-cores: skinny_linear's tl.dot kernel, the e4m3 tiles converted to the activations'
 #   dtype for the MMA (W8A16). Slower at batch 1 on an H100 (RESULTS.md, 2026-12-06 fifth
 #   session);
 # - w8a8: `_w8a8_rows_kernel` below, the rows quantized to e4m3 in the kernel as the FP8
 #   GEMM path quantizes them, e4m3 x e4m3 on the tensor cores: no conversion of the weights
 #   at all. Not yet timed on a GPU: opt-in until it is.
-SKINNY = env_choice("HELIOS_FP8_SKINNY", ("cuda-cores", "cuda-cores-wide", "tensor-cores",
-                                         "w8a8"))
-WIDE = SKINNY == "cuda-cores-wide"
+SKINNY = env_choice("HELIOS_FP8_SKINNY", ("cuda-cores", "tensor-cores", "w8a8"))
 TENSOR_CORES = SKINNY == "tensor-cores"
 W8A8 = SKINNY == "w8a8"
 DOT_ROWS = 16    # rows the tensor-core variants take (one weight read for all of them)
@@ -265,14 +258,7 @@ def skinny_plan(weight: Fp8Weight, n_out: int, rows: int, device: torch.device,
     plan = plan_linear(n_out, weight.shape[1], rows, sm_count(device), gated)
     if weight.block:   # one column of weight blocks per K step
         return LinearPlan(plan.block_n, BLOCK, plan.num_warps)
-    return wide_plan(plan, weight.shape[1]) if WIDE else plan
-
-
-def wide_plan(plan: LinearPlan, k: int) -> LinearPlan:
-    """A bf16 one-row tiling at its bytes per K step for one-byte weights: twice the K step
-    (up to K's power of two) and twice the warps (up to 8)."""
-    return LinearPlan(plan.block_n, min(2 * plan.block_k, next_power_of_2(k)),
-                      min(8, 2 * plan.num_warps))
+    return plan
 
 
 def dot_plan(weight: Fp8Weight, n_out: int, gated: bool, normed: bool) -> LinearPlan:
