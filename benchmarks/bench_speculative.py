@@ -37,6 +37,7 @@ Writes speculative.json under --out and prints a table.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import statistics
@@ -149,7 +150,7 @@ def main() -> int:
         model_dir = write_shape(args.shape, Path(tmp) / args.shape)
         (model_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         engine = build_target(model_dir, args, speculative_method="ngram",
-                        num_speculative_tokens=max(widths))
+                              num_speculative_tokens=max(widths))
         make_repeating(engine.runner.model)
         proposer_off = engine.scheduler.state.config.proposer
         vocab = engine.scheduler.limits.vocab_size     # the tokenizer's ids (no padding rows)
@@ -183,10 +184,9 @@ def main() -> int:
 
         for acceptance in acceptances:
             for width in widths:
-                def oracle(width: int = width, acceptance: float = acceptance) -> Oracle:
-                    # the same seed every run: the same corrupted drafts, the same rounds
-                    return Oracle({tuple(prompt): reference}, acceptance, width, vocab,
-                                  seed=width)
+                # a fresh oracle per run, the same seed: the same corrupted drafts and rounds
+                oracle = functools.partial(Oracle, {tuple(prompt): reference}, acceptance,
+                                           width, vocab, seed=width)
 
                 name = f"oracle a={acceptance} k={width}"
                 row = oracle_row(name, oracle(), acceptance, width)
@@ -213,15 +213,15 @@ def main() -> int:
             with_proposer(engine, None)
             reset_row(engine)
             plain_rep, plain_s, _ = serve(engine, [greedy_request("rep-off", repeated,
-                                                             args.output_len)])
+                                                                  args.output_len)])
             off_row = report_row("repeat, off", engine, plain_rep, plain_s, 0.0, {})
             results.append(off_row)
             with_proposer(engine, proposer_off)
             reset_row(engine)
             rep, rep_s, _ = serve(engine, [greedy_request("rep", repeated, args.output_len)])
             results.append(report_row(f"repeat, ngram k={max(widths)}", engine, rep, rep_s,
-                                off_row["tok_s"], {"same_as_plain_until": agree(
-                                    rep["rep"], plain_rep["rep-off"])}))
+                                      off_row["tok_s"], {"same_as_plain_until": agree(
+                                          rep["rep"], plain_rep["rep-off"])}))
         if args.batch:
             # three prompt sets that share no prefix (no run reuses another's KV): this
             # target's continuation is its prompt's last token, whatever comes before it
@@ -235,25 +235,25 @@ def main() -> int:
             serve(engine, [greedy_request(f"w{i}", p, 16) for i, p in enumerate(warm)])
             reset_row(engine)
             off, off_s, _ = serve(engine, [greedy_request(f"b{i}", p, args.batch_output_len)
-                                            for i, p in enumerate(prompts)])
+                                           for i, p in enumerate(prompts)])
             batch_off = report_row(f"batch {args.batch}, off", engine, off, off_s, 0.0, {})
             results.append(batch_off)
             continuations = {tuple(p): off[f"b{i}"] for i, p in enumerate(again)}
             reset_row(engine)
             with_proposer(engine, Oracle(continuations, 0.7, 4, vocab))
             on, on_s, _ = serve(engine, [greedy_request(f"b{i}", p, args.batch_output_len)
-                                          for i, p in enumerate(again)])
+                                         for i, p in enumerate(again)])
             results.append(report_row(f"batch {args.batch}, oracle a=0.7 k=4", engine, on, on_s,
-                                batch_off["tok_s"], {"same_as_plain_until": min(
-                                    agree(on[f"b{i}"], off[f"b{i}"])
-                                    for i in range(args.batch))}))
+                                      batch_off["tok_s"], {"same_as_plain_until": min(
+                                          agree(on[f"b{i}"], off[f"b{i}"])
+                                          for i in range(args.batch))}))
         del engine, proposer_off
         free_memory()
         if args.eagle3:
             head = write_eagle3_head(Path(tmp) / "eagle3", config, draft_vocab=32000,
                                      intermediate_size=config["intermediate_size"])
             engine = build_target(model_dir, args, speculative_method="eagle3",
-                            speculative_model=str(head), num_speculative_tokens=4)
+                                  speculative_model=str(head), num_speculative_tokens=4)
             make_repeating(engine.runner.model)
             eagle = engine.scheduler.state.config.proposer
             serve(engine, [greedy_request("warm", prompt[:32], 8)])

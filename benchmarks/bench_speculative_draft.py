@@ -49,6 +49,7 @@ from benchmarks.speculative_rows import (
     greedy_request,
     make_repeating,
     report_row,
+    reset_row,
     serve,
     split_margin,
     with_proposer,
@@ -101,9 +102,10 @@ def main() -> int:
         free_memory()
         for name, draft in drafts.items():
             engine = build_target(target, args, speculative_method="draft",
-                            speculative_model=str(draft), num_speculative_tokens=args.k, **kv)
+                                  speculative_model=str(draft), num_speculative_tokens=args.k,
+                                  **kv)
             serve(engine, [greedy_request("warm", prompt[:32], 8)])
-            engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+            reset_row(engine)
             proposer = engine.scheduler.state.config.proposer
             since = _round_totals(proposer)
             tokens, spec_s, _ = serve(engine, [greedy_request("d", prompt, args.output_len)])
@@ -152,7 +154,7 @@ def _oracle_rows(target: Path, draft: Path, prompt: list[int], vocab: int, args,
     """Plain decoding, then the draft model's rounds under the oracle's tokens (a = 0.7),
     on one engine whose target repeats its last token (module docstring)."""
     engine = build_target(target, args, speculative_method="draft", speculative_model=str(draft),
-                    num_speculative_tokens=args.k, **kv)
+                          num_speculative_tokens=args.k, **kv)
     make_repeating(engine.runner.model)
     drafter = engine.scheduler.state.config.proposer
     with_proposer(engine, None)
@@ -161,17 +163,17 @@ def _oracle_rows(target: Path, draft: Path, prompt: list[int], vocab: int, args,
     rows = [report_row("off, repeating target", engine, plain, plain_s, 0.0, {})]
     oracle = Oracle({tuple(prompt): plain["plain"]}, 0.7, args.k, vocab, seed=args.k)
     with_proposer(engine, OracleHead(drafter, oracle))
-    engine.scheduler.state.counters = type(engine.scheduler.state.counters)()
+    reset_row(engine)
     since = _round_totals(drafter)
     tokens, spec_s, _ = serve(engine, [greedy_request("o", prompt, args.output_len)])
     counters = engine.scheduler.state.counters
     rows.append(report_row(f"draft 0.6b + oracle a=0.7 k={args.k}", engine, tokens, spec_s,
-                     rows[0]["tok_s"], {
-                         "drafter_forwards_per_round": round(counters.spec_drafter_steps /
-                                                             max(1, counters.spec_rounds), 3),
-                         "drafter_forward_ms": round(1e3 * drafter.forward_s, 3),
-                         "drafter_rounds": _rounds(drafter, since),
-                         "same_as_plain_until": agree(tokens["o"], plain["plain"])}))
+                           rows[0]["tok_s"], {
+                               "drafter_forwards_per_round": round(
+                                   counters.spec_drafter_steps / max(1, counters.spec_rounds), 3),
+                               "drafter_forward_ms": round(1e3 * drafter.forward_s, 3),
+                               "drafter_rounds": _rounds(drafter, since),
+                               "same_as_plain_until": agree(tokens["o"], plain["plain"])}))
     del engine, drafter
     free_memory()
     return rows

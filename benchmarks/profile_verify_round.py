@@ -188,7 +188,7 @@ def main() -> int:
         (model_dir / "config.json").write_text(json.dumps(config))
         overrides = {"runner": "graph", "overlap": "on"} if args.smoke else {}
         engine = spec.build_target(model_dir, args, speculative_method="ngram",
-                             num_speculative_tokens=4, **overrides)
+                                   num_speculative_tokens=4, **overrides)
         spec.make_repeating(engine.runner.model)
         vocab = engine.scheduler.limits.vocab_size
         rng = random.Random(0)
@@ -196,7 +196,7 @@ def main() -> int:
         spec.with_proposer(engine, None)
         spec.serve(engine, [spec.greedy_request("warm", prompt[:32], 8)])
         plain, decode_s, _ = spec.serve(engine, [spec.greedy_request("p", prompt,
-                                                                 args.output_len)])
+                                                                     args.output_len)])
         oracle = spec.Oracle({tuple(prompt): plain["p"]}, 0.7, 4, vocab, seed=4)
         spec.with_proposer(engine, oracle)
         spec.serve(engine, [spec.greedy_request("o1", prompt, args.output_len)])   # warm
@@ -210,7 +210,7 @@ def main() -> int:
             profile = cProfile.Profile()
             profile.enable()
         tokens, round_s, _ = spec.serve(engine, [spec.greedy_request("o", prompt,
-                                                                 args.output_len)])
+                                                                     args.output_len)])
         if profile is not None:
             profile.disable()
             profile.dump_stats(args.profile)
