@@ -17,7 +17,7 @@ PY="${PYTHON:-python3}"
 grpc_version=$("$PY" -c "import grpc; print(grpc.__version__)")
 protobuf_version=$("$PY" -c "import google.protobuf as p; print(p.__version__)")
 rm -rf .whl                 # a stale wheel beside a newer one of its package fails the install
-mkdir -p .whl .device/cache/tokenizers
+mkdir -p .whl
 "$PY" -m pip download -q --dest .whl --only-binary=:all: --no-deps \
   --python-version 3.12 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64 \
@@ -27,13 +27,12 @@ mkdir -p .whl .device/cache/tokenizers
   pydantic-core annotated-types typing-inspection uvicorn httptools redis pyzmq pytest-asyncio \
   opentelemetry-api importlib-metadata msgspec openai-harmony openai anthropic jiter distro \
   sniffio docstring-parser pybase64 jsonschema jsonschema-specifications referencing rpds-py
-# the tokenizer assets: qwen3 and llama3_1 as files, the rest as archives untarred there
+# the tokenizer assets as archives (the carried paths must stay under 64 MiB); run_engine.sh
+# untars them into .device/cache/tokenizers on the machine
 cache="${HELIOS_CACHE_DIR:-$HOME/.cache/helios}/tokenizers"
-for name in qwen3-3.7.2 llama3_1-3.7.2; do
-  [ -d "$cache/$name" ] && cp -r "$cache/$name" .device/cache/tokenizers/
-done
+rm -rf .device && mkdir -p .device
 for dir in "$cache"/*/; do
   name=$(basename "$dir")
-  case "$name" in qwen3-3.7.2|llama3_1-3.7.2) ;; *) tar czf ".device/$name.tgz" -C "$cache" "$name" ;; esac
+  tar czf ".device/$name.tgz" -C "$cache" "$name"
 done
 du -sh .whl .device

@@ -5,7 +5,7 @@
 # reuse through HTTP (shared-prefix groups vs nothing shared, bench_prefix_reuse.py).
 #   bash benchmarks/gpu/run_engine.sh          # writes logs and JSON under $OUT
 # Carried paths (device tool): .whl (wheels the GPU image lacks), services/common/pb (stubs),
-# .device/cache (pinned tokenizer files: the machine reaches no registry).
+# .device (pinned tokenizer files as archives, untarred here: the machine reaches no registry).
 # Env: SKIP_TESTS=1, TEST_PATHS (default: tests/engine/gpu tests/kernels), SKIP_STEP=1, SKIP_DECODE=1, SKIP_SERVING=1, DECODE_SHAPES, DECODE_ARGS,
 #      STEP_ARGS, SERVING_ARGS, TEST_TIMEOUT_S, STEP_TIMEOUT_S, DECODE_TIMEOUT_S,
 #      SERVING_TIMEOUT_S, TEST_WORKERS (default 12, 6 below 120 GB of GPU memory),
@@ -42,6 +42,10 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   export PYTHONPATH="/tmp/site:$PWD"
 else
   export PYTHONPATH="$PWD"
+fi
+if compgen -G ".device/*.tgz" > /dev/null; then
+  mkdir -p .device/cache/tokenizers
+  for archive in .device/*.tgz; do tar xzf "$archive" -C .device/cache/tokenizers; done
 fi
 [ -d .device/cache ] && export HELIOS_CACHE_DIR="$PWD/.device/cache"
 
