@@ -27,6 +27,9 @@ class EngineConfig(ServiceConfig):
                                      "(by image identity; LRU)")
     vision_attention: str = option("sdpa", "vision encoder attention: sdpa, or triton (the "
                                    "paged kernel over each image's keys; CUDA)")
+    vision_graphs: int = option(4, "vision encoder passes kept as CUDA graphs, one per "
+                                "image layout (the images' grids), captured the second time "
+                                "a layout is met; 0: every pass eager")
     vision_pixels: str = option("raw", "how images' pixels come from imageprep: raw (the "
                                 "resized uint8 image; pixel_values computed on the device) "
                                 "or values (pixel_values, 8x the bytes in float32)")
@@ -127,6 +130,9 @@ class EngineConfig(ServiceConfig):
         if self.vision_attention not in ("sdpa", "triton"):
             raise ValidationError(f"vision_attention must be sdpa or triton, not "
                                   f"{self.vision_attention!r}", param="vision_attention")
+        if self.vision_graphs < 0:
+            raise ValidationError(f"vision_graphs must be 0 or more, not {self.vision_graphs}",
+                                  param="vision_graphs")
         if self.mxfp4_experts not in ("dequantize", "keep"):
             raise ValidationError(f"mxfp4_experts must be dequantize or keep, not "
                                   f"{self.mxfp4_experts!r}", param="mxfp4_experts")

@@ -84,7 +84,8 @@ def build_vision(config: EngineConfig, model: object) -> VisionStage | None:
     if pixels is None:
         log.warning("vision model without imageprep_address: images are refused")
     model.visual.attention_backend = config.vision_attention
-    return VisionStage(model, FeatureCache(config.vision_cache_bytes), pixels)
+    return VisionStage(model, FeatureCache(config.vision_cache_bytes), pixels,
+                       graphs=config.vision_graphs)
 
 
 def check_vision_attention(config: EngineConfig, device: torch.device) -> None:

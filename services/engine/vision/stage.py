@@ -1,6 +1,6 @@
 """VisionStage: the image features a step's fed rows need, encoded only when not cached.
 
-    stage = VisionStage(model, FeatureCache(budget), ImagePrepPixels(address))
+    stage = VisionStage(model, FeatureCache(budget), ImagePrepPixels(address), graphs=4)
     embeds = stage.embeds([(first_row, prompt, start, end), ...], fence)   # ImageEmbeds | None
     stage.complete(fence)
 
@@ -32,6 +32,7 @@ import torch
 
 from services.engine.model.qwen_vl import QwenVLForConditionalGeneration
 from services.engine.model.vision.inputs import ImageEmbeds, ImageFeatures, VisionInput
+from services.engine.vision.encoder_graphs import EncoderGraphs
 from services.engine.vision.features import FeatureCache
 from services.engine.vision.pixels import ImageUnavailable, PixelPrefetcher, PixelSource
 from services.engine.vision.prompt import MultimodalPrompt
@@ -46,12 +47,15 @@ class VisionCounters:
     patches_encoded: int = 0
     encoder_s: float = 0.0       # the passes' time: device time on CUDA (events), else host
     fetch_s: float = 0.0         # host time an encode waited for pixels (fetch or prefetch)
+    graph_passes: int = 0        # passes replayed from an encoder graph (encoder_graphs.py)
 
 
 class VisionStage:
     def __init__(self, model: QwenVLForConditionalGeneration, cache: FeatureCache,
-                 pixels: PixelSource | None) -> None:
+                 pixels: PixelSource | None, graphs: int = 0) -> None:
         self.model = model
+        # the tower's passes, from CUDA graphs per image layout (at most `graphs` of them)
+        self.encoder = EncoderGraphs(model.visual, graphs)
         self.cache = cache
         self.pixels = pixels
         assert model.vl_config.vision is not None
@@ -155,15 +159,16 @@ class VisionStage:
             with torch.cuda.stream(self.stream or torch.cuda.current_stream(
                     self.model.device)):
                 begin.record()
-                features = self.model.encode_images(inputs)
+                features = self.encoder(inputs)
                 end.record()
             self._timings.append((len(inputs), begin, end))
         else:
-            features = self.model.encode_images(inputs)
+            features = self.encoder(inputs)
             self._timed_images += len(inputs)
             self.counters.encoder_s += time.perf_counter() - fetched
         self.counters.images_encoded += len(inputs)
         self.counters.encoder_calls += 1
+        self.counters.graph_passes = self.encoder.replays
         self.counters.patches_encoded += sum(i.num_patches for i in inputs)
         result = {}
         for identity, feature in zip(identities, features, strict=True):

@@ -141,11 +141,60 @@ def test_engine_core_on_cuda(checkpoint, runner, raw):
             engine.scheduler.admit(request(rid, prompt))
         tokens = drive(engine)
         engine.scheduler.admit(request("again", again))
-        more = drive(engine)
-        tokens.update(more)
+        tokens.update(drive(engine))
         assert engine.runner.vision.counters.images_encoded == 3     # "again" hit the cache
+        # new images of one size, one request after another: on CUDA the second pass of
+        # that layout is captured in an encoder graph and the third replays it
+        for seed in (9, 10, 11):
+            same = compose([random_text(5, seed), prepared_image(profile, 300, 420, seed),
+                            random_text(3, seed + 50)])
+            pixels.add(same)
+            engine.scheduler.admit(request(f"size{seed}", same))
+            tokens.update(drive(engine))
+        encoder = engine.runner.vision.encoder
+        assert engine.runner.vision.counters.images_encoded == 6
+        if device == "cuda":
+            assert encoder.captures >= 1 and encoder.replays >= 2
         results[device] = tokens
     assert results["cuda"] == results["cpu"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_encoder_graphs_replay_the_eager_pass(checkpoint, dtype):
+    """EncoderGraphs on CUDA: a layout's first pass runs eagerly, its second is captured and
+    replayed, later ones replay; every pass gives the eager tower's features for its own
+    pixels (the static inputs take each pass's tensors), two-image passes included. With one
+    graph kept, a second layout's capture drops the first, which then starts over."""
+    from services.engine.vision.encoder_graphs import EncoderGraphs
+
+    name, directory = checkpoint
+    model = load_model(open_model(directory), "cuda", dtype)
+    profile, merge = SPECS[name].profile, model.vl_config.vision.spatial_merge_size
+
+    def images(*shapes: tuple[int, int, int]) -> list[VisionInput]:
+        prepared = [prepared_image(profile, h, w, seed) for h, w, seed in shapes]
+        return [VisionInput.from_tensors(p.identity, p.tensors, merge) for p in prepared]
+
+    def check(got, want) -> None:
+        for g, w in zip(got, want, strict=True):
+            for a, b in zip((g.features, *g.deepstack), (w.features, *w.deepstack),
+                            strict=True):
+                assert a.shape == b.shape
+                assert (a.float() - b.float()).norm() <= 1e-3 * b.float().norm()
+
+    encoder = EncoderGraphs(model.visual, max_layouts=1)
+    for seed in (1, 2, 3):                   # one layout: eager, capture + replay, replay
+        batch = images((300, 420, seed))
+        check(encoder(batch), model.visual(batch))
+    assert (encoder.eager_passes, encoder.captures, encoder.replays) == (1, 1, 2)
+    for seed in (4, 5):                      # two images a pass: eager, then capture
+        batch = images((140, 140, seed), (500, 180, seed + 10))
+        check(encoder(batch), model.visual(batch))
+    assert (encoder.eager_passes, encoder.captures, encoder.replays) == (2, 2, 3)
+    assert encoder.layouts == 1              # the first layout was dropped
+    batch = images((300, 420, 6))
+    check(encoder(batch), model.visual(batch))
+    assert encoder.eager_passes == 3         # met again after its graph was dropped
 
 
 def test_graph_runner_decodes_in_cuda_graphs(checkpoint):

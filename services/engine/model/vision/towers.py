@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -111,6 +112,14 @@ class PatchMerger(nn.Module):
 
 
 class VisionTower(nn.Module):
+    """What both towers share. A packed pass is split in two, so that an encoder graph
+    (vision/encoder_graphs.py) can capture the second part once per layout:
+    - `plan(images)`: the pass's layout (segments, orders), a function of the images' grids
+      alone (`layout_key`), built on the host and copied to the device;
+    - `run(inputs, plan)`: pure device work from the per-image tensors (`pass_inputs`:
+      pixel values and patch positions, plus Qwen3-VL's position-table taps) to the merged
+      features in image order and the deepstack features."""
+
     def __init__(self, config: VisionConfig, *, device: torch.device | str,
                  dtype: torch.dtype) -> None:
         super().__init__()
@@ -129,20 +138,45 @@ class VisionTower(nn.Module):
     def device(self) -> torch.device:
         return self.patch_embed.proj.weight.device
 
-    def split(self, merged: torch.Tensor, images: Sequence[VisionInput]
-              ) -> list[torch.Tensor]:
-        sizes = [image.num_tokens(self.config.spatial_merge_size) for image in images]
-        return list(torch.split(merged, sizes))
-
     def check(self, images: Sequence[VisionInput]) -> None:
         for image in images:
             if image.pixel_values.shape[-1] != self.config.patch_dim:
                 raise ValueError(f"pixel_values rows hold {image.pixel_values.shape[-1]} "
                                  f"values; this model's patches hold {self.config.patch_dim}")
 
-    def rotary(self, images: Sequence[VisionInput]) -> torch.Tensor:
-        positions = torch.cat([image.positions for image in images]).to(self.device)
+    @staticmethod
+    def layout_key(images: Sequence[VisionInput]) -> tuple:
+        """What `plan` depends on (with the attention backend): the images' grids."""
+        return tuple(image.grid for image in images)
+
+    def pass_inputs(self, images: Sequence[VisionInput]) -> list[torch.Tensor]:
+        """The pass's per-image tensors on the device, concatenated: pixel values [N, P]
+        and patch positions [N, 2] (Qwen3-VL adds its taps)."""
+        device = self.device
+        return [_on_device([image.pixel_values for image in images], device),
+                torch.cat([image.positions for image in images]).to(device)]
+
+    def plan(self, images: Sequence[VisionInput]) -> Any:
+        raise NotImplementedError
+
+    def run(self, inputs: Sequence[torch.Tensor], plan: Any) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def rotary(self, positions: torch.Tensor) -> torch.Tensor:
         return vision_rotary_table(positions, self.config.head_dim, self.config.rope_theta)
+
+    def features(self, outputs: Sequence[torch.Tensor], images: Sequence[VisionInput]
+                 ) -> list[ImageFeatures]:
+        """`run`'s outputs ([M, out] merged, then each deepstack's) cut per image."""
+        sizes = [image.num_tokens(self.config.spatial_merge_size) for image in images]
+        merged, *deepstack = [list(torch.split(t, sizes)) for t in outputs]
+        return [ImageFeatures(f, tuple(d[i] for d in deepstack))
+                for i, f in enumerate(merged)]
+
+    @torch.inference_mode()
+    def forward(self, images: Sequence[VisionInput]) -> list[ImageFeatures]:
+        self.check(images)
+        return self.features(self.run(self.pass_inputs(images), self.plan(images)), images)
 
 
 def _on_device(parts: Sequence[torch.Tensor | RawPixels], device: torch.device
@@ -154,51 +188,53 @@ def _on_device(parts: Sequence[torch.Tensor | RawPixels], device: torch.device
 
 
 @dataclass(frozen=True, slots=True)
-class BlockInputs:
-    """What Qwen2.5-VL's blocks read, laid out once per pass: the embedded patches and their
-    rotary rows in window order, the row indices, both attention layouts, and the merged
-    tokens' window order (to put the features back in image order)."""
+class WindowPlan:
+    """Qwen2.5-VL's layout of a pass: the patches' window order, both attention layouts,
+    and the merged tokens' way back to image order."""
 
-    x: torch.Tensor             # [N, E]
-    rotary: torch.Tensor        # [N, D]
+    patch_order: torch.Tensor   # int64 [N]: patches in window order
     rows: torch.Tensor          # int64 [N]: 0..N-1
     full: Segments              # whole images (the fullatt_block_indexes blocks)
     windows: Segments           # windows (the other blocks)
-    order: torch.Tensor         # int64 [M]: merged tokens, window order -> image order
+    restore: torch.Tensor       # int64 [M]: merged tokens, window order -> image order
 
 
 class Qwen2_5_VisionTower(VisionTower):
     @torch.inference_mode()
-    def forward(self, images: Sequence[VisionInput]) -> list[ImageFeatures]:
-        self.check(images)
-        inputs = self.block_inputs(images)
-        merged = self.merger(self.run_blocks(inputs))[torch.argsort(inputs.order)]
-        return [ImageFeatures(f) for f in self.split(merged, images)]
-
-    @torch.inference_mode()
-    def block_inputs(self, images: Sequence[VisionInput]) -> BlockInputs:
+    def plan(self, images: Sequence[VisionInput]) -> WindowPlan:
         device, unit = self.device, self.config.merge_unit
-        pixels = _on_device([image.pixel_values for image in images], device)
-        x = self.patch_embed(pixels)                                      # [N, E]
-        rotary = self.rotary(images)                                      # [N, D]
         order, window_bounds = window_layout(images, self.config)
         order = order.to(device)
         patch_order = (order[:, None] * unit + torch.arange(unit, device=device)).reshape(-1)
-        return BlockInputs(x[patch_order], rotary[patch_order],
-                           torch.arange(x.shape[0], device=device),
-                           Segments.of(frame_seqlens(images), device, self.attention_backend),
-                           Segments.of(window_bounds, device, self.attention_backend), order)
+        return WindowPlan(patch_order, torch.arange(patch_order.shape[0], device=device),
+                          Segments.of(frame_seqlens(images), device, self.attention_backend),
+                          Segments.of(window_bounds, device, self.attention_backend),
+                          torch.argsort(order))
 
     @torch.inference_mode()
-    def run_blocks(self, inputs: BlockInputs) -> torch.Tensor:
-        """The blocks over `inputs` (pure device work: benchmarks/profile_vision_encoder.py
-        captures it in a CUDA graph) -> [N, E] in window order."""
-        x = inputs.x
+    def run(self, inputs: Sequence[torch.Tensor], plan: WindowPlan) -> list[torch.Tensor]:
+        pixels, positions = inputs
+        x = self.patch_embed(pixels)[plan.patch_order]                    # [N, E]
+        rotary = self.rotary(positions)[plan.patch_order]                 # [N, D]
+        return [self.merger(self.run_blocks(x, rotary, plan))[plan.restore]]
+
+    @torch.inference_mode()
+    def run_blocks(self, x: torch.Tensor, rotary: torch.Tensor, plan: WindowPlan
+                   ) -> torch.Tensor:
+        """The blocks over patches in window order -> [N, E] in window order."""
         for index, block in enumerate(self.blocks):
-            x = block(x, inputs.rotary, inputs.rows,
-                      inputs.full if index in self.config.fullatt_block_indexes
-                      else inputs.windows)
+            x = block(x, rotary, plan.rows,
+                      plan.full if index in self.config.fullatt_block_indexes
+                      else plan.windows)
         return x
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePlan:
+    """Qwen3-VL's layout of a pass: every image one segment."""
+
+    rows: torch.Tensor          # int64 [N]: 0..N-1
+    segments: Segments
 
 
 class Qwen3VisionTower(VisionTower):
@@ -218,25 +254,30 @@ class Qwen3VisionTower(VisionTower):
             raise ValueError("Qwen3-VL images need their position-table taps "
                              "(interp_indices, interp_weights)")
 
-    @torch.inference_mode()
-    def forward(self, images: Sequence[VisionInput]) -> list[ImageFeatures]:
-        self.check(images)
+    def pass_inputs(self, images: Sequence[VisionInput]) -> list[torch.Tensor]:
         device = self.device
-        pixels = _on_device([image.pixel_values for image in images], device)
-        indices = _on_device([image.interp_indices for image in images], device)  # type: ignore[misc]
-        weights = _on_device([image.interp_weights for image in images], device)  # type: ignore[misc]
+        return [*super().pass_inputs(images),
+                _on_device([image.interp_indices for image in images], device),  # type: ignore[misc]
+                _on_device([image.interp_weights for image in images], device)]  # type: ignore[misc]
+
+    @torch.inference_mode()
+    def plan(self, images: Sequence[VisionInput]) -> ImagePlan:
+        device = self.device
+        count = sum(image.num_patches for image in images)
+        return ImagePlan(torch.arange(count, device=device),
+                         Segments.of(frame_seqlens(images), device, self.attention_backend))
+
+    @torch.inference_mode()
+    def run(self, inputs: Sequence[torch.Tensor], plan: ImagePlan) -> list[torch.Tensor]:
+        pixels, positions, indices, weights = inputs
         x = self.patch_embed(pixels)
         table = self.pos_embed.weight
         x = x + (table[indices] * weights[:, :, None].to(table.dtype)).sum(1).to(x.dtype)
-        rotary = self.rotary(images)
-        rows = torch.arange(x.shape[0], device=device)
-        segments = Segments.of(frame_seqlens(images), device, self.attention_backend)
+        rotary = self.rotary(positions)
         layers = self.config.deepstack_visual_indexes
         deepstack: list[torch.Tensor] = []
         for index, block in enumerate(self.blocks):
-            x = block(x, rotary, rows, segments)
+            x = block(x, rotary, plan.rows, plan.segments)
             if index in layers:
                 deepstack.append(self.deepstack_merger_list[layers.index(index)](x))
-        merged = self.split(self.merger(x), images)
-        stacks = [self.split(d, images) for d in deepstack]
-        return [ImageFeatures(f, tuple(s[i] for s in stacks)) for i, f in enumerate(merged)]
+        return [self.merger(x), *deepstack]
