@@ -169,6 +169,71 @@ def test_routing_fused_in_and_the_load_counter(renormalize, gen, device, dot_dty
     assert load.tolist() == (2 * counts + 5).tolist()   # accumulates across calls
 
 
+@pytest.mark.parametrize("tokens", [1, 2, 3, 4])
+@pytest.mark.parametrize(("activation", "bias"), [("silu", False), ("swiglu_oai", True)])
+def test_decode_path_equals_the_sorted_path(tokens, activation, bias, gen, device, dot_dtype,
+                                            monkeypatch) -> None:
+    """At T <= DECODE_TOKENS the two decode launches (fused_moe_decode.py) route exactly as
+    the align kernel (the same ids, the same weights to the bit) and give the sorted path's
+    output within the kernels' tolerance, against the reference too; the expert load counts
+    the real tokens' slots alone. HELIOS_MOE_DECODE=0 is the sorted path."""
+    from services.engine.kernels import fused_moe, fused_moe_routed
+    from services.engine.kernels.fused_moe_decode import DECODE_TOKENS
+
+    assert tokens <= DECODE_TOKENS
+    decoded: list[int] = []
+    run_decode = fused_moe.run_decode
+    monkeypatch.setattr(fused_moe, "run_decode",
+                        lambda x, *args: decoded.append(x.shape[0]) or run_decode(x, *args))
+    x, w_gate_up, w_down, b1, b2, logits = moe_case(
+        tokens, 16, 4, 48, 32, bias=bias, skew=True, gen=gen, dtype=dot_dtype, device=device)
+    real = torch.tensor([max(1, tokens - 1)], dtype=torch.int32, device=device)
+    runs = {}
+    for path in ("1", "0"):
+        monkeypatch.setenv("HELIOS_MOE_DECODE", path)
+        load = torch.zeros(16, dtype=torch.int64, device=device)
+        out, weights, ids = fused_moe_routed(
+            x, logits, w_gate_up, w_down, 4, True, gate_up_bias=b1, down_bias=b2,
+            activation=activation, expert_tokens=load, num_real_tokens=real)
+        runs[path] = (out, weights, ids, load)
+    assert decoded == [tokens]                    # the decode path ran once, with "1"
+    decode, sorted_ = runs["1"], runs["0"]
+    assert torch.equal(decode[2], sorted_[2]) and torch.equal(decode[1], sorted_[1])
+    assert torch.equal(decode[3], sorted_[3])
+    counts = torch.bincount(decode[2][:int(real)].flatten().long(), minlength=16)
+    assert decode[3].tolist() == counts.tolist()
+    assert_close(decode[0], sorted_[0])
+    assert_close(decode[0], reference(x, w_gate_up, w_down, decode[1], decode[2], b1, b2,
+                                      activation))
+
+
+def test_decode_path_with_given_routing(gen, device, dot_dtype) -> None:
+    """fused_experts (the routing given) at batch 1 and 3 takes the decode launches too."""
+    from services.engine.kernels import fused_experts
+
+    for tokens in (1, 3):
+        x, w_gate_up, w_down, _, _, logits = moe_case(
+            tokens, 8, 2, 32, 16, bias=False, skew=False, gen=gen, dtype=dot_dtype,
+            device=device)
+        weights, ids = moe.softmax_topk(logits, 2, False)
+        out = fused_experts(x, w_gate_up, w_down, weights, ids)
+        assert_close(out, reference(x, w_gate_up, w_down, weights, ids, None, None, "silu"))
+
+
+def test_warm_up_token_counts_meet_both_paths(monkeypatch) -> None:
+    """model/moe.py's warm-up calls: one at 1 token for the decode kernels, then the sorted
+    path's first variant right past DECODE_TOKENS; MXFP4 experts (no decode path) and
+    HELIOS_MOE_DECODE=0 start the sorted path's variants at 1 token."""
+    from services.engine.kernels.fused_moe import variant_token_counts
+    from services.engine.kernels.fused_moe_decode import DECODE_TOKENS
+
+    counts = variant_token_counts(256, 3, 8, 64, 32)
+    assert counts[:2] == (1, DECODE_TOKENS + 1)
+    assert variant_token_counts(256, 3, 8, 64, 32, mxfp4=True)[:3] == (1, 2, 3)
+    monkeypatch.setenv("HELIOS_MOE_DECODE", "0")
+    assert variant_token_counts(256, 3, 8, 64, 32)[:3] == (1, 2, 3)
+
+
 def test_empty_batch_and_refusals(device, dot_dtype, gen) -> None:
     from services.engine.kernels import fused_experts
 
@@ -219,10 +284,11 @@ def test_row_buffer_bound_holds_for_every_load() -> None:
 
 
 def test_fused_moe_launches_compile_for_sm90() -> None:
-    """The launches at the gpt-oss-20b shape (decode: align, swiglu_oai with biases, down,
-    top-k sum; and the GEMMs with MXFP4 experts at the decode, mid and prefill plans) and the
-    Qwen3-30B-A3B one (decode with the routing fused in; the prefill tile plan) compile for
-    the H200 without spills, the GEMMs on tensor cores."""
+    """The launches at the gpt-oss-20b shape (batch 1: the two decode kernels, swiglu_oai
+    with biases; and the GEMMs with MXFP4 experts at the decode, mid and prefill plans) and
+    the Qwen3-30B-A3B one (batch 1's decode kernels with the routing fused in; the sorted
+    path's routing and gate/up at 5 tokens; the prefill tile plan) compile for the H200
+    without spills, the sorted path's GEMMs on tensor cores."""
     code = (
         "import json, torch\n"
         "from tests.kernels.sm90_compile import capture_launches, compile_launch, gpt_oss_moe_launches, report\n"
@@ -242,7 +308,8 @@ def test_fused_moe_launches_compile_for_sm90() -> None:
         "    return launches\n"
         "for label, args, kernels in [\n"
         "        ('gpt-oss T=1', (1, 32, 4, 2880, 2880, 'swiglu_oai', True, False), None),\n"
-        "        ('qwen3 T=1', (1, 128, 8, 2048, 768, 'silu', False, True), ('_route_align_kernel', '_gate_up_kernel')),\n"
+        "        ('qwen3 T=1', (1, 128, 8, 2048, 768, 'silu', False, True), None),\n"
+        "        ('qwen3 T=5', (5, 128, 8, 2048, 768, 'silu', False, True), ('_route_align_kernel', '_gate_up_kernel')),\n"
         "        ('qwen3 T=2048', (2048, 128, 8, 2048, 768, 'silu', False, False), ('_gate_up_kernel', '_down_kernel'))]:\n"
         "    for launch in calls(*args):\n"
         "        if kernels and launch.fn.fn.__name__ not in kernels:\n"
@@ -256,7 +323,9 @@ def test_fused_moe_launches_compile_for_sm90() -> None:
         "print(json.dumps(rows))\n"
     )
     rows = compiled_json(code)
-    assert len(rows) == 8 + 6
+    # decode (T <= 4, fused_moe_decode.py): two launches each at gpt-oss and qwen3 T=1
+    assert [row[1] for row in rows[:4]] == ["_decode_gate_up_kernel", "_decode_down_kernel"] * 2
+    assert len(rows) == 4 + 2 + 2 + 6
     for label, kernel, registers, local_loads, mma in rows:
         assert local_loads == 0 and registers <= 255, f"{label} {kernel}: spills ({registers})"
         if kernel in ("_gate_up_kernel", "_down_kernel"):

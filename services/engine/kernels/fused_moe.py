@@ -9,8 +9,9 @@ Shapes and semantics are `services/engine/model/moe.py`'s (x [T, H], w_gate_up [
 w_down [E, H, I], topk [T, k]). The expert matrices are tensors in x's dtype, or both MXFP4
 (model/mxfp4.py's `Mxfp4Weight`: blocks uint8 [E, N, K/2] and E8M0 scales [E, N, K/32]; the
 GEMM kernels then load a quarter of the bytes and dequantize each tile exactly in registers,
-kernels/mxfp4_tile.py, before the tensor-core dot). Four launches, none of them reading a
-value on the host:
+kernels/mxfp4_tile.py, before the tensor-core dot). At most DECODE_TOKENS tokens with dense
+expert matrices take fused_moe_decode.py's two launches; otherwise four, none of them
+reading a value on the host:
 
 1. `_route_align_kernel`, one program: (with `fused_moe_routed`) softmax top-k of the router logits,
    renormalized or not; a histogram of the T*k (token, expert) slots per expert; each
@@ -49,6 +50,8 @@ import triton.language as tl
 
 from services.common.errors import ValidationError
 from services.engine.kernels.common import cdiv, check_float, next_power_of_2
+from services.engine.kernels.fused_moe_decode import decode_path, run_decode
+from services.engine.kernels.moe_common import expert_activation, softmax_topk_rows
 from services.engine.kernels.mxfp4_tile import mxfp4_tile
 from services.engine.model.expert_weights import MOE_ACTIVATIONS
 
@@ -83,14 +86,16 @@ MID_ROWS_PER_EXPERT = 64
 
 
 def variant_token_counts(max_tokens: int, top_k: int, num_experts: int, hidden: int,
-                         inter: int) -> tuple[int, ...]:
-    """The smallest token count of each kernel variant plan_moe gives up to max_tokens (the
-    tier's tiles, the routing kernel's power-of-two row and chunk sizes). The kernels take
-    token counts unspecialized, so one call at each of these compiles every variant a
-    model's steps can meet (model/moe.py's warm-up)."""
+                         inter: int, mxfp4: bool = False) -> tuple[int, ...]:
+    """The smallest token count of each kernel variant a call can meet up to max_tokens
+    (the decode kernels at a few tokens, fused_moe_decode.py; then plan_moe's tiers and the
+    routing kernel's power-of-two row and chunk sizes). The kernels take token counts
+    unspecialized, so one call at each of these compiles every variant a model's steps can
+    meet (model/moe.py's warm-up)."""
     firsts: dict[tuple[int, ...], int] = {}
     for tokens in range(1, max_tokens + 1):
-        key = plan_moe(tokens, top_k, num_experts, hidden, inter).variant
+        key = (0,) if decode_path(tokens, mxfp4) else \
+            plan_moe(tokens, top_k, num_experts, hidden, inter).variant
         firsts.setdefault(key, tokens)
     return tuple(sorted(firsts.values()))
 
@@ -136,6 +141,7 @@ def _route_align_kernel(
     num_slots = num_tokens * TOP_K
     if ROUTE:
         # softmax over the experts, then the top k (lowest id first among equals)
+        kcol = tl.arange(0, K_PAD)
         for row0 in range(0, num_tokens, ROWS):
             rows = row0 + tl.arange(0, ROWS)
             rmask = rows < num_tokens
@@ -143,21 +149,8 @@ def _route_align_kernel(
                              + experts[None, :], mask=rmask[:, None] & live[None, :],
                              other=-float("inf")).to(tl.float32)
             logits = tl.where(rmask[:, None], logits, tl.where(live[None, :], 0.0, logits))
-            top = tl.max(logits, axis=1)
-            probs = tl.exp(logits - top[:, None])
-            probs = probs / tl.sum(probs, axis=1)[:, None]
-            # the k picks gathered in registers [ROWS, K_PAD], stored once
-            kcol = tl.arange(0, K_PAD)
-            values = tl.zeros([ROWS, K_PAD], tl.float32)
-            picks = tl.zeros([ROWS, K_PAD], tl.int32)
-            for j in tl.static_range(TOP_K):
-                best = tl.max(probs, axis=1)
-                pick = tl.min(tl.where(probs == best[:, None], experts[None, :], E_PAD), axis=1)
-                values = tl.where(kcol[None, :] == j, best[:, None], values)
-                picks = tl.where(kcol[None, :] == j, pick[:, None], picks)
-                probs = tl.where(experts[None, :] == pick[:, None], -1.0, probs)
-            if RENORMALIZE:
-                values = values / tl.sum(values, axis=1)[:, None]
+            values, picks = softmax_topk_rows(logits, experts, TOP_K, K_PAD, E_PAD,
+                                              RENORMALIZE)
             out = rows[:, None] * TOP_K + kcol[None, :]
             omask = rmask[:, None] & (kcol[None, :] < TOP_K)
             tl.store(weights_ptr + out, values, mask=omask)
@@ -200,18 +193,6 @@ def _route_align_kernel(
         ids = tl.load(ids_ptr + slots, mask=smask, other=0)
         rows = tl.atomic_add(cursor_ptr + ids, 1, mask=smask)
         tl.store(sorted_ptr + rows, slots, mask=smask)
-
-
-@triton.jit
-def _swiglu(gate, up, limit, alpha, ACTIVATION: tl.constexpr):
-    if ACTIVATION == "swiglu_oai":
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
-        y = (up + 1.0) * (gate / (1.0 + tl.exp(-alpha * gate)))
-    else:
-        tl.static_assert(ACTIVATION == "silu", "fused_moe: silu or swiglu_oai")
-        y = gate / (1.0 + tl.exp(-gate)) * up
-    return y
 
 
 @triton.jit(do_not_specialize=["num_slots"])
@@ -271,7 +252,7 @@ def _gate_up_kernel(
         bias = bias_ptr + expert * 2 * inter + cols
         acc_gate += tl.load(bias, mask=cmask, other=0.0).to(tl.float32)[None, :]
         acc_up += tl.load(bias + inter, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    y = _swiglu(acc_gate, acc_up, limit, alpha, ACTIVATION)
+    y = expert_activation(acc_gate, acc_up, limit, alpha, ACTIVATION)
     out = out_ptr + slots[:, None].to(tl.int64) * stride_out + cols[None, :]
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=valid[:, None] & cmask[None, :])
 
@@ -387,6 +368,14 @@ def _run(x: torch.Tensor, w_gate_up: Any, w_down: Any,
     out = torch.empty_like(x)
     if num_tokens == 0:
         return out
+    count = expert_tokens is not None
+    if count and num_real_tokens is None:
+        raise ValidationError("fused_moe: expert_tokens needs num_real_tokens")
+    mxfp4 = _packed(w_gate_up)[1] is not None
+    if plan is None and decode_path(num_tokens, mxfp4):     # two launches at a few tokens
+        return run_decode(x, w_gate_up, w_down, router_logits, topk_weights, topk_ids, top_k,
+                          renormalize, gate_up_bias, down_bias, activation, limit, alpha,
+                          expert_tokens, num_real_tokens)
     plan = plan or plan_moe(num_tokens, top_k, num_experts, hidden, inter)
     slots = num_tokens * top_k
     device = x.device
@@ -394,9 +383,6 @@ def _run(x: torch.Tensor, w_gate_up: Any, w_down: Any,
     block_expert = torch.empty(plan.max_blocks, dtype=torch.int32, device=device)
     meta = torch.empty(1 + next_power_of_2(num_experts), dtype=torch.int32, device=device)
     num_rows, cursor = meta[:1], meta[1:]
-    count = expert_tokens is not None
-    if count and num_real_tokens is None:
-        raise ValidationError("fused_moe: expert_tokens needs num_real_tokens")
     logits = router_logits if router_logits is not None else topk_weights
     route = router_logits is not None
     _route_align_kernel[(1,)](
@@ -412,7 +398,6 @@ def _run(x: torch.Tensor, w_gate_up: Any, w_down: Any,
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     hidden_rows = torch.empty(slots, inter, dtype=x.dtype, device=device)
     (gate_up, gate_up_scales), (down, down_scales) = _packed(w_gate_up), _packed(w_down)
-    mxfp4 = gate_up_scales is not None
     gate_up_scales = gate_up if gate_up_scales is None else gate_up_scales
     down_scales = down if down_scales is None else down_scales
     _gate_up_kernel[(plan.max_blocks, cdiv(inter, plan.block_n1))](

@@ -303,8 +303,9 @@ class SparseMoeBlock(nn.Module):
         from services.engine.kernels.fused_moe import variant_token_counts
 
         num_experts, two_inter, hidden = weight.shape
+        mxfp4 = getattr(weight, "scales", None) is not None
         for tokens in variant_token_counts(max_tokens, self.top_k, num_experts, hidden,
-                                           two_inter // 2):
+                                           two_inter // 2, mxfp4):
             x = torch.zeros(tokens, weight.shape[2], dtype=weight.dtype, device=weight.device)
             self.mix(x, torch.tensor([tokens], dtype=torch.int32, device=weight.device))
 
@@ -316,7 +317,7 @@ class SparseMoeBlock(nn.Module):
             activation=experts.activation, limit=experts.limit, alpha=experts.alpha,
             expert_tokens=self.expert_tokens, num_real_tokens=num_real)
         routed = _kernel("fused_moe_routed") if x.is_cuda and self.fused_routing else None
-        if routed is not None:   # routing, sorting, counting and both GEMMs in four launches
+        if routed is not None:   # routing, counting and both GEMMs (fused_moe.py: 2-4 launches)
             out, _, _ = routed(x, self.router_logits(x), experts.w_gate_up, experts.w_down,
                                self.top_k, self.renormalize, **kw)
             return out

@@ -1,0 +1,204 @@
+"""The fused MoE at a few tokens (decode): two launches where fused_moe.py's sorted path
+takes four.
+
+    out = run_decode(x, w_gate_up, w_down, router_logits, topk_weights, topk_ids, top_k,
+                     renormalize, ...)          # fused_moe._run's arguments; T <= DECODE_TOKENS
+
+At batch 1 the sorted path's row blocks each hold one real row (the k selected experts, one
+block each), and two of its four launches are bookkeeping: the one-program route + align
+kernel (5.7 of the 32.4 us a Qwen3-30B-A3B layer's experts took on an H200, RESULTS.md
+2026-12-02) and the top-k sum. Here each (token, expert) slot is its own program row and
+nothing is sorted:
+
+1. `_decode_gate_up_kernel`, grid (T * k, I / BLOCK_N): program (slot, n) routes its token in
+   registers (moe_common.softmax_topk_rows: the align kernel's picks and weights, bit for
+   bit), or reads the slot's given expert, and computes act(gate) * up for BLOCK_N columns
+   of I as CUDA-core dot products over the expert's weight rows (streamed once, the next
+   K step's tiles loaded before this one's products, as skinny_linear's one-row kernel).
+   Program (slot, 0) stores the slot's weight and expert (the caller's topk tensors) and
+   counts the slot in the expert load when its token is real.
+2. `_decode_down_kernel`, grid (T, H / BLOCK_N): program (token, n) takes its token's k
+   slots end to end as one reduction of k * I: each column of a K step reads its slot's
+   expert's down weights and the slot's intermediate value times its routing weight
+   (sum_j W_j (w_j h_j), so one weight pipeline runs across the experts), then adds the
+   slots' weighted biases and rounds once: the sorted path's top-k sum without its launch
+   (the same sum, rounded in another order).
+
+Tiles are skinny_linear's one-row plans (gate/up as its gated projection, down as a plain
+one). A slot reads its whole expert even when another token of the step chose the same one,
+so the path pays only while collisions are rare: T <= DECODE_TOKENS. MXFP4 experts take the
+sorted path. `HELIOS_MOE_DECODE=0` sends every call there (the A/B switch of
+benchmarks/bench_fused_moe.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from services.engine.kernels.common import cdiv, next_power_of_2, sm_count
+from services.engine.kernels.moe_common import expert_activation, softmax_topk_rows
+from services.engine.kernels.skinny_linear import plan_linear
+
+DECODE_TOKENS = 4
+
+
+def decode_path(num_tokens: int, mxfp4: bool) -> bool:
+    """Whether a call of `num_tokens` tokens takes the decode kernels."""
+    return (0 < num_tokens <= DECODE_TOKENS and not mxfp4
+            and os.environ.get("HELIOS_MOE_DECODE", "1") != "0")
+
+
+@triton.jit(do_not_specialize_on_alignment=["num_real_ptr"])   # a view: query_start_loc[-1:]
+def _decode_gate_up_kernel(
+    x_ptr, logits_ptr, w_ptr, bias_ptr, out_ptr, weights_ptr, ids_ptr, load_ptr,
+    num_real_ptr, num_experts, hidden, inter, stride_x, stride_logits, stride_we, stride_wn,
+    stride_out, limit, alpha,
+    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, ROUTE: tl.constexpr,
+    RENORMALIZE: tl.constexpr, COUNT: tl.constexpr, ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    slot = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    token = slot // TOP_K
+    if ROUTE:
+        experts = tl.arange(0, E_PAD)
+        logits = tl.load(logits_ptr + token.to(tl.int64) * stride_logits + experts[None, :],
+                         mask=(experts < num_experts)[None, :],
+                         other=-float("inf")).to(tl.float32)                 # [1, E_PAD]
+        values, picks = softmax_topk_rows(logits, experts, TOP_K, K_PAD, E_PAD, RENORMALIZE)
+        mine = tl.arange(0, K_PAD)[None, :] == slot % TOP_K
+        expert = tl.sum(tl.where(mine, picks, 0))
+        if pid_n == 0:
+            tl.store(weights_ptr + slot, tl.sum(tl.where(mine, values, 0.0)))
+            tl.store(ids_ptr + slot, expert)
+    else:
+        expert = tl.load(ids_ptr + slot)
+    if COUNT:       # each real token's slot once, by its first column block
+        tl.atomic_add(load_ptr + expert, 1,
+                      mask=(pid_n == 0) & (token < tl.load(num_real_ptr)))
+    expert = expert.to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < inter
+    ks = tl.arange(0, BLOCK_K)
+    g_rows = w_ptr + expert * stride_we + cols.to(tl.int64)[:, None] * stride_wn   # [BN, 1]
+    u_rows = g_rows + inter * stride_wn
+    x_row = x_ptr + token.to(tl.int64) * stride_x
+    tile_mask = cmask[:, None] & (ks < hidden)[None, :]
+    g_next = tl.load(g_rows + ks[None, :], mask=tile_mask, other=0.0)
+    u_next = tl.load(u_rows + ks[None, :], mask=tile_mask, other=0.0)
+    acc_gate = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        k = k0 + ks
+        a = tl.load(x_row + k, mask=k < hidden, other=0.0).to(tl.float32)
+        g, u = g_next, u_next
+        next_mask = cmask[:, None] & (k + BLOCK_K < hidden)[None, :]
+        g_next = tl.load(g_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
+        u_next = tl.load(u_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
+        acc_gate += g.to(tl.float32) * a[None, :]
+        acc_up += u.to(tl.float32) * a[None, :]
+    gate = tl.sum(acc_gate, axis=1)
+    up = tl.sum(acc_up, axis=1)
+    if HAS_BIAS:
+        bias = bias_ptr + expert * 2 * inter + cols
+        gate += tl.load(bias, mask=cmask, other=0.0).to(tl.float32)
+        up += tl.load(bias + inter, mask=cmask, other=0.0).to(tl.float32)
+    y = expert_activation(gate, up, limit, alpha, ACTIVATION)
+    tl.store(out_ptr + slot.to(tl.int64) * stride_out + cols,
+             y.to(out_ptr.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def _slots_step(h_ptr, w_ptr, weights_ptr, ids_ptr, first, k, span, cols, cmask, inter,
+                stride_h, stride_we, stride_wn):
+    """One K step over a token's slots laid end to end (slot j's intermediate row at
+    [j * inter, (j + 1) * inter) of the span): the routing-weighted activations fp32 [BK]
+    and the down weights [BN, BK] of each column's expert."""
+    live = k < span
+    j = k // inter
+    within = k - j * inter
+    slot = first + j
+    expert = tl.load(ids_ptr + slot, mask=live, other=0).to(tl.int64)
+    w = tl.load(w_ptr + expert[None, :] * stride_we + cols.to(tl.int64)[:, None] * stride_wn
+                + within[None, :], mask=cmask[:, None] & live[None, :], other=0.0)
+    a = tl.load(h_ptr + slot * stride_h + within, mask=live, other=0.0).to(tl.float32)
+    return a * tl.load(weights_ptr + slot, mask=live, other=0.0), w
+
+
+@triton.jit
+def _decode_down_kernel(
+    h_ptr, w_ptr, bias_ptr, weights_ptr, ids_ptr, out_ptr, hidden, inter, stride_h,
+    stride_we, stride_wn, stride_out,
+    TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # one dot product over the token's k slots end to end: sum_j w_j (W_j h_j) as
+    # sum_j W_j (w_j h_j), the weights streamed through one pipeline across the experts
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < hidden
+    ks = tl.arange(0, BLOCK_K)
+    first = token * TOP_K
+    span = TOP_K * inter
+    a_next, w_next = _slots_step(h_ptr, w_ptr, weights_ptr, ids_ptr, first, ks, span, cols,
+                                 cmask, inter, stride_h, stride_we, stride_wn)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, span, BLOCK_K):
+        a, w = a_next, w_next
+        a_next, w_next = _slots_step(h_ptr, w_ptr, weights_ptr, ids_ptr, first,
+                                     k0 + BLOCK_K + ks, span, cols, cmask, inter, stride_h,
+                                     stride_we, stride_wn)
+        acc += w.to(tl.float32) * a[None, :]
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        for j in tl.static_range(TOP_K):
+            expert = tl.load(ids_ptr + first + j).to(tl.int64)
+            y += tl.load(weights_ptr + first + j) * tl.load(
+                bias_ptr + expert * hidden + cols, mask=cmask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + token * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=cmask)
+
+
+def run_decode(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+               router_logits: torch.Tensor | None, topk_weights: torch.Tensor,
+               topk_ids: torch.Tensor, top_k: int, renormalize: bool,
+               gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None,
+               activation: str, limit: float, alpha: float,
+               expert_tokens: torch.Tensor | None, num_real_tokens: torch.Tensor | None
+               ) -> torch.Tensor:
+    """fused_moe._run's contract at T <= DECODE_TOKENS (dense expert matrices): with
+    `router_logits` it fills topk_weights / topk_ids, else it reads them."""
+    num_tokens, hidden = x.shape
+    num_experts, two_inter, _ = w_gate_up.shape
+    inter = two_inter // 2
+    slots = num_tokens * top_k
+    out = torch.empty_like(x)
+    hidden_rows = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
+    num_sms = sm_count(x.device)
+    # skinny_linear's one-row tilings: gate/up as its gated projection per slot, down as a
+    # plain projection over the token's slots end to end
+    up_plan = plan_linear(inter, hidden, 1, num_sms, gated=True)
+    down_plan = plan_linear(hidden, top_k * inter, 1, num_sms)
+    route = router_logits is not None
+    logits = router_logits if router_logits is not None else topk_weights
+    count = expert_tokens is not None
+    _decode_gate_up_kernel[(slots, cdiv(inter, up_plan.block_n))](
+        x, logits, w_gate_up, gate_up_bias if gate_up_bias is not None else w_gate_up,
+        hidden_rows, topk_weights, topk_ids, expert_tokens if count else topk_ids,
+        num_real_tokens if count else topk_ids, num_experts, hidden, inter, x.stride(0),
+        logits.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), hidden_rows.stride(0),
+        float(limit), float(alpha),
+        TOP_K=top_k, K_PAD=next_power_of_2(top_k), E_PAD=next_power_of_2(num_experts),
+        ROUTE=route, RENORMALIZE=renormalize, COUNT=count, ACTIVATION=activation,
+        HAS_BIAS=gate_up_bias is not None, BLOCK_N=up_plan.block_n, BLOCK_K=up_plan.block_k,
+        num_warps=up_plan.num_warps)
+    _decode_down_kernel[(num_tokens, cdiv(hidden, down_plan.block_n))](
+        hidden_rows, w_down, down_bias if down_bias is not None else w_down, topk_weights,
+        topk_ids, out, hidden, inter, hidden_rows.stride(0), w_down.stride(0),
+        w_down.stride(1), out.stride(0),
+        TOP_K=top_k, HAS_BIAS=down_bias is not None, BLOCK_N=down_plan.block_n,
+        BLOCK_K=down_plan.block_k, num_warps=down_plan.num_warps)
+    return out
