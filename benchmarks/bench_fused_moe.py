@@ -5,9 +5,9 @@ and a tile sweep (issue 18's tuning).
 
 For each shape (Qwen3-30B-A3B: 128 experts, top 8, H 2048, I 768; gpt-oss-20b: 32 experts,
 top 4, H 2880, I 2880, biases and clamped SwiGLU) and decode batch T, one
-`fused_moe_routed` call (at T <= 4 the two decode launches, fused_moe_decode.py, and the
-same call on the sorted path, `sorted_us`: route + align, gate/up, down, top-k sum)
-captured in a CUDA graph and replayed: microseconds per call, the expert weights the call reads (the experts its
+`fused_moe_routed` call (the path `decode_path` picks; at T <= 4 also each path forced:
+`decode_us`, fused_moe_decode.py's two launches, and `sorted_us`, route + align, gate/up,
+down, top-k sum) captured in a CUDA graph and replayed: microseconds per call, the expert weights the call reads (the experts its
 routing selected) and that as a fraction of the 4.27 TB/s copy rate (PERFORMANCE.md). The
 per-kernel split comes from torch.profiler over eager calls. The sweep times gate/up tiles
 with the down tiles fixed and then the reverse (their times add), at T = 1 and 64, and
@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.engine.kernels.fused_moe import fused_moe_routed, plan_moe
-from services.engine.kernels.fused_moe_decode import decode_path
+from services.engine.kernels.fused_moe_decode import DECODE_TOKENS
 
 COPY_TB_S = 4.27
 SHAPES = {   # experts, top_k, hidden, inter, activation, biases
@@ -172,17 +172,18 @@ def main() -> None:
             split = kernel_split(case)
             level = {"tokens": tokens, "us": us, "weight_bytes": weights,
                      "limit_us": limit_us, "of_limit": limit_us / us, "kernels_us": split}
-            sorted_note = ""
-            if decode_path(tokens, False):     # the same call on the sorted path: the before
-                os.environ["HELIOS_MOE_DECODE"] = "0"
-                try:
-                    level["sorted_us"] = graph_us(case)
-                finally:
-                    os.environ.pop("HELIOS_MOE_DECODE")
-                sorted_note = f" (sorted path {level['sorted_us']:.1f} us)"
+            note = ""
+            if tokens <= DECODE_TOKENS:     # both paths forced: the decode kernels' A/B
+                for mode, key in (("1", "decode_us"), ("0", "sorted_us")):
+                    os.environ["HELIOS_MOE_DECODE"] = mode
+                    try:
+                        level[key] = graph_us(case)
+                    finally:
+                        os.environ.pop("HELIOS_MOE_DECODE")
+                note = f" (decode path {level['decode_us']:.1f}, sorted {level['sorted_us']:.1f})"
             entry["levels"].append(level)
             kernels = ", ".join(f"{k.split('(')[0][:28]} {v:.1f}" for k, v in split.items())
-            print(f"{name} T={tokens:4d}: {us:7.1f} us/call{sorted_note}, "
+            print(f"{name} T={tokens:4d}: {us:7.1f} us/call{note}, "
                   f"{weights / 1e6:7.1f} MB of experts ({limit_us:5.1f} us at {COPY_TB_S} "
                   f"TB/s: {limit_us / us:.2f} of limit); kernels: {kernels}", flush=True)
         sweeps = args.sweep_tokens.split(",") if name in args.sweep_shapes.split(",") else []

@@ -173,10 +173,11 @@ def test_routing_fused_in_and_the_load_counter(renormalize, gen, device, dot_dty
 @pytest.mark.parametrize(("activation", "bias"), [("silu", False), ("swiglu_oai", True)])
 def test_decode_path_equals_the_sorted_path(tokens, activation, bias, gen, device, dot_dtype,
                                             monkeypatch) -> None:
-    """At T <= DECODE_TOKENS the two decode launches (fused_moe_decode.py) route exactly as
-    the align kernel (the same ids, the same weights to the bit) and give the sorted path's
-    output within the kernels' tolerance, against the reference too; the expert load counts
-    the real tokens' slots alone. HELIOS_MOE_DECODE=0 is the sorted path."""
+    """At T <= DECODE_TOKENS the two decode launches (fused_moe_decode.py, forced with
+    HELIOS_MOE_DECODE=1) route exactly as the align kernel (the same ids, the same weights to
+    the bit) and give the sorted path's output (HELIOS_MOE_DECODE=0) within the kernels'
+    tolerance, against the reference too; the expert load counts the real tokens' slots
+    alone."""
     from services.engine.kernels import fused_moe, fused_moe_routed
     from services.engine.kernels.fused_moe_decode import DECODE_TOKENS
 
@@ -207,10 +208,11 @@ def test_decode_path_equals_the_sorted_path(tokens, activation, bias, gen, devic
                                       activation))
 
 
-def test_decode_path_with_given_routing(gen, device, dot_dtype) -> None:
+def test_decode_path_with_given_routing(gen, device, dot_dtype, monkeypatch) -> None:
     """fused_experts (the routing given) at batch 1 and 3 takes the decode launches too."""
     from services.engine.kernels import fused_experts
 
+    monkeypatch.setenv("HELIOS_MOE_DECODE", "1")
     for tokens in (1, 3):
         x, w_gate_up, w_down, _, _, logits = moe_case(
             tokens, 8, 2, 32, 16, bias=False, skew=False, gen=gen, dtype=dot_dtype,
@@ -222,16 +224,24 @@ def test_decode_path_with_given_routing(gen, device, dot_dtype) -> None:
 
 def test_warm_up_token_counts_meet_both_paths(monkeypatch) -> None:
     """model/moe.py's warm-up calls: one at 1 token for the decode kernels, then the sorted
-    path's first variant right past DECODE_TOKENS; MXFP4 experts (no decode path) and
+    path's first variant where the decode path stops (one token at 3 of 8 experts; three at
+    Qwen3-30B-A3B's 8 of 128, which decodes two); MXFP4 experts (no decode path) and
     HELIOS_MOE_DECODE=0 start the sorted path's variants at 1 token."""
     from services.engine.kernels.fused_moe import variant_token_counts
-    from services.engine.kernels.fused_moe_decode import DECODE_TOKENS
+    from services.engine.kernels.fused_moe_decode import decode_path
 
-    counts = variant_token_counts(256, 3, 8, 64, 32)
-    assert counts[:2] == (1, DECODE_TOKENS + 1)
-    assert variant_token_counts(256, 3, 8, 64, 32, mxfp4=True)[:3] == (1, 2, 3)
-    monkeypatch.setenv("HELIOS_MOE_DECODE", "0")
     assert variant_token_counts(256, 3, 8, 64, 32)[:3] == (1, 2, 3)
+    assert not decode_path(2, 3, 8, False)
+    assert [decode_path(t, 8, 128, False) for t in (1, 2, 3)] == [True, True, False]
+    assert variant_token_counts(256, 8, 128, 64, 32)[:2] == (1, 3)
+    assert [decode_path(t, 4, 32, False) for t in (1, 2)] == [True, False]
+    assert not decode_path(1, 8, 128, True)                       # MXFP4 experts
+    assert variant_token_counts(256, 8, 128, 64, 32, mxfp4=True)[:3] == (1, 2, 3)
+    monkeypatch.setenv("HELIOS_MOE_DECODE", "1")
+    assert [decode_path(t, 4, 32, False) for t in (1, 4, 5)] == [True, True, False]
+    monkeypatch.setenv("HELIOS_MOE_DECODE", "0")
+    assert not decode_path(1, 8, 128, False)
+    assert variant_token_counts(256, 8, 128, 64, 32)[:3] == (1, 2, 3)
 
 
 def test_empty_batch_and_refusals(device, dot_dtype, gen) -> None:

@@ -9,9 +9,9 @@ Shapes and semantics are `services/engine/model/moe.py`'s (x [T, H], w_gate_up [
 w_down [E, H, I], topk [T, k]). The expert matrices are tensors in x's dtype, or both MXFP4
 (model/mxfp4.py's `Mxfp4Weight`: blocks uint8 [E, N, K/2] and E8M0 scales [E, N, K/32]; the
 GEMM kernels then load a quarter of the bytes and dequantize each tile exactly in registers,
-kernels/mxfp4_tile.py, before the tensor-core dot). At most DECODE_TOKENS tokens with dense
-expert matrices take fused_moe_decode.py's two launches; otherwise four, none of them
-reading a value on the host:
+kernels/mxfp4_tile.py, before the tensor-core dot). One token (or a few, while their slots
+are at most an eighth of the experts) with dense expert matrices takes fused_moe_decode.py's
+two launches; otherwise four, none of them reading a value on the host:
 
 1. `_route_align_kernel`, one program: (with `fused_moe_routed`) softmax top-k of the router logits,
    renormalized or not; a histogram of the T*k (token, expert) slots per expert; each
@@ -94,7 +94,7 @@ def variant_token_counts(max_tokens: int, top_k: int, num_experts: int, hidden: 
     meet (model/moe.py's warm-up)."""
     firsts: dict[tuple[int, ...], int] = {}
     for tokens in range(1, max_tokens + 1):
-        key = (0,) if decode_path(tokens, mxfp4) else \
+        key = (0,) if decode_path(tokens, top_k, num_experts, mxfp4) else \
             plan_moe(tokens, top_k, num_experts, hidden, inter).variant
         firsts.setdefault(key, tokens)
     return tuple(sorted(firsts.values()))
@@ -372,7 +372,7 @@ def _run(x: torch.Tensor, w_gate_up: Any, w_down: Any,
     if count and num_real_tokens is None:
         raise ValidationError("fused_moe: expert_tokens needs num_real_tokens")
     mxfp4 = _packed(w_gate_up)[1] is not None
-    if plan is None and decode_path(num_tokens, mxfp4):     # two launches at a few tokens
+    if plan is None and decode_path(num_tokens, top_k, num_experts, mxfp4):   # two launches
         return run_decode(x, w_gate_up, w_down, router_logits, topk_weights, topk_ids, top_k,
                           renormalize, gate_up_bias, down_bias, activation, limit, alpha,
                           expert_tokens, num_real_tokens)

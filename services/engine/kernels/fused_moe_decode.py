@@ -26,9 +26,13 @@ nothing is sorted:
 
 Tiles are skinny_linear's one-row plans (gate/up as its gated projection, down as a plain
 one). A slot reads its whole expert even when another token of the step chose the same one,
-so the path pays only while collisions are rare: T <= DECODE_TOKENS. MXFP4 experts take the
-sorted path. `HELIOS_MOE_DECODE=0` sends every call there (the A/B switch of
-benchmarks/bench_fused_moe.py).
+so past one token the path is taken only while T * k <= E / 8 (Qwen3-30B-A3B's 8 of 128: up
+to 2 tokens; gpt-oss-20b's 4 of 32: 1). On an H100 (RESULTS.md 2026-12-07, thirteenth
+session) a call took 34.5 against the sorted path's 40.1 us at Qwen3-30B-A3B T = 1, 63.3
+against 66.8 at T = 2, and 115.7 against 112.2 at T = 4 (32 slots of 128 experts); gpt-oss
+80.7 against 82.2 at T = 1, 155.4 against 151.4 at T = 2. MXFP4 experts take the sorted
+path. `HELIOS_MOE_DECODE=0` sends every call there, `=1` every call of up to DECODE_TOKENS
+tokens here (the A/B switches of benchmarks/bench_fused_moe.py).
 """
 
 from __future__ import annotations
@@ -44,12 +48,19 @@ from services.engine.kernels.moe_common import expert_activation, softmax_topk_r
 from services.engine.kernels.skinny_linear import plan_linear
 
 DECODE_TOKENS = 4
+COLLISION_SHARE = 8     # the decode path while the slots are at most 1/8 of the experts
 
 
-def decode_path(num_tokens: int, mxfp4: bool) -> bool:
-    """Whether a call of `num_tokens` tokens takes the decode kernels."""
-    return (0 < num_tokens <= DECODE_TOKENS and not mxfp4
-            and os.environ.get("HELIOS_MOE_DECODE", "1") != "0")
+def decode_path(num_tokens: int, top_k: int, num_experts: int, mxfp4: bool) -> bool:
+    """Whether a call takes the decode kernels: dense experts, at most DECODE_TOKENS tokens,
+    and one token, or few enough slots that two tokens rarely pick one expert (each such
+    pair reads the expert twice). HELIOS_MOE_DECODE: "auto" (unset; this rule), "0" (never:
+    the sorted path), "1" (every call of at most DECODE_TOKENS tokens)."""
+    mode = os.environ.get("HELIOS_MOE_DECODE", "auto")
+    if mxfp4 or mode == "0" or not 0 < num_tokens <= DECODE_TOKENS:
+        return False
+    return mode == "1" or num_tokens == 1 or \
+        num_tokens * top_k * COLLISION_SHARE <= num_experts
 
 
 @triton.jit(do_not_specialize_on_alignment=["num_real_ptr"])   # a view: query_start_loc[-1:]
