@@ -208,6 +208,75 @@ def test_decode_path_equals_the_sorted_path(tokens, activation, bias, gen, devic
                                       activation))
 
 
+@pytest.mark.parametrize(("tokens", "mode"), [(1, "auto"), (2, "1"), (3, "0")])
+def test_the_norm_folded_into_the_experts(tokens, mode, gen, device, dot_dtype,
+                                          monkeypatch) -> None:
+    """fused_moe_routed with `norm_weight`: x is the residual stream, and the experts see
+    rms_norm(x) * g (the decode kernels normalize each row; the sorted path, mode "0", runs
+    the norm kernel first); equal to the call on rows normed beforehand."""
+    from services.engine.kernels import fused_moe_routed
+    from services.engine.model.ops import reference_rms_norm
+
+    monkeypatch.setenv("HELIOS_MOE_DECODE", mode)
+    x, w_gate_up, w_down, _, _, logits = moe_case(
+        tokens, 16, 2, 48, 32, bias=False, skew=False, gen=gen, dtype=dot_dtype,
+        device=device)
+    gain = (torch.rand(48, generator=gen) + 0.5).to(device=device, dtype=dot_dtype)
+    out, weights, ids = fused_moe_routed(x * 3.0, logits, w_gate_up, w_down, 2, True,
+                                         norm_weight=gain, eps=1e-6)
+    normed = reference_rms_norm(x * 3.0, gain, 1e-6)
+    want, want_weights, want_ids = fused_moe_routed(normed, logits, w_gate_up, w_down, 2, True)
+    assert torch.equal(ids, want_ids) and torch.equal(weights, want_weights)
+    assert_close(out, want)
+    assert_close(out, reference(normed, w_gate_up, w_down, weights, ids, None, None, "silu"))
+    with pytest.raises(ValidationError, match="norm weight"):
+        fused_moe_routed(x, logits, w_gate_up, w_down, 2, True, norm_weight=gain[:8])
+
+
+@pytest.mark.parametrize("mode", ["1", "0"])
+def test_the_sparse_sublayer_folds_its_norm_into_router_and_experts(mode, gen,
+                                                                    monkeypatch) -> None:
+    """SparseMoeBlock.forward_residual with the norm folded in (here through the
+    interpreter, float32): the router's norm_linear adds the residual and normalizes, the
+    decode kernels normalize their rows (mode "1"; "0": the sorted path after the norm
+    kernel), and the result, the new residual and the expert load equal the norm kernel +
+    routing + experts path (model/moe.py's reference on the CPU)."""
+    from services.engine import kernels
+    from services.engine.kernels import fused_moe
+    from services.engine.model.config import LayerAttention, ModelConfig, MoEConfig
+
+    monkeypatch.setenv("HELIOS_MOE_DECODE", mode)
+    decoded: list[int] = []
+    run_decode = fused_moe.run_decode
+    monkeypatch.setattr(fused_moe, "run_decode",
+                        lambda x, *args: decoded.append(x.shape[0]) or run_decode(x, *args))
+    config = ModelConfig(
+        architecture="Qwen3MoeForCausalLM", model_type="qwen3_moe", vocab_size=16,
+        hidden_size=32, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=32,
+        tie_word_embeddings=False, layers=(LayerAttention(),))
+    block = moe.SparseMoeBlock(config, MoEConfig(16, 2, 16, (True,)), device="cpu",
+                               dtype=torch.float32)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    x, residual = torch.randn(2, 32, generator=gen), torch.randn(2, 32, generator=gen)
+    norm = torch.rand(32, generator=gen) + 0.5
+    real = torch.tensor([1], dtype=torch.int32)
+    runs = []
+    for fused in (True, False):
+        block.expert_tokens.zero_()
+        monkeypatch.setattr(moe.SparseMoeBlock, "_fuses_norm", lambda self, t, f=fused: f)
+        monkeypatch.setattr(moe, "_kernel", lambda name="fused_experts": getattr(kernels, name))
+        out, new_residual = block.forward_residual(x, residual, norm, 1e-6, real)
+        runs.append((out, new_residual, block.expert_tokens.clone()))
+    (out, new_residual, load), (want, want_residual, want_load) = runs
+    torch.testing.assert_close(new_residual, want_residual, rtol=0, atol=0)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    assert load.tolist() == want_load.tolist() and int(load.sum()) == 2
+    assert decoded == ([2] if mode == "1" else [])
+
+
 def test_decode_path_with_given_routing(gen, device, dot_dtype, monkeypatch) -> None:
     """fused_experts (the routing given) at batch 1 and 3 takes the decode launches too."""
     from services.engine.kernels import fused_experts

@@ -361,7 +361,8 @@ def _run(x: torch.Tensor, w_gate_up: Any, w_down: Any,
          topk_ids: torch.Tensor, top_k: int, renormalize: bool,
          gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None, activation: str,
          limit: float, alpha: float, expert_tokens: torch.Tensor | None,
-         num_real_tokens: torch.Tensor | None, plan: MoEPlan | None = None) -> torch.Tensor:
+         num_real_tokens: torch.Tensor | None, plan: MoEPlan | None = None,
+         norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = w_gate_up.shape
     inter = two_inter // 2
@@ -375,7 +376,11 @@ def _run(x: torch.Tensor, w_gate_up: Any, w_down: Any,
     if plan is None and decode_path(num_tokens, top_k, num_experts, mxfp4):   # two launches
         return run_decode(x, w_gate_up, w_down, router_logits, topk_weights, topk_ids, top_k,
                           renormalize, gate_up_bias, down_bias, activation, limit, alpha,
-                          expert_tokens, num_real_tokens)
+                          expert_tokens, num_real_tokens, norm_weight, eps)
+    if norm_weight is not None:     # the sorted path reads normed rows
+        from services.engine.kernels.norm import rms_norm
+
+        x = rms_norm(x, norm_weight, eps)
     plan = plan or plan_moe(num_tokens, top_k, num_experts, hidden, inter)
     slots = num_tokens * top_k
     device = x.device
@@ -448,17 +453,24 @@ def fused_moe_routed(x: torch.Tensor, router_logits: torch.Tensor, w_gate_up: An
               gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
               activation: str = "silu", limit: float = 7.0, alpha: float = 1.702,
               expert_tokens: torch.Tensor | None = None,
-              num_real_tokens: torch.Tensor | None = None, plan: MoEPlan | None = None
+              num_real_tokens: torch.Tensor | None = None, plan: MoEPlan | None = None,
+              norm_weight: torch.Tensor | None = None, eps: float = 0.0
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Routing fused in: softmax top-k of router_logits [T, E] (moe.softmax_topk) in the
     align kernel, then the experts. -> (out [T, H], topk_weights, topk_ids). `plan`
-    overrides plan_moe's tiles (benchmarks/bench_fused_moe.py's sweep)."""
+    overrides plan_moe's tiles (benchmarks/bench_fused_moe.py's sweep). With `norm_weight`
+    (and `eps`), x is the residual stream and the experts take rms_norm(x) * norm_weight:
+    the decode kernels normalize each row themselves (no norm launch), the sorted path
+    runs the norm kernel first."""
     _check(x, w_gate_up, w_down, top_k, activation, gate_up_bias, down_bias)
     if tuple(router_logits.shape) != (x.shape[0], w_gate_up.shape[0]):
         raise ValidationError(f"fused_moe: router logits {tuple(router_logits.shape)}")
     weights = torch.empty(x.shape[0], top_k, dtype=torch.float32, device=x.device)
     ids = torch.empty(x.shape[0], top_k, dtype=torch.int32, device=x.device)
+    if norm_weight is not None and tuple(norm_weight.shape) != (x.shape[1],):
+        raise ValidationError(f"fused_moe: norm weight {tuple(norm_weight.shape)} for rows "
+                              f"of {x.shape[1]}")
     out = _run(x, w_gate_up, w_down, router_logits, weights, ids, top_k, renormalize,
                gate_up_bias, down_bias, activation, limit, alpha, expert_tokens,
-               num_real_tokens, plan)
+               num_real_tokens, plan, norm_weight, eps)
     return out, weights, ids

@@ -45,6 +45,7 @@ import triton.language as tl
 
 from services.engine.kernels.common import cdiv, next_power_of_2, sm_count
 from services.engine.kernels.moe_common import expert_activation, softmax_topk_rows
+from services.engine.kernels.norm import row_rstd
 from services.engine.kernels.skinny_linear import plan_linear
 
 DECODE_TOKENS = 4
@@ -65,13 +66,15 @@ def decode_path(num_tokens: int, top_k: int, num_experts: int, mxfp4: bool) -> b
 
 @triton.jit(do_not_specialize_on_alignment=["num_real_ptr"])   # a view: query_start_loc[-1:]
 def _decode_gate_up_kernel(
-    x_ptr, logits_ptr, w_ptr, bias_ptr, out_ptr, weights_ptr, ids_ptr, load_ptr,
-    num_real_ptr, num_experts, hidden, inter, stride_x, stride_logits, stride_we, stride_wn,
-    stride_out, limit, alpha,
+    x_ptr, norm_w_ptr, logits_ptr, w_ptr, bias_ptr, out_ptr, weights_ptr, ids_ptr, load_ptr,
+    num_real_ptr, num_experts, hidden, inter, eps, stride_x, stride_logits, stride_we,
+    stride_wn, stride_out, limit, alpha,
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, ROUTE: tl.constexpr,
     RENORMALIZE: tl.constexpr, COUNT: tl.constexpr, ACTIVATION: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, NORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    # NORM: x is the layer's residual stream; each program normalizes its token's row as
+    # the rms_norm kernel does (1/rms in fp32, x * 1/rms * g rounded to x's dtype)
     slot = tl.program_id(0)
     pid_n = tl.program_id(1)
     token = slot // TOP_K
@@ -101,11 +104,18 @@ def _decode_gate_up_kernel(
     tile_mask = cmask[:, None] & (ks < hidden)[None, :]
     g_next = tl.load(g_rows + ks[None, :], mask=tile_mask, other=0.0)
     u_next = tl.load(u_rows + ks[None, :], mask=tile_mask, other=0.0)
+    act_dtype = x_ptr.dtype.element_ty
+    rstd = 1.0
+    if NORM:
+        rstd = row_rstd(x_row, x_row, x_row, hidden, eps, False, False, BLOCK_K)
     acc_gate = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
         k = k0 + ks
         a = tl.load(x_row + k, mask=k < hidden, other=0.0).to(tl.float32)
+        if NORM:
+            gain = tl.load(norm_w_ptr + k, mask=k < hidden, other=0.0).to(tl.float32)
+            a = (a * rstd * gain).to(act_dtype).to(tl.float32)
         g, u = g_next, u_next
         next_mask = cmask[:, None] & (k + BLOCK_K < hidden)[None, :]
         g_next = tl.load(g_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
@@ -178,10 +188,11 @@ def run_decode(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                topk_ids: torch.Tensor, top_k: int, renormalize: bool,
                gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None,
                activation: str, limit: float, alpha: float,
-               expert_tokens: torch.Tensor | None, num_real_tokens: torch.Tensor | None
-               ) -> torch.Tensor:
+               expert_tokens: torch.Tensor | None, num_real_tokens: torch.Tensor | None,
+               norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
     """fused_moe._run's contract at T <= DECODE_TOKENS (dense expert matrices): with
-    `router_logits` it fills topk_weights / topk_ids, else it reads them."""
+    `router_logits` it fills topk_weights / topk_ids, else it reads them. With
+    `norm_weight`, x is the residual stream and the experts see rms_norm(x) * g."""
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = w_gate_up.shape
     inter = two_inter // 2
@@ -197,14 +208,16 @@ def run_decode(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     logits = router_logits if router_logits is not None else topk_weights
     count = expert_tokens is not None
     _decode_gate_up_kernel[(slots, cdiv(inter, up_plan.block_n))](
-        x, logits, w_gate_up, gate_up_bias if gate_up_bias is not None else w_gate_up,
+        x, norm_weight if norm_weight is not None else x, logits, w_gate_up,
+        gate_up_bias if gate_up_bias is not None else w_gate_up,
         hidden_rows, topk_weights, topk_ids, expert_tokens if count else topk_ids,
-        num_real_tokens if count else topk_ids, num_experts, hidden, inter, x.stride(0),
-        logits.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), hidden_rows.stride(0),
-        float(limit), float(alpha),
+        num_real_tokens if count else topk_ids, num_experts, hidden, inter, float(eps),
+        x.stride(0), logits.stride(0), w_gate_up.stride(0), w_gate_up.stride(1),
+        hidden_rows.stride(0), float(limit), float(alpha),
         TOP_K=top_k, K_PAD=next_power_of_2(top_k), E_PAD=next_power_of_2(num_experts),
         ROUTE=route, RENORMALIZE=renormalize, COUNT=count, ACTIVATION=activation,
-        HAS_BIAS=gate_up_bias is not None, BLOCK_N=up_plan.block_n, BLOCK_K=up_plan.block_k,
+        HAS_BIAS=gate_up_bias is not None, NORM=norm_weight is not None,
+        BLOCK_N=up_plan.block_n, BLOCK_K=up_plan.block_k,
         num_warps=up_plan.num_warps)
     _decode_down_kernel[(num_tokens, cdiv(hidden, down_plan.block_n))](
         hidden_rows, w_down, down_bias if down_bias is not None else w_down, topk_weights,

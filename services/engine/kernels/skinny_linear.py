@@ -339,11 +339,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                 eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                activation: str | None = None, *, plan: LinearPlan | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                activation: str | None = None, *, plan: LinearPlan | None = None,
+                out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x [+ residual]) @ W^T + b, then act(gate) * up with a gated `activation`
     ("silu" or "gelu_tanh"; None: no activation); the new residual: x + residual, or x when
-    residual is None)."""
+    residual is None). `out_dtype`: the projection's dtype (x's by default; a router asks
+    for float32 logits)."""
     activation = check_activation(activation)
     _check_matrix(x, weight, bias)
     rows = x.shape[0]
@@ -354,9 +355,10 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
     if rows > MAX_ROWS:      # the model's own composition (norm kernel, cuBLAS, activation)
         from services.engine.model.ops import composed_norm_linear
 
-        return composed_norm_linear(x, residual, norm_weight, eps, weight, bias,
-                                    activation=activation)
-    out = torch.empty((rows, n_out), dtype=x.dtype, device=x.device)
+        y, new_residual = composed_norm_linear(x, residual, norm_weight, eps, weight, bias,
+                                               activation=activation)
+        return (y if out_dtype is None else y.to(out_dtype)), new_residual
+    out = torch.empty((rows, n_out), dtype=out_dtype or x.dtype, device=x.device)
     residual_out = None
     if residual is not None:
         residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)

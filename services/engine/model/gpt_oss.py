@@ -241,9 +241,8 @@ class GptOssDecoderLayer(nn.Module):
         qkv, residual = ops.norm_linear(x, residual, self.input_layernorm.weight, self.eps,
                                         attn.qkv_proj.weight, attn.qkv_proj.bias)
         out = attn(qkv, positions, cos_sin_cache, k_cache, v_cache, meta)          # [T, H]
-        normed, residual = ops.fused_add_rms_norm(out, residual,
-                                                  self.post_attention_layernorm.weight, self.eps)
-        return self.mlp(normed, meta), residual
+        return self.mlp.forward_residual(out, residual, self.post_attention_layernorm.weight,
+                                         self.eps, meta.query_start_loc[-1:])
 
 
 # checkpoint expert tensors: <block>.experts.<projection><suffix>

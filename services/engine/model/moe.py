@@ -304,18 +304,62 @@ class SparseMoeBlock(nn.Module):
 
         num_experts, two_inter, hidden = weight.shape
         mxfp4 = getattr(weight, "scales", None) is not None
+        norm = torch.ones(hidden, dtype=weight.dtype, device=weight.device)
         for tokens in variant_token_counts(max_tokens, self.top_k, num_experts, hidden,
                                            two_inter // 2, mxfp4):
-            x = torch.zeros(tokens, weight.shape[2], dtype=weight.dtype, device=weight.device)
+            x = torch.zeros(tokens, hidden, dtype=weight.dtype, device=weight.device)
             self.mix(x, torch.tensor([tokens], dtype=torch.int32, device=weight.device))
+        # the decode token counts again with the norm fused in (forward_residual's path: the
+        # router's norm_linear variants and the experts' NORM variant)
+        for tokens in range(1, max_tokens + 1):
+            if self._fuses_norm(torch.empty(tokens, hidden, device=weight.device)):
+                x = torch.zeros(tokens, hidden, dtype=weight.dtype, device=weight.device)
+                self.forward_residual(x, torch.zeros_like(x), norm, 1e-6, torch.tensor(
+                    [tokens], dtype=torch.int32, device=weight.device))
+
+    def _expert_kwargs(self, num_real: torch.Tensor) -> dict[str, Any]:
+        experts = self.experts
+        return dict(gate_up_bias=experts.gate_up_bias, down_bias=experts.down_bias,
+                    activation=experts.activation, limit=experts.limit, alpha=experts.alpha,
+                    expert_tokens=self.expert_tokens, num_real_tokens=num_real)
+
+    def _fuses_norm(self, x: torch.Tensor) -> bool:
+        """Whether forward_residual folds the norm into the router and the experts: CUDA
+        kernels routing in the kernel, and a call the decode kernels take."""
+        if not (x.is_cuda and self.fused_routing and _kernel("fused_moe_routed") is not None):
+            return False
+        from services.engine.kernels.fused_moe_decode import decode_path
+
+        weight = self.experts.w_gate_up
+        return decode_path(x.shape[0], self.top_k, weight.shape[0],
+                           getattr(weight, "scales", None) is not None)
+
+    def forward_residual(self, x: torch.Tensor, residual: torch.Tensor,
+                         norm_weight: torch.Tensor, eps: float, num_real: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sparse sublayer from the attention's output: the experts over
+        rms_norm(x + residual) * norm_weight -> (out, new residual). Where the decode kernels
+        run (fused_moe_decode.py), the norm rides in launches that are there anyway: the
+        router's norm_linear adds the residual and normalizes (float32 logits), and the
+        experts' gate/up kernel normalizes its rows itself, so no norm kernel launches;
+        elsewhere the norm kernel, then `mix`."""
+        if self._fuses_norm(x):
+            experts = self.experts
+            logits, residual = ops.norm_linear(x, residual, norm_weight, eps,
+                                               self.gate.weight, self.gate.bias,
+                                               out_dtype=torch.float32)
+            out, _, _ = _kernel("fused_moe_routed")(   # type: ignore[misc]
+                residual, logits, experts.w_gate_up, experts.w_down, self.top_k,
+                self.renormalize, norm_weight=norm_weight, eps=eps,
+                **self._expert_kwargs(num_real))
+            return out, residual
+        normed, residual = ops.fused_add_rms_norm(x, residual, norm_weight, eps)
+        return self.mix(normed, num_real), residual
 
     def mix(self, x: torch.Tensor, num_real: torch.Tensor) -> torch.Tensor:
         """forward's work, with the real-row count (int32 [1]) given."""
         experts = self.experts
-        kw: dict[str, Any] = dict(
-            gate_up_bias=experts.gate_up_bias, down_bias=experts.down_bias,
-            activation=experts.activation, limit=experts.limit, alpha=experts.alpha,
-            expert_tokens=self.expert_tokens, num_real_tokens=num_real)
+        kw = self._expert_kwargs(num_real)
         routed = _kernel("fused_moe_routed") if x.is_cuda and self.fused_routing else None
         if routed is not None:   # routing, counting and both GEMMs (fused_moe.py: 2-4 launches)
             out, _, _ = routed(x, self.router_logits(x), experts.w_gate_up, experts.w_down,
@@ -361,8 +405,8 @@ class MoEDecoderLayer(nn.Module):
         x = attn(qkv, positions, cos_sin_cache, k_cache, v_cache, meta)
         norm = self.post_attention_layernorm.weight
         if self.sparse:
-            normed, residual = ops.fused_add_rms_norm(x, residual, norm, self.eps)
-            return self.mlp(normed, meta), residual
+            return cast(SparseMoeBlock, self.mlp).forward_residual(
+                x, residual, norm, self.eps, meta.query_start_loc[-1:])
         mlp = cast(GatedMLP, self.mlp)
         activation, residual = ops.norm_linear(
             x, residual, norm, self.eps, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias,

@@ -125,18 +125,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor
 
 def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                 eps: float, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None,
-                activation: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                activation: str | None = None, *, out_dtype: torch.dtype | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """A sublayer's way in: (y, new residual) with y = rms_norm(x + residual) @ W^T + b (no
     add when residual is None: then the new residual is x), and with an `activation` (silu,
     gelu_tanh) the weight's gate/up halves combined as act(gate) * up [T, N/2]. One launch on
     CUDA for decode-sized T; elsewhere the composition of the ops above (the same order and
-    roundings). An FP8 weight takes the FP8 path (model/fp8.py)."""
+    roundings). An FP8 weight takes the FP8 path (model/fp8.py). `out_dtype`: y's dtype (x's
+    by default; a router's float32 logits)."""
     if isinstance(weight, Fp8Weight):
-        return fp8_norm_linear(x, residual, norm_weight, eps, weight, bias, activation)
-    kernel = _kernel("norm_linear", x)
-    if kernel:
-        return kernel(x, residual, norm_weight, eps, weight, bias, activation)
-    return composed_norm_linear(x, residual, norm_weight, eps, weight, bias, activation)
+        y, residual = fp8_norm_linear(x, residual, norm_weight, eps, weight, bias, activation)
+    else:
+        kernel = _kernel("norm_linear", x)
+        if kernel:
+            return kernel(x, residual, norm_weight, eps, weight, bias, activation,
+                          out_dtype=out_dtype)
+        y, residual = composed_norm_linear(x, residual, norm_weight, eps, weight, bias,
+                                           activation)
+    return (y if out_dtype is None else y.to(out_dtype)), residual
 
 
 def composed_norm_linear(x: torch.Tensor, residual: torch.Tensor | None,
