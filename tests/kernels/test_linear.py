@@ -270,6 +270,26 @@ def test_linear_float32_out(rows, device, gen) -> None:
         assert reference.row_rel_errors(y, ref).max() < 3 * tol
 
 
+@pytest.mark.parametrize("rows", [1, 2, 4, 17])
+def test_norm_linear_float32_out(rows, device, gen) -> None:
+    """A router's path (model/moe.py forward_residual): norm_linear with out_dtype float32,
+    the residual added and normed as ever, the projection not rounded to the input dtype on
+    the kernel path; the composition above MAX_ROWS casts its output."""
+    k, n = 1030, 40
+    for dtype in (torch.bfloat16, torch.float16):
+        x = _rand(gen, rows, k, dtype=dtype, device=device, scale=2.0)
+        res = _rand(gen, rows, k, dtype=dtype, device=device)
+        norm_w = _rand(gen, k, dtype=dtype, device=device, scale=0.3, shift=1.0)
+        w, b = _weights(gen, n, k, dtype, device, bias=rows % 2 == 1)
+        y, new_residual = norm_linear(x, res, norm_w, EPS, w, b, out_dtype=torch.float32)
+        assert y.dtype == torch.float32 and new_residual.dtype == dtype
+        ref, summed = _ref_norm_linear(x, res, norm_w, EPS, w, b, None)
+        _assert_sum(new_residual, summed)
+        tol = TOL[dtype]
+        assert reference.rel_error(y, ref) < tol
+        assert reference.row_rel_errors(y, ref).max() < 3 * tol
+
+
 @pytest.mark.parametrize("rows", [3, 6])
 def test_strided_rows(rows, device, gen) -> None:
     """x, residual and weight as column slices of wider tensors (row stride > K, last dim
