@@ -243,20 +243,16 @@ def test_the_sparse_sublayer_folds_its_norm_into_router_and_experts(mode, gen,
     routing + experts path (model/moe.py's reference on the CPU)."""
     from services.engine import kernels
     from services.engine.kernels import fused_moe
-    from services.engine.model.config import LayerAttention, ModelConfig, MoEConfig
+    from services.engine.model.config import MoEConfig
+    from tests.engine.model.test_moe import one_layer_config
 
     monkeypatch.setenv("HELIOS_MOE_DECODE", mode)
     decoded: list[int] = []
     run_decode = fused_moe.run_decode
     monkeypatch.setattr(fused_moe, "run_decode",
                         lambda x, *args: decoded.append(x.shape[0]) or run_decode(x, *args))
-    config = ModelConfig(
-        architecture="Qwen3MoeForCausalLM", model_type="qwen3_moe", vocab_size=16,
-        hidden_size=32, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=32,
-        tie_word_embeddings=False, layers=(LayerAttention(),))
-    block = moe.SparseMoeBlock(config, MoEConfig(16, 2, 16, (True,)), device="cpu",
-                               dtype=torch.float32)
+    block = moe.SparseMoeBlock(one_layer_config(32), MoEConfig(16, 2, 16, (True,)),
+                               device="cpu", dtype=torch.float32)
     with torch.no_grad():
         for p in block.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.3)

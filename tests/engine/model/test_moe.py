@@ -13,6 +13,19 @@ from services.engine.model.layers.weights import WeightShapeError
 ACTIVATION_CASES = [("silu", False), ("silu", True), ("swiglu_oai", True), ("swiglu_oai", False)]
 
 
+def one_layer_config(hidden: int):
+    """A one-layer Qwen3-MoE ModelConfig of width `hidden` (2 heads of hidden / 2): what a
+    lone SparseMoeBlock needs (here and tests/kernels/test_fused_moe.py)."""
+    from services.engine.model.config import LayerAttention, ModelConfig
+
+    return ModelConfig(
+        architecture="Qwen3MoeForCausalLM", model_type="qwen3_moe", vocab_size=16,
+        hidden_size=hidden, intermediate_size=hidden // 2, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=hidden // 2,
+        rms_norm_eps=1e-6, max_position_embeddings=32, tie_word_embeddings=False,
+        layers=(LayerAttention(),))
+
+
 def naive_experts(x, w_gate_up, w_down, weights, ids, gate_up_bias=None, down_bias=None,
                   activation="silu", limit=7.0, alpha=1.702):
     """One token and one selected expert at a time, float64."""
@@ -58,6 +71,7 @@ def random_case(tokens: int, experts: int, top_k: int, hidden: int, inter: int, 
 @pytest.mark.parametrize("activation,bias", ACTIVATION_CASES)
 @pytest.mark.parametrize("tokens,experts,top_k", [(1, 4, 2), (7, 8, 2), (13, 6, 3), (5, 4, 4),
                                                   (0, 4, 2)])
+
 def test_reference_matches_naive_loop(activation, bias, tokens, experts, top_k) -> None:
     x, w_gate_up, w_down, weights, ids, (b1, b2) = random_case(
         tokens, experts, top_k, hidden=16, inter=12, bias=bias, seed=tokens * 7 + experts,
@@ -183,14 +197,9 @@ def test_experts_loaders_and_sparse_block_counts() -> None:
     with pytest.raises(KeyError):
         other.w_down.weight_loader(other.w_down, down[0], "3")
 
-    from services.engine.model.config import LayerAttention, ModelConfig, MoEConfig
+    from services.engine.model.config import MoEConfig
 
-    config = ModelConfig(
-        architecture="Qwen3MoeForCausalLM", model_type="qwen3_moe", vocab_size=16,
-        hidden_size=8, intermediate_size=4, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=4, rms_norm_eps=1e-6, max_position_embeddings=32,
-        tie_word_embeddings=False, layers=(LayerAttention(),))
-    block = moe.SparseMoeBlock(config, MoEConfig(4, 2, 4, (True,)), device="cpu",
+    block = moe.SparseMoeBlock(one_layer_config(8), MoEConfig(4, 2, 4, (True,)), device="cpu",
                                dtype=torch.float32)
     for p in block.parameters():
         torch.nn.init.normal_(p)
