@@ -311,9 +311,11 @@ class SparseMoeBlock(nn.Module):
             self.mix(x, torch.tensor([tokens], dtype=torch.int32, device=weight.device))
         # the decode token counts again with the norm fused in (forward_residual's path: the
         # router's norm_linear variants and the experts' NORM variant)
-        for tokens in range(1, max_tokens + 1):
-            if self._fuses_norm(torch.empty(tokens, hidden, device=weight.device)):
-                x = torch.zeros(tokens, hidden, dtype=weight.dtype, device=weight.device)
+        from services.engine.kernels.fused_moe_decode import DECODE_TOKENS
+
+        for tokens in range(1, min(max_tokens, DECODE_TOKENS) + 1):
+            x = torch.zeros(tokens, hidden, dtype=weight.dtype, device=weight.device)
+            if self._fuses_norm(x):
                 self.forward_residual(x, torch.zeros_like(x), norm, 1e-6, torch.tensor(
                     [tokens], dtype=torch.int32, device=weight.device))
 
