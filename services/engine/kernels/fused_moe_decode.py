@@ -16,7 +16,9 @@ nothing is sorted:
    of I as CUDA-core dot products over the expert's weight rows (streamed once, the next
    K step's tiles loaded before this one's products, as skinny_linear's one-row kernel).
    Program (slot, 0) stores the slot's weight and expert (the caller's topk tensors) and
-   counts the slot in the expert load when its token is real.
+   counts the slot in the expert load when its token is real. With a norm weight (`NORM`:
+   model/moe.py's forward_residual) x is the residual stream and each program normalizes
+   its token's row first, as the rms_norm kernel does, so the layer launches no norm.
 2. `_decode_down_kernel`, grid (T, H / BLOCK_N): program (token, n) takes its token's k
    slots end to end as one reduction of k * I: each column of a K step reads its slot's
    expert's down weights and the slot's intermediate value times its routing weight
