@@ -26,6 +26,7 @@ pass's.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ import torch
 
 from services.engine.model.vision.inputs import ImageFeatures, VisionInput
 from services.engine.model.vision.towers import VisionTower
+
+log = logging.getLogger(__name__)
 
 SEEN_LAYOUTS = 64           # layouts met once, remembered so that a second meeting captures
 
@@ -53,6 +56,7 @@ class EncoderGraphs:
         self.max_layouts = max_layouts
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self._seen: OrderedDict[tuple, None] = OrderedDict()
+        self._refused: set[tuple] = set()        # layouts whose capture failed: eager
         self._stream: torch.cuda.Stream | None = None       # the capture stream
         self.eager_passes = 0
         self.captures = 0
@@ -83,10 +87,13 @@ class EncoderGraphs:
             self._graphs.move_to_end(key)
         elif key in self._seen:
             entry = self._capture(key, inputs, tower.plan(images))
+            if entry is None:                  # not capturable: this layout stays eager
+                return self._eager(inputs, images)
         else:
-            self._seen[key] = None
-            while len(self._seen) > SEEN_LAYOUTS:
-                self._seen.popitem(last=False)
+            if key not in self._refused:
+                self._seen[key] = None
+                while len(self._seen) > SEEN_LAYOUTS:
+                    self._seen.popitem(last=False)
             return self._eager(inputs, images)
         for static, tensor in zip(entry.inputs, inputs, strict=True):
             static.copy_(tensor)
@@ -99,17 +106,33 @@ class EncoderGraphs:
         self.eager_passes += 1
         return self.tower.features(self.tower.run(inputs, self.tower.plan(images)), images)
 
-    def _capture(self, key: tuple, inputs: list[torch.Tensor], plan: Any) -> _Graph:
+    def _capture(self, key: tuple, inputs: list[torch.Tensor], plan: Any) -> _Graph | None:
         """Capture the layout's run on a side stream (the current stream's work before it
-        ordered first), keeping at most `max_layouts` graphs."""
+        ordered first), keeping at most `max_layouts` graphs. A capture that fails (an op
+        the stream capture refuses, memory) is logged once for the layout, which then runs
+        eagerly from here on: the request does not fail for it."""
         del self._seen[key]
         while len(self._graphs) >= self.max_layouts:
             self._graphs.popitem(last=False)
+        statics = [tensor.clone() for tensor in inputs]
+        try:
+            graph, outputs = self._record(statics, plan)
+        except Exception as exc:
+            self._refused.add(key)
+            log.warning("vision encoder graph for the image layout %s failed to capture "
+                        "(%s: %s); its passes run eagerly", key[1], type(exc).__name__, exc)
+            return None
+        entry = _Graph(graph, statics, outputs, plan)
+        self._graphs[key] = entry
+        self.captures += 1
+        return entry
+
+    def _record(self, statics: list[torch.Tensor], plan: Any
+                ) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor]]:
         device = self.tower.device
         if self._stream is None:
             self._stream = torch.cuda.Stream(device)
         current = torch.cuda.current_stream(device)
-        statics = [tensor.clone() for tensor in inputs]
         self._stream.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
         # thread_local: the pixel prefetcher's thread may pin host memory meanwhile
@@ -120,7 +143,4 @@ class EncoderGraphs:
             finally:
                 graph.capture_end()
         current.wait_stream(self._stream)
-        entry = _Graph(graph, statics, outputs, plan)
-        self._graphs[key] = entry
-        self.captures += 1
-        return entry
+        return graph, outputs
