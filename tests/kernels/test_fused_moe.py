@@ -307,6 +307,9 @@ def test_warm_up_token_counts_meet_both_paths(monkeypatch) -> None:
     monkeypatch.setenv("HELIOS_MOE_DECODE", "0")
     assert not decode_path(1, 8, 128, False)
     assert variant_token_counts(256, 8, 128, 64, 32)[:3] == (1, 2, 3)
+    monkeypatch.setenv("HELIOS_MOE_DECODE", "on")
+    with pytest.raises(ValidationError, match="HELIOS_MOE_DECODE='on': expected one of auto"):
+        decode_path(1, 8, 128, False)
 
 
 def test_empty_batch_and_refusals(device, dot_dtype, gen) -> None:

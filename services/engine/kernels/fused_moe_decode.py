@@ -39,13 +39,11 @@ tokens here (the A/B switches of benchmarks/bench_fused_moe.py).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from services.engine.kernels.common import cdiv, next_power_of_2, sm_count
+from services.engine.kernels.common import cdiv, env_choice, next_power_of_2, sm_count
 from services.engine.kernels.moe_common import expert_activation, softmax_topk_rows
 from services.engine.kernels.norm import row_rstd
 from services.engine.kernels.skinny_linear import plan_linear
@@ -59,7 +57,7 @@ def decode_path(num_tokens: int, top_k: int, num_experts: int, mxfp4: bool) -> b
     and one token, or few enough slots that two tokens rarely pick one expert (each such
     pair reads the expert twice). HELIOS_MOE_DECODE: "auto" (unset; this rule), "0" (never:
     the sorted path), "1" (every call of at most DECODE_TOKENS tokens)."""
-    mode = os.environ.get("HELIOS_MOE_DECODE", "auto")
+    mode = env_choice("HELIOS_MOE_DECODE", ("auto", "0", "1"))
     if mxfp4 or mode == "0" or not 0 < num_tokens <= DECODE_TOKENS:
         return False
     return mode == "1" or num_tokens == 1 or \
