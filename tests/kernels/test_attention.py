@@ -60,6 +60,32 @@ def test_small(seq_lens, q_lens, hq, hk, d, page, pad, device, dot_dtype, gen) -
     run_and_check(batch)
 
 
+@pytest.mark.parametrize("tile", ["4", "8", "16"])
+def test_short_run_tile_switch(tile, device, dot_dtype, gen, monkeypatch) -> None:
+    """HELIOS_ATTENTION_SHORT_TILE (a benchmark's switch): steps whose longest query run is
+    2-16 tokens (verification rows, with decodes and padding beside them) use N-token tiles
+    and still match the reference; a value that is not a power of two is refused by name."""
+    from services.engine.kernels import attention
+
+    monkeypatch.setenv("HELIOS_ATTENTION_SHORT_TILE", tile)
+    attention.short_run_query_tile.cache_clear()
+    try:
+        assert attention.short_run_query_tile() == int(tile)
+        for q_lens in ([5], [5, 1, 3], [16, 2]):
+            batch = make_batch(
+                [60 + 7 * i for i in range(len(q_lens))], q_lens, num_q_heads=8,
+                num_kv_heads=2, head_dim=32, page_size=16, num_padding=1, device=device,
+                dtype=dot_dtype, generator=gen)
+            run_and_check(batch)
+        monkeypatch.setenv("HELIOS_ATTENTION_SHORT_TILE", "6")
+        attention.short_run_query_tile.cache_clear()
+        with pytest.raises(ValidationError, match="HELIOS_ATTENTION_SHORT_TILE='6'"):
+            attention.short_run_query_tile()
+    finally:
+        monkeypatch.delenv("HELIOS_ATTENTION_SHORT_TILE")
+        attention.short_run_query_tile.cache_clear()
+
+
 @pytest.mark.parametrize("num_splits", [2, 5])
 def test_split_matches_unsplit(num_splits, device, dot_dtype, gen) -> None:
     batch = make_batch(

@@ -24,7 +24,9 @@ Split-K (`plan.num_splits > 1`) needs fp32 scratch; pass an `AttentionScratch` a
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +58,26 @@ MAX_SPLITS = 64
 MIN_SPLIT_TOKENS = 128
 PROGRAMS_PER_SM = 4
 NO_SPLIT_PROGRAMS_PER_SM = 2
+
+
+SHORT_RUN_TOKENS = 16     # a verification's rows, or a few tokens of a small prefill
+
+
+@functools.cache
+def short_run_query_tile() -> int | None:
+    """HELIOS_ATTENTION_SHORT_TILE=N (a power of two): steps whose longest query run is 2 to
+    SHORT_RUN_TOKENS tokens put N query tokens in every tile, one tile size for the launch
+    (unset: the plan's wide tile beside its narrow one). A benchmark's A/B switch: at batch
+    1, width 5 and 4 query heads a KV head, sm_90 compiles the default two-tile kernel at
+    194 registers, one 8-token (32-row) tile at 141 and one 4-token tile at 96 (that one
+    with two blocks for the 5 rows). Not timed yet (benchmarks/gpu/pending_benches.txt
+    spec_short_tile). Read once."""
+    value = os.environ.get("HELIOS_ATTENTION_SHORT_TILE", "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1 or int(value) & (int(value) - 1):
+        raise ValidationError(f"HELIOS_ATTENTION_SHORT_TILE={value!r}: expected a power of two")
+    return int(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,11 +285,13 @@ def paged_attention(
     max_splits = MAX_SPLITS
     if scratch is not None:
         max_splits = scratch.max_splits(num_tokens, num_q_heads, head_dim)
+    max_query_len = int(meta.max_query_len)
     plan = plan_attention(
         num_tokens=num_tokens, num_seqs=meta.seq_lens.shape[0], num_q_heads=num_q_heads,
-        num_kv_heads=num_kv_heads, head_dim=head_dim, max_query_len=int(meta.max_query_len),
+        num_kv_heads=num_kv_heads, head_dim=head_dim, max_query_len=max_query_len,
         max_seq_len=int(meta.max_seq_len), num_sms=sm_count(q.device), num_splits=num_splits,
         max_splits=max(1, max_splits), sliding_window=sliding_window,
+        query_tile=short_run_query_tile() if 1 < max_query_len <= SHORT_RUN_TOKENS else None,
     )
     launch(q, k_cache, v_cache, meta, scale, out, plan, scratch, sinks=sinks)
     return out
