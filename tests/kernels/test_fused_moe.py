@@ -262,7 +262,8 @@ def test_the_sparse_sublayer_folds_its_norm_into_router_and_experts(mode, gen,
     runs = []
     for fused in (True, False):
         block.expert_tokens.zero_()
-        monkeypatch.setattr(moe.SparseMoeBlock, "_fuses_norm", lambda self, t, f=fused: f)
+        monkeypatch.setattr(moe.SparseMoeBlock, "_folding_kernel",
+                            lambda self, t, f=fused: kernels.fused_moe_routed if f else None)
         monkeypatch.setattr(moe, "_kernel", lambda name="fused_experts": getattr(kernels, name))
         out, new_residual = block.forward_residual(x, residual, norm, 1e-6, real)
         runs.append((out, new_residual, block.expert_tokens.clone()))

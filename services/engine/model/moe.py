@@ -315,7 +315,7 @@ class SparseMoeBlock(nn.Module):
 
         for tokens in range(1, min(max_tokens, DECODE_TOKENS) + 1):
             x = torch.zeros(tokens, hidden, dtype=weight.dtype, device=weight.device)
-            if self._fuses_norm(x):
+            if self._folding_kernel(x) is not None:
                 self.forward_residual(x, torch.zeros_like(x), norm, 1e-6, torch.tensor(
                     [tokens], dtype=torch.int32, device=weight.device))
 
@@ -325,16 +325,18 @@ class SparseMoeBlock(nn.Module):
                     activation=experts.activation, limit=experts.limit, alpha=experts.alpha,
                     expert_tokens=self.expert_tokens, num_real_tokens=num_real)
 
-    def _fuses_norm(self, x: torch.Tensor) -> bool:
-        """Whether forward_residual folds the norm into the router and the experts: CUDA
-        kernels routing in the kernel, and a call the decode kernels take."""
-        if not (x.is_cuda and self.fused_routing and _kernel("fused_moe_routed") is not None):
-            return False
+    def _folding_kernel(self, x: torch.Tensor) -> Callable[..., Any] | None:
+        """fused_moe_routed where forward_residual folds the norm into the router and the
+        experts (CUDA kernels routing in the kernel, a call the decode kernels take), else
+        None."""
+        routed = _kernel("fused_moe_routed") if x.is_cuda and self.fused_routing else None
+        if routed is None:
+            return None
         from services.engine.kernels.fused_moe_decode import decode_path
 
         weight = self.experts.w_gate_up
-        return decode_path(x.shape[0], self.top_k, weight.shape[0],
-                           getattr(weight, "scales", None) is not None)
+        mxfp4 = getattr(weight, "scales", None) is not None
+        return routed if decode_path(x.shape[0], self.top_k, weight.shape[0], mxfp4) else None
 
     def forward_residual(self, x: torch.Tensor, residual: torch.Tensor,
                          norm_weight: torch.Tensor, eps: float, num_real: torch.Tensor
@@ -345,12 +347,13 @@ class SparseMoeBlock(nn.Module):
         router's norm_linear adds the residual and normalizes (float32 logits), and the
         experts' gate/up kernel normalizes its rows itself, so no norm kernel launches;
         elsewhere the norm kernel, then `mix`."""
-        if self._fuses_norm(x):
+        routed = self._folding_kernel(x)
+        if routed is not None:
             experts = self.experts
             logits, residual = ops.norm_linear(x, residual, norm_weight, eps,
                                                self.gate.weight, self.gate.bias,
                                                out_dtype=torch.float32)
-            out, _, _ = _kernel("fused_moe_routed")(   # type: ignore[misc]
+            out, _, _ = routed(
                 residual, logits, experts.w_gate_up, experts.w_down, self.top_k,
                 self.renormalize, norm_weight=norm_weight, eps=eps,
                 **self._expert_kwargs(num_real))

@@ -21,6 +21,7 @@ merger concatenates each 2x2 merge block (norm, then MLP with an exact GELU) int
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -111,7 +112,7 @@ class PatchMerger(nn.Module):
         return self.linear_fc2(F.gelu(self.linear_fc1(x)))
 
 
-class VisionTower(nn.Module):
+class VisionTower(nn.Module, abc.ABC):
     """What both towers share. A packed pass is split in two, so that an encoder graph
     (vision/encoder_graphs.py) can capture the second part once per layout:
     - `plan(images)`: the pass's layout (segments, orders), a function of the images' grids
@@ -156,11 +157,13 @@ class VisionTower(nn.Module):
         return [_on_device([image.pixel_values for image in images], device),
                 torch.cat([image.positions for image in images]).to(device)]
 
+    @abc.abstractmethod
     def plan(self, images: Sequence[VisionInput]) -> Any:
-        raise NotImplementedError
+        """The pass's layout (each tower's own dataclass)."""
 
+    @abc.abstractmethod
     def run(self, inputs: Sequence[torch.Tensor], plan: Any) -> list[torch.Tensor]:
-        raise NotImplementedError
+        """`pass_inputs` -> [merged features in image order, *deepstack features]."""
 
     def rotary(self, positions: torch.Tensor) -> torch.Tensor:
         return vision_rotary_table(positions, self.config.head_dim, self.config.rope_theta)
