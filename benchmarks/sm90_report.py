@@ -7,8 +7,8 @@ and ptxas for sm_90, tests/kernels/sm90_compile.py).
 `moe`: registers, spilled loads, shared memory, tensor-core instructions and global-load
 widths at T = 1, 64 and 2048 tokens (MXFP4: experts kept, `mxfp4_experts: keep`).
 `fp8`: the batch-1 gate/up projection (norm + SiLU fused) with bf16 and with FP8 weights
-(per-channel scales; the default one-row kernel, then HELIOS_FP8_SKINNY=tensor-cores and
-w8a8): the instructions of each kernel's K loop against the weight bytes a thread streams in
+(per-channel scales; the default one-row kernel, with and without HELIOS_E4M3_UNPACK=cast,
+then HELIOS_FP8_SKINNY=tensor-cores and w8a8): the instructions of each kernel's K loop against the weight bytes a thread streams in
 one K step, i.e. what the kernel issues per weight byte.
 """
 
@@ -66,10 +66,15 @@ def fp8() -> None:
             setattr(fp8_layers, mode, False)
     print("weights     kernel total  K loop  weight bytes a thread a K step  K loop a byte"
           "  K loop's top opcodes")
-    formats = ("bf16", "fp8", "fp8 tc", "fp8 w8a8")
-    for fmt, itemsize, launch in zip(formats, (2, 1, 1, 1), launches, strict=True):
+    # the default FP8 launch twice: as on CUDA (E4M3_PTX, fp8_unpack.py) and with the plain
+    # cast (HELIOS_E4M3_UNPACK=cast; what a CPU capture records)
+    launches.insert(2, launches[1])
+    formats = ("bf16", "fp8", "fp8 cast", "fp8 tc", "fp8 w8a8")
+    for fmt, itemsize, launch in zip(formats, (2, 1, 1, 1, 1), launches, strict=True):
         if "PDL" in launch.fn.arg_names:
             launch = dataclasses.replace(launch, kwargs={**launch.kwargs, "PDL": True})
+        if fmt == "fp8":
+            launch = dataclasses.replace(launch, kwargs={**launch.kwargs, "E4M3_PTX": True})
         compiled = compile_launch(launch)
         report(fmt, compiled)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
@@ -88,7 +93,8 @@ def fp8() -> None:
         print(f"{fmt:<12}{len(lines):>12}{len(loop):>8}{per_thread:>32.0f}"
               f"{len(loop) / per_thread:>15.2f}  {ops.most_common(6)}")
     print("(SASS of the batch-1 gate/up launch; the K loop is its last loop, the one streaming\n"
-          " the weights: gate and up tiles of BLOCK_N x BLOCK_K a step. fp8 tc / w8a8:\n"
+          " the weights: gate and up tiles of BLOCK_N x BLOCK_K a step. fp8: the e4m3 words\n"
+          " converted by PTX (fp8_unpack.py), fp8 cast: HELIOS_E4M3_UNPACK=cast; fp8 tc / w8a8:\n"
           " HELIOS_FP8_SKINNY=tensor-cores / w8a8, 16-row tiles)")
 
 

@@ -440,28 +440,37 @@ rows = []
 for name, launch in zip(names, calls, strict=True):
     if "PDL" in launch.fn.arg_names:
         launch = dataclasses.replace(launch, kwargs={**launch.kwargs, "PDL": True})
+    if "E4M3_PTX" in launch.kwargs:   # as launched on CUDA: e4m3 words (fp8_unpack.py)
+        launch = dataclasses.replace(launch, kwargs={**launch.kwargs, "E4M3_PTX": True})
     compiled = compile_launch(launch)
     r = report(name, compiled)
     ptx = compiled.asm["ptx"]
     fp8_wgmma = any("wgmma.mma_async" in line and ".e4m3.e4m3" in line for line in ptx.splitlines())
-    rows.append([name, r.registers, r.local_loads, fp8_wgmma, "griddepcontrol.wait" in ptx])
+    rows.append([name, r.registers, r.local_loads, fp8_wgmma, "griddepcontrol.wait" in ptx,
+                 "cvt.rn.f16x2.e4m3x2" in ptx, r.global_loads])
 print(json.dumps(rows))
 """
 
 
 def test_fp8_kernels_compile_for_sm90_without_spills():
     """Every FP8 launch at Qwen3-8B shapes compiled for the H200 (Triton + ptxas, no GPU):
-    no spills; the GEMMs on tensor cores (FP8 wgmma); the skinny kernels with PDL's wait."""
+    no spills; the GEMMs on tensor cores (FP8 wgmma); the skinny kernels with PDL's wait,
+    reading e4m3 words 16 bytes a load into the PTX pair conversion (fp8_unpack.py)."""
     from tests.kernels.test_package import compiled_json
 
     rows = compiled_json(SM90_CODE)
     assert len(rows) == 16
-    for name, registers, local_loads, fp8_wgmma, waits in rows:
+    for name, registers, local_loads, fp8_wgmma, waits, pair_cvt, loads in rows:
         assert local_loads == 0 and registers <= 255, f"{name}: spills ({registers} regs)"
         if name.startswith("gemm"):   # Hopper's e4m3 wgmma (QGMMA in the SASS)
             assert fp8_wgmma, f"{name}: no e4m3 wgmma in the PTX"
         if name.startswith("skinny"):
             assert waits, f"{name}: no griddepcontrol.wait"
+            # the weights as words, vector loads (16 bytes, or 8 where a thread's share of a
+            # 8 x 128 block-scaled step is 8), into the pair conversion
+            assert pair_cvt and (".128" in loads or ".64" in loads), f"{name}: {loads}"
+            # 72-128 (the cast, before fp8_unpack.py: 94-168)
+            assert registers <= 128, f"{name}: {registers} registers"
 
 
 @pytest.mark.parametrize(("mode", "kernel"), [("TENSOR_CORES", "_skinny_rows_kernel"),

@@ -103,6 +103,45 @@ def test_fp8_layers_at_qwen3_8b(scheme_name, rows, n, k, activation, skinny, gen
     assert rel(out, y) < (2e-2 if activation else 1e-2)
 
 
+@pytest.mark.parametrize("scheme_name", ["token-channel", "group-block"])
+@pytest.mark.parametrize(("n", "k", "activation"), [(QKV, H, None), (2 * INTER, H, "silu"),
+                                                    (H, INTER, None), (200, 4100, None)])
+def test_e4m3_words_equal_the_cast(scheme_name, n, k, activation, gen, monkeypatch):
+    """The one-row kernel reading e4m3 as words through the PTX pair conversion
+    (fp8_unpack.py) gives the plain cast's output bit for bit (every e4m3 value is exact in
+    f16), with the e4m3 bytes, NaN excepted, all met; 200 x 4100 has a ragged last K step."""
+    from services.engine.kernels import fp8_unpack
+    from services.engine.kernels.fp8_layers import fp8_linear, fp8_norm_linear
+
+    if scheme_name == "group-block" and k % 128:
+        pytest.skip("block scales need whole 128-wide blocks")
+    weight, _ = make_weight(n, k, SCHEMES[scheme_name], gen, torch.device("cuda"))
+    codes = torch.arange(256, dtype=torch.uint8, device="cuda")
+    codes = codes[(codes & 0x7F) != 0x7F]                     # e4m3fn's NaNs
+    flat = weight.qweight.view(torch.uint8).view(-1)
+    flat[: codes.numel() * 8] = codes.repeat(8)
+    assert fp8_unpack.hardware_e4m3(weight.qweight)
+    x = torch.randn(1, k, generator=gen).to(torch.bfloat16).cuda()
+    g = (1 + 0.2 * torch.randn(k, generator=gen)).to(torch.bfloat16).cuda()
+
+    def run():
+        if k == H:
+            return fp8_norm_linear(x, x, g, 1e-6, weight, None, activation)[0]
+        return fp8_linear(x, weight, None, out_dtype=torch.float32)
+
+    words = run()
+    monkeypatch.setenv("HELIOS_E4M3_UNPACK", "cast")
+    fp8_unpack._switched_to_cast.cache_clear()
+    try:
+        assert not fp8_unpack.hardware_e4m3(weight.qweight)
+        cast = run()
+    finally:
+        monkeypatch.delenv("HELIOS_E4M3_UNPACK")
+        fp8_unpack._switched_to_cast.cache_clear()
+    assert torch.isfinite(words).all()
+    assert torch.equal(words, cast)
+
+
 @pytest.mark.parametrize("skinny", SKINNY_MODES)
 def test_graph_replay_matches_eager(skinny, gen, monkeypatch):
     """Captured once, replayed on new rows: equal to eager calls, bit for bit (8 rows: the

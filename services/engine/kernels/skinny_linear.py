@@ -58,6 +58,7 @@ from services.engine.kernels.common import (
     next_power_of_2,
     sm_count,
 )
+from services.engine.kernels.fp8_unpack import hardware_e4m3, load_weights, weight_f32
 from services.engine.kernels.norm import row_rstd
 from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
 from services.engine.kernels.skinny_rows import _skinny_rows_kernel
@@ -167,7 +168,7 @@ def _skinny_linear_kernel(
     stride_x, stride_r, stride_w, stride_o, stride_ro, stride_ws,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    W_SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+    W_SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, E4M3_PTX: tl.constexpr,
 ):
     # ACTIVATION "none": y = the projection; "silu" / "gelu_tanh": the weight's rows [0, n_out)
     # are the gate, rows [up_offset, up_offset + n_out) the up half, y = act(gate) * up.
@@ -182,10 +183,9 @@ def _skinny_linear_kernel(
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w               # [BN, 1]
     up_rows = w_rows + up_offset * stride_w
     # the first weight tiles do not depend on the previous kernel: start them before the wait
-    tile_mask = n_mask[:, None] & (kk < k_dim)[None, :]
-    w_next = tl.load(w_rows + kk[None, :], mask=tile_mask, other=0.0)
+    w_next = load_weights(w_rows, 0, k_dim, n_mask, BLOCK_K, E4M3_PTX)
     if ACTIVATION != "none":
-        u_next = tl.load(up_rows + kk[None, :], mask=tile_mask, other=0.0)
+        u_next = load_weights(up_rows, 0, k_dim, n_mask, BLOCK_K, E4M3_PTX)
     wait_for_previous_grids(PDL)
     act_dtype = x_ptr.dtype.element_ty
     x_row = x_ptr + row * stride_x
@@ -207,9 +207,8 @@ def _skinny_linear_kernel(
             g = tl.load(norm_w_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
             a = (a * rstd * g).to(act_dtype).to(tl.float32)
         w = w_next
-        next_mask = n_mask[:, None] & (k + BLOCK_K < k_dim)[None, :]
-        w_next = tl.load(w_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
-        prod = w.to(tl.float32) * a[None, :]
+        w_next = load_weights(w_rows, k0 + BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX)
+        prod = weight_f32(w, BLOCK_N, BLOCK_K, E4M3_PTX) * a[None, :]
         if W_SCALE == "block":
             kb = k0 // SCALE_BLOCK
             s_w = tl.load(ws_ptr + (n // SCALE_BLOCK) * stride_ws + kb, mask=n_mask, other=0.0)
@@ -217,8 +216,8 @@ def _skinny_linear_kernel(
         acc += prod
         if ACTIVATION != "none":
             u = u_next
-            u_next = tl.load(up_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
-            prod_up = u.to(tl.float32) * a[None, :]
+            u_next = load_weights(up_rows, k0 + BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX)
+            prod_up = weight_f32(u, BLOCK_N, BLOCK_K, E4M3_PTX) * a[None, :]
             if W_SCALE == "block":
                 s_u = tl.load(ws_ptr + ((n + up_offset) // SCALE_BLOCK) * stride_ws + kb,
                               mask=n_mask, other=0.0)
@@ -305,7 +304,7 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Te
                  W_SCALE=scale_kind, SCALE_BLOCK=SCALE_BLOCK, **launch_options(x.device, rows))
     if plan.block_m == 1:
         _skinny_linear_kernel[(cdiv(n_out, plan.block_n), rows)](
-            *pointers, scales, *sizes, scale_stride, **flags)
+            *pointers, scales, *sizes, scale_stride, E4M3_PTX=hardware_e4m3(weight), **flags)
         return
     # "ieee": fp32 operands, fp32 products. fp32 inputs need it (tf32 would round them),
     # and so does Triton's interpreter, whose tl.dot misreads bf16 operands (raw bits);
