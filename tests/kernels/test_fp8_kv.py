@@ -127,3 +127,39 @@ def test_e4m3_rounding_is_round_to_nearest_even(device):
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
     else:   # the interpreter's cast drops the sign of a zero; the values are equal
         assert torch.equal(got.float(), want.float())
+
+
+def test_attention_over_fp8_pages_compiles_to_f16_mma():
+    """Decode attention over e4m3 pages with bf16 queries, compiled for sm_90: the MMAs take
+    f16 operands (e4m3 -> f16 is one conversion a pair; bf16 needs more), with no float-to-
+    float conversion (F2F) left in the SASS and no spills; bf16 pages keep bf16 MMAs."""
+    from tests.kernels.test_package import compiled_json
+
+    code = (
+        "import dataclasses, json, re, subprocess, tempfile, torch\n"
+        "from services.engine.kernels.attention import paged_attention\n"
+        "from tests.kernels.batch import make_batch\n"
+        "from tests.kernels.sm90_compile import _tool, capture_launches, compile_launch, report\n"
+        "b = make_batch([1536] * 8, [1] * 8, num_q_heads=32, num_kv_heads=8, head_dim=128,\n"
+        "               page_size=16, poison_unused=False)\n"
+        "rows = []\n"
+        "for fp8 in (False, True):\n"
+        "    kc = b.k_cache.to(torch.float8_e4m3fn) if fp8 else b.k_cache\n"
+        "    vc = b.v_cache.to(torch.float8_e4m3fn) if fp8 else b.v_cache\n"
+        "    with capture_launches() as calls:\n"
+        "        paged_attention(b.q, kc, vc, b.meta, 0.088, num_splits=1)\n"
+        "    compiled = compile_launch(calls[0])\n"
+        "    r = report('attention', compiled)\n"
+        "    with tempfile.NamedTemporaryFile(suffix='.cubin') as f:\n"
+        "        f.write(compiled.asm['cubin']); f.flush()\n"
+        "        sass = subprocess.run([_tool('cuobjdump'), '--dump-sass', f.name],\n"
+        "                              capture_output=True, text=True, check=True).stdout\n"
+        "    ptx = compiled.asm['ptx']\n"
+        "    rows.append([fp8, r.local_loads, 'mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32' in ptx,\n"
+        "                 'mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32' in ptx,\n"
+        "                 len(re.findall(r'\\bF2F\\.', sass))])\n"
+        "print(json.dumps(rows))\n")
+    (_, bf16_spills, bf16_f16_mma, bf16_mma, _), (_, spills, f16_mma, bf_mma, f2f) = \
+        compiled_json(code)
+    assert bf16_spills == 0 and bf16_mma and not bf16_f16_mma
+    assert spills == 0 and f16_mma and not bf_mma and f2f == 0

@@ -147,6 +147,11 @@ def _attend_block(
         mask=row_valid[:, None] & d_mask[None, :],
         other=0.0,
     )
+    if k_cache_ptr.dtype.element_ty == tl.float8e4nv and q.dtype == tl.bfloat16:
+        # FP8 pages: the MMAs run in f16, which e4m3 reaches in one conversion a pair (bf16
+        # takes three more instructions a pair, and made the FP8 decode loop 1.9x bf16's
+        # instructions for half its bytes); both exact. q is clamped into f16's range once.
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
 
     # KV range of this program: its split, clipped by the causal end of its last row
     kv_end = tl.minimum(seq_len, pos0 + n_rows)
