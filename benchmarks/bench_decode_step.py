@@ -309,7 +309,7 @@ def bench_fp8_linear(shape: str, device: torch.device, args) -> list[dict]:
                                "bf16_default_us": bf16_s / sets * 1e6,
                                "bf16_gb_s": n * k * 2 / (bf16_s / sets) / 1e9}
         default = fp8_layers.skinny_plan(fp8[0], n // 2 if case.silu else n, 1, device,
-                                         case.silu)
+                                         case.silu, case.normed)
         plans = {default, *(LinearPlan(bn, bk, w) for bn, bk, w in args.plans),
                  *(LinearPlan(bn, bk, w) for bn, bk, w in ((8, 1024, 4), (8, 2048, 8),
                                                            (16, 2048, 8), (32, 1024, 8)))}

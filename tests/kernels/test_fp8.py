@@ -518,3 +518,24 @@ def test_tensor_core_skinny_kernels_compile_for_sm90(mode, kernel):
             assert fp8_wgmma, "no e4m3 wgmma in the PTX"
         else:                # the converted tiles: bf16 HGMMA
             assert mma and not fp8_wgmma, "no tensor-core MMA in the SASS"
+
+
+def test_one_row_fp8_plans_follow_the_sweep():
+    """fp8_layers.skinny_plan at Qwen3-8B's projections, one row, per-channel scales: the
+    tilings the H100 sweep picked (RESULTS.md 2026-12-07, fourteenth session); block-wise
+    weights step one 128-wide scale block; more rows keep the tl.dot plan."""
+    from services.engine.kernels.fp8_layers import skinny_plan
+    from services.engine.kernels.skinny_linear import LinearPlan
+
+    cpu = torch.device("cpu")
+
+    def plan(n, k, gated=False, normed=False, scheme="token-channel", rows=1):
+        weight, _ = make_weight(n, k, SCHEMES[scheme], torch.Generator().manual_seed(0), cpu)
+        return skinny_plan(weight, n // 2 if gated else n, rows, cpu, gated, normed)
+
+    assert plan(6144, 4096, normed=True) == LinearPlan(16, 512, 8)          # qkv
+    assert plan(4096, 4096) == LinearPlan(8, 1024, 4)                       # o_proj
+    assert plan(24576, 4096, gated=True, normed=True) == LinearPlan(8, 256, 4)  # gate/up
+    assert plan(4096, 12288) == LinearPlan(8, 1024, 4)                      # down
+    assert plan(4096, 12288, scheme="group-block").block_k == 128
+    assert plan(4096, 12288, rows=8).block_m == 16

@@ -103,13 +103,32 @@ def test_fp8_layers_at_qwen3_8b(scheme_name, rows, n, k, activation, skinny, gen
     assert rel(out, y) < (2e-2 if activation else 1e-2)
 
 
+def test_e4m3_words_convert_exactly():
+    """fp8_unpack's words path (load_weights + weight_f32 with E4M3_PTX) gives torch's
+    e4m3 -> float32 cast bit for bit over all 256 codes (NaNs as NaNs), each code met at
+    every byte position of a word, in a [16, 256] tile with a ragged K (248 of 256 loaded)."""
+    from tests.kernels.fp8_unpack_probe import convert_tile
+
+    base = torch.arange(256, dtype=torch.uint8)
+    codes = torch.stack([base.roll(r) for r in range(16)]).cuda()   # shifted row by row
+    tile = codes.view(torch.float8_e4m3fn)
+    got = convert_tile(tile, 248)
+    want = tile.float()
+    want[:, 248:] = 0.0
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
+
+
 @pytest.mark.parametrize("scheme_name", ["token-channel", "group-block"])
 @pytest.mark.parametrize(("n", "k", "activation"), [(QKV, H, None), (2 * INTER, H, "silu"),
                                                     (H, INTER, None), (200, 4100, None)])
-def test_e4m3_words_equal_the_cast(scheme_name, n, k, activation, gen, monkeypatch):
-    """The one-row kernel reading e4m3 as words through the PTX pair conversion
-    (fp8_unpack.py) gives the plain cast's output bit for bit (every e4m3 value is exact in
-    f16), with the e4m3 bytes, NaN excepted, all met; 200 x 4100 has a ragged last K step."""
+def test_e4m3_words_match_the_cast(scheme_name, n, k, activation, gen, monkeypatch):
+    """The one-row kernel reading e4m3 as words (fp8_unpack.py) against the same kernel with
+    Triton's cast, all 254 finite codes among the weights: the products are the same; the
+    sums may differ in their last bits where the two tile layouts reduce in another order
+    (bit-equal at Qwen3-8B's shapes on an H100, not at 200 x 4100, whose last K step is
+    ragged)."""
     from services.engine.kernels import fp8_unpack
     from services.engine.kernels.fp8_layers import fp8_linear, fp8_norm_linear
 
@@ -139,7 +158,8 @@ def test_e4m3_words_equal_the_cast(scheme_name, n, k, activation, gen, monkeypat
         monkeypatch.delenv("HELIOS_E4M3_UNPACK")
         fp8_unpack._switched_to_cast.cache_clear()
     assert torch.isfinite(words).all()
-    assert torch.equal(words, cast)
+    torch.testing.assert_close(words, cast, rtol=2e-6 if words.dtype == torch.float32 else 0,
+                               atol=1e-5 if words.dtype == torch.float32 else 0.02)
 
 
 @pytest.mark.parametrize("skinny", SKINNY_MODES)

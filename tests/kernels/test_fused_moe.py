@@ -234,10 +234,10 @@ def test_the_norm_folded_into_the_experts(tokens, mode, gen, device, dot_dtype,
 
 
 @pytest.mark.parametrize("mode", ["1", "0"])
-def test_the_sparse_sublayer_folds_its_norm_into_router_and_experts(mode, gen,
+def test_the_sparse_sublayer_folds_its_norm_into_router_and_experts(mode, gen, device,
                                                                     monkeypatch) -> None:
-    """SparseMoeBlock.forward_residual with the norm folded in (here through the
-    interpreter, float32): the router's norm_linear adds the residual and normalizes, the
+    """SparseMoeBlock.forward_residual with the norm folded in (float32; through the
+    interpreter on the CPU, compiled on a GPU): the router's norm_linear adds the residual and normalizes, the
     decode kernels normalize their rows (mode "1"; "0": the sorted path after the norm
     kernel), and the result, the new residual and the expert load equal the norm kernel +
     routing + experts path (model/moe.py's reference on the CPU)."""
@@ -252,13 +252,14 @@ def test_the_sparse_sublayer_folds_its_norm_into_router_and_experts(mode, gen,
     monkeypatch.setattr(fused_moe, "run_decode",
                         lambda x, *args: decoded.append(x.shape[0]) or run_decode(x, *args))
     block = moe.SparseMoeBlock(one_layer_config(32), MoEConfig(16, 2, 16, (True,)),
-                               device="cpu", dtype=torch.float32)
+                               device=device, dtype=torch.float32)
     with torch.no_grad():
         for p in block.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    x, residual = torch.randn(2, 32, generator=gen), torch.randn(2, 32, generator=gen)
-    norm = torch.rand(32, generator=gen) + 0.5
-    real = torch.tensor([1], dtype=torch.int32)
+    x, residual = (torch.randn(2, 32, generator=gen).to(device),
+                   torch.randn(2, 32, generator=gen).to(device))
+    norm = (torch.rand(32, generator=gen) + 0.5).to(device)
+    real = torch.tensor([1], dtype=torch.int32, device=device)
     runs = []
     for fused in (True, False):
         block.expert_tokens.zero_()

@@ -254,11 +254,25 @@ def _check(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> Non
 
 
 def skinny_plan(weight: Fp8Weight, n_out: int, rows: int, device: torch.device,
-                gated: bool) -> LinearPlan:
-    plan = plan_linear(n_out, weight.shape[1], rows, sm_count(device), gated)
+                gated: bool, normed: bool) -> LinearPlan:
+    """The skinny kernels' tiling for e4m3 weights: skinny_linear.plan_linear's, then for one
+    row with per-channel scales, from the H100 sweep of `bench_decode_step.py --sections
+    linear-fp8` at the Qwen3-8B projections (RESULTS.md 2026-12-07, fourteenth session):
+    - plain projections (o_proj, down) take twice the K step, the bf16 plan's bytes a step:
+      o_proj 8x512w4 8.98 -> 8x1024w4 7.60 us, down 29.24 -> 23.22;
+    - a normed one without the gated activation (qkv) keeps its tile with 8 warps: 16x512w4
+      13.53 -> 16x512w8 12.48 (twice the K step was slower: 8x1024w4 14.63, 16x1024w8 16.98);
+    - gate/up keeps bf16's 8x256w4 (42.74; the best, 16x512w8, 42.05).
+    Block-wise weights step one column of 128x128 scale blocks at a time."""
+    k = weight.shape[1]
+    plan = plan_linear(n_out, k, rows, sm_count(device), gated)
     if weight.block:   # one column of weight blocks per K step
         return LinearPlan(plan.block_n, BLOCK, plan.num_warps)
-    return plan
+    if plan.block_m > 1 or gated:
+        return plan
+    if normed:
+        return dataclasses.replace(plan, num_warps=8)
+    return dataclasses.replace(plan, block_k=min(2 * plan.block_k, triton.next_power_of_2(k)))
 
 
 def dot_plan(weight: Fp8Weight, n_out: int, gated: bool, normed: bool) -> LinearPlan:
@@ -283,7 +297,8 @@ def _skinny(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
     if plan is None:
         n_out, gated = out.shape[1], activation is not None
         plan = (dot_plan(weight, n_out, gated, norm_weight is not None) if TENSOR_CORES
-                else skinny_plan(weight, n_out, x.shape[0], x.device, gated))
+                else skinny_plan(weight, n_out, x.shape[0], x.device, gated,
+                                 norm_weight is not None))
     launch(x, residual, norm_weight, eps, weight.qweight, bias, out, residual_out, activation,
            plan, scale=weight.scale, scale_kind="block" if weight.block else "channel")
 
