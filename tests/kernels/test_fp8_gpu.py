@@ -158,8 +158,11 @@ def test_e4m3_words_match_the_cast(scheme_name, n, k, activation, gen, monkeypat
         monkeypatch.delenv("HELIOS_E4M3_UNPACK")
         fp8_unpack._switched_to_cast.cache_clear()
     assert torch.isfinite(words).all()
-    torch.testing.assert_close(words, cast, rtol=2e-6 if words.dtype == torch.float32 else 0,
-                               atol=1e-5 if words.dtype == torch.float32 else 0.02)
+    # float32 sums within 2e-6; bf16 outputs within one bf16 step (a last-bit difference in
+    # the sum can round the other way)
+    fp32 = words.dtype == torch.float32
+    torch.testing.assert_close(words, cast, rtol=2e-6 if fp32 else 2 ** -7,
+                               atol=1e-5 if fp32 else 1e-3)
 
 
 @pytest.mark.parametrize("skinny", SKINNY_MODES)
