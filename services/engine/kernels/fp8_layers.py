@@ -74,10 +74,14 @@ BLOCK = SCALE_BLOCK       # 128 x 128 weight blocks
 #   session);
 # - w8a8: `_w8a8_rows_kernel` below, the rows quantized to e4m3 in the kernel as the FP8
 #   GEMM path quantizes them, e4m3 x e4m3 on the tensor cores: no conversion of the weights
-#   at all. Not yet timed on a GPU: opt-in until it is.
+#   at all. Slower at batch 1 on an H100 (176 against the default's 236 tok/s, RESULTS.md
+#   2026-12-07 fourteenth session): opt-in.
 SKINNY = env_choice("HELIOS_FP8_SKINNY", ("cuda-cores", "tensor-cores", "w8a8"))
 TENSOR_CORES = SKINNY == "tensor-cores"
 W8A8 = SKINNY == "w8a8"
+# HELIOS_FP8_SKINNY_PLAN: the one-row kernel's tilings, "sweep" (skinny_plan's FP8 rules) or
+# "bf16" (plan_linear's, as for bf16 weights)
+PLANS = env_choice("HELIOS_FP8_SKINNY_PLAN", ("sweep", "bf16"))
 DOT_ROWS = 16    # rows the tensor-core variants take (one weight read for all of them)
 
 
@@ -263,12 +267,13 @@ def skinny_plan(weight: Fp8Weight, n_out: int, rows: int, device: torch.device,
     - a normed one without the gated activation (qkv) keeps its tile with 8 warps: 16x512w4
       13.53 -> 16x512w8 12.48 (twice the K step was slower: 8x1024w4 14.63, 16x1024w8 16.98);
     - gate/up keeps bf16's 8x256w4 (42.74; the best, 16x512w8, 42.05).
+    `HELIOS_FP8_SKINNY_PLAN=bf16` keeps plan_linear's tilings (the benchmarks' before).
     Block-wise weights step one column of 128x128 scale blocks at a time."""
     k = weight.shape[1]
     plan = plan_linear(n_out, k, rows, sm_count(device), gated)
     if weight.block:   # one column of weight blocks per K step
         return LinearPlan(plan.block_n, BLOCK, plan.num_warps)
-    if plan.block_m > 1 or gated:
+    if plan.block_m > 1 or gated or PLANS == "bf16":
         return plan
     if normed:
         return dataclasses.replace(plan, num_warps=8)
