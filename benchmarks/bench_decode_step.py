@@ -278,6 +278,36 @@ def bench_linear(shape: str, device: torch.device, args) -> list[dict]:
     return rows_out
 
 
+def fp8_unfused_norm(case: LinearCase, fp8: list, act: str | None, device: torch.device,
+                     args) -> dict[str, Any]:
+    """A normed FP8 projection unfused: the residual-add norm kernel, then the one-row kernel
+    without its per-step norm (what a normed projection costs if its activations come
+    normalized), at the plain rule's tiling and at plan_linear's with twice the K step."""
+    from services.engine.kernels import fp8_layers
+    from services.engine.kernels.common import sm_count
+    from services.engine.kernels.norm import fused_add_rms_norm
+    from services.engine.kernels.skinny_linear import LinearPlan, plan_linear
+
+    n_out = case.out.shape[1]
+    base = plan_linear(n_out, fp8[0].shape[1], 1, sm_count(device), act is not None)
+    plans = {"unfused_rule": fp8_layers.skinny_plan(fp8[0], n_out, 1, device, act is not None,
+                                                    False),
+             "unfused_2k": LinearPlan(base.block_n, 2 * base.block_k, base.num_warps)}
+    out: dict[str, Any] = {}
+    for key, plan in plans.items():
+        def run(plan=plan):
+            for w in fp8:
+                a, _ = fused_add_rms_norm(case.x, case.res, case.norm_w, 1e-6)
+                fp8_layers._skinny(a, None, None, 1e-6, w, None, case.out, None, act, plan)
+
+        seconds, _ = graph_time(run, args.replays)
+        out[key] = seconds / len(fp8) * 1e6
+        out[f"{key}_plan"] = f"{plan.block_n}x{plan.block_k}w{plan.num_warps}"
+    print(f"    unfused norm + fp8: {out['unfused_rule_plan']} {out['unfused_rule']:.2f} us, "
+          f"{out['unfused_2k_plan']} {out['unfused_2k']:.2f} us", flush=True)
+    return out
+
+
 def bench_fp8_linear(shape: str, device: torch.device, args) -> list[dict]:
     """The FP8 skinny kernel at one row per projection: its default tiling, the sweep, and
     the bf16 skinny default on the same shape (GB/s of the bytes each reads)."""
@@ -332,6 +362,8 @@ def bench_fp8_linear(shape: str, device: torch.device, args) -> list[dict]:
         row["best"], row["best_us"] = best
         row["best_gb_s"] = n * k / (best[1] / 1e6) / 1e9
         row["default_gb_s"] = n * k / (row["default"] / 1e6) / 1e9
+        if case.normed:
+            row.update(fp8_unfused_norm(case, fp8, act, device, args))
         rows_out.append(row)
         print(f"  fp8 {shape} {name:8} bf16 skinny {row['bf16_default_us']:8.2f} us "
               f"({row['bf16_gb_s']:5.0f} GB/s)  fp8 default {row['default']:8.2f} us "
