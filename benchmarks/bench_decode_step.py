@@ -100,7 +100,8 @@ class DecodeStep:
     """One sequence at context `ctx` in a KV cache sized for `max_len`, the graph's view."""
 
     def __init__(self, shape: str, device: torch.device, ctx: int, max_len: int,
-                 layers: int | None = None, quantization: str = "", batch: int = 1) -> None:
+                 layers: int | None = None, quantization: str = "", batch: int = 1,
+                 kv_dtype: torch.dtype = torch.bfloat16) -> None:
         from services.engine.model import (
             ForwardBatch,
             ModelConfig,
@@ -116,8 +117,7 @@ class DecodeStep:
         self.model = load_dummy_model(self.config, device, torch.bfloat16, max_positions=max_len)
         page = 16
         pages = -(-max_len // page)              # per sequence; page 0 is left unused
-        self.kv = allocate_kv_cache(self.config, batch * pages + 1, page, device,
-                                    torch.bfloat16)
+        self.kv = allocate_kv_cache(self.config, batch * pages + 1, page, device, kv_dtype)
         table = torch.arange(1, batch * pages + 1, dtype=torch.int32,
                              device=device).view(batch, pages)
         self.meta = AttentionMetadata(
@@ -140,10 +140,11 @@ class DecodeStep:
 
 
 def bench_step(shape: str, device: torch.device, args, quantization: str = "") -> dict:
+    kv_dtype = torch.float8_e4m3fn if args.kv_fp8 else torch.bfloat16
     step = DecodeStep(shape, device, args.ctx, args.max_len, 2 if args.smoke else None,
-                      quantization, args.batch)
-    label = " ".join(x for x in (shape, quantization, f"b{args.batch}" if args.batch > 1
-                                 else "") if x)
+                      quantization, args.batch, kv_dtype)
+    label = " ".join(x for x in (shape, quantization, "kv-fp8" if args.kv_fp8 else "",
+                                 f"b{args.batch}" if args.batch > 1 else "") if x)
     result: dict[str, Any] = {"shape": label, "weight_gb": step.weight_bytes() / 1e9,
                               "ctx": args.ctx, "max_len": args.max_len, "variants": {}}
     answers = {}
@@ -388,6 +389,8 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--linear-rows", default="1,2,4,5,8,16",
                         help="token rows M of the linear sweep")
+    parser.add_argument("--kv-fp8", action="store_true",
+                        help="the step sections over e4m3 KV pages (kv_cache_dtype: fp8)")
     args = parser.parse_args()
     args.plans = [(4, 512, 4), (8, 256, 4), (8, 512, 4), (16, 256, 4), (16, 512, 4),
                   (16, 512, 8), (32, 256, 4), (32, 512, 8), (16, 1024, 8)]
