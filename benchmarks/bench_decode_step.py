@@ -26,7 +26,9 @@ scales; the lm_head stays bf16) under the fused variants, with the kernel table 
 --profile; `--sections linear-fp8` sweeps the FP8 skinny kernel's tilings
 (kernels/fp8_layers.py) at one row per projection, beside the bf16 skinny default, in GB/s of
 the bytes each reads (an e4m3 weight is half a bf16 one, so the bf16-tuned tiles stream half
-the bytes per step: the sweep includes twice their BLOCK_K).
+the bytes per step: the sweep includes twice their BLOCK_K), and each normed projection
+unfused (the norm kernel, then the one-row kernel without its per-step norm). `--kv-fp8`
+runs the step sections over e4m3 KV pages (`kv_cache_dtype: fp8`).
 """
 
 from __future__ import annotations
