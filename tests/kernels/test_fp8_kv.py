@@ -108,6 +108,25 @@ def test_paged_attention_reads_fp8_pages(case, device, dot_dtype, gen):
         assert reference.rel_error(torch_out[:rows], ref[:rows]) < 1e-2, fn.__name__
 
 
+def test_bf16_queries_over_fp8_pages_take_f16_mmas(device, gen):
+    """bf16 queries over e4m3 pages (the engine's case): the kernel runs its MMAs in f16 (q
+    cast once, clamped into f16's range) and matches the float64 reference; a NaN in a query
+    stays NaN in its row instead of being clamped to a finite value (PTX's min/max would
+    drop it without `propagate_nan`; the interpreter's clamp keeps it either way)."""
+    from services.engine.kernels.attention import paged_attention
+
+    batch = to_fp8(make_batch([37, 5, 64], [1, 3, 1], num_q_heads=8, num_kv_heads=2,
+                              head_dim=32, page_size=16, dtype=torch.bfloat16, device=device,
+                              generator=gen, num_padding=2))
+    batch.q[0, 0, 0] = float("nan")
+    scale = 32 ** -0.5
+    out = paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, scale)
+    ref = reference.paged_attention(batch, scale)
+    assert out.dtype == torch.bfloat16
+    assert out[0, 0].isnan().all() and torch.isfinite(out[1:5]).all()
+    assert reference.rel_error(out[1:5], ref[1:5]) < 1e-2
+
+
 def test_e4m3_rounding_is_round_to_nearest_even(device):
     """Every e4m3 value, every midpoint between neighbours and its float32 neighbours on both
     sides, through the KV write's store (kernels/fp8_quant.round_e4m3): torch's cast bits."""

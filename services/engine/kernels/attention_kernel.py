@@ -150,8 +150,10 @@ def _attend_block(
     if k_cache_ptr.dtype.element_ty == tl.float8e4nv and q.dtype == tl.bfloat16:
         # FP8 pages: the MMAs run in f16, which e4m3 reaches in one conversion a pair (bf16
         # takes three more instructions a pair, and made the FP8 decode loop 1.9x bf16's
-        # instructions for half its bytes); both exact. q is clamped into f16's range once.
-        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+        # instructions for half its bytes); both exact. q is clamped into f16's range once
+        # (a NaN stays a NaN, as the bf16 MMA would carry it).
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0,
+                     propagate_nan=tl.PropagateNan.ALL).to(tl.float16)
 
     # KV range of this program: its split, clipped by the causal end of its last row
     kv_end = tl.minimum(seq_len, pos0 + n_rows)
