@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -47,7 +45,7 @@ def fp8() -> None:
     from services.engine.kernels.fp8_layers import fp8_norm_linear
     from services.engine.kernels.skinny_linear import norm_linear
     from services.engine.model.fp8 import Fp8Weight
-    from tests.kernels.sm90_compile import _tool, capture_launches, compile_launch, report
+    from tests.kernels.sm90_compile import capture_launches, compile_launch, report, sass
 
     hidden, inter = 4096, 12288                       # Qwen3-8B
     x = torch.zeros(1, hidden, dtype=torch.bfloat16)
@@ -77,12 +75,7 @@ def fp8() -> None:
             launch = dataclasses.replace(launch, kwargs={**launch.kwargs, "E4M3_PTX": True})
         compiled = compile_launch(launch)
         report(fmt, compiled)
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-            cubin.write(compiled.asm["cubin"])
-            cubin.flush()
-            sass = subprocess.run([_tool("cuobjdump"), "--dump-sass", cubin.name],
-                                  capture_output=True, text=True, check=True).stdout
-        lines = [(int(m.group(1), 16), m.group(2), line) for line in sass.splitlines()
+        lines = [(int(m.group(1), 16), m.group(2), line) for line in sass(compiled).splitlines()
                  if (m := re.search(r"/\*([0-9a-f]{4})\*/\s+(?:@!?U?P\w\s+)?([A-Z0-9_]+)",
                                     line))]
         loop = k_loop(lines)

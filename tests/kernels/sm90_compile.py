@@ -117,20 +117,27 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
-def report(name: str, compiled: Any) -> Report:
+def _cuobjdump(compiled: Any, option: str) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        usage = subprocess.run(
-            [_tool("cuobjdump"), "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
+        return subprocess.run(
+            [_tool("cuobjdump"), option, f.name], capture_output=True, text=True, check=True
         ).stdout
-        sass = subprocess.run(
-            [_tool("cuobjdump"), "--dump-sass", f.name], capture_output=True, text=True, check=True
-        ).stdout
+
+
+def sass(compiled: Any) -> str:
+    """The SASS of a compiled launch (cuobjdump --dump-sass)."""
+    return _cuobjdump(compiled, "--dump-sass")
+
+
+def report(name: str, compiled: Any) -> Report:
+    usage = _cuobjdump(compiled, "--dump-resource-usage")
+    sass_text = sass(compiled)
     registers = int(re.search(r"REG:(\d+)", usage).group(1))  # type: ignore[union-attr]
     stack = int(re.search(r"STACK:(\d+)", usage).group(1))  # type: ignore[union-attr]
     loads: dict[str, int] = {}
-    for match in re.finditer(r"\b(LDG|LDGSTS)\.E(\.\w+)*", sass):
+    for match in re.finditer(r"\b(LDG|LDGSTS)\.E(\.\w+)*", sass_text):
         width = next((w for w in (".128", ".64") if w in match.group(0)), ".32")
         key = ("async" if match.group(1) == "LDGSTS" else "") + width
         loads[key] = loads.get(key, 0) + 1
@@ -139,9 +146,9 @@ def report(name: str, compiled: Any) -> Report:
         registers=registers,
         stack_bytes=stack,
         shared_bytes=int(compiled.metadata.shared),
-        local_loads=len(re.findall(r"\bLDL\b", sass)),
+        local_loads=len(re.findall(r"\bLDL\b", sass_text)),
         global_loads=loads,
-        mma={op: n for op in ("HMMA", "HGMMA") if (n := len(re.findall(rf"\b{op}\b", sass)))},
+        mma={op: n for op in ("HMMA", "HGMMA") if (n := len(re.findall(rf"\b{op}\b", sass_text)))},
     )
 
 

@@ -155,10 +155,10 @@ def test_attention_over_fp8_pages_compiles_to_f16_mma():
     from tests.kernels.test_package import compiled_json
 
     code = (
-        "import dataclasses, json, re, subprocess, tempfile, torch\n"
+        "import json, re, torch\n"
         "from services.engine.kernels.attention import paged_attention\n"
         "from tests.kernels.batch import make_batch\n"
-        "from tests.kernels.sm90_compile import _tool, capture_launches, compile_launch, report\n"
+        "from tests.kernels.sm90_compile import capture_launches, compile_launch, report, sass\n"
         "b = make_batch([1536] * 8, [1] * 8, num_q_heads=32, num_kv_heads=8, head_dim=128,\n"
         "               page_size=16, poison_unused=False)\n"
         "rows = []\n"
@@ -169,14 +169,10 @@ def test_attention_over_fp8_pages_compiles_to_f16_mma():
         "        paged_attention(b.q, kc, vc, b.meta, 0.088, num_splits=1)\n"
         "    compiled = compile_launch(calls[0])\n"
         "    r = report('attention', compiled)\n"
-        "    with tempfile.NamedTemporaryFile(suffix='.cubin') as f:\n"
-        "        f.write(compiled.asm['cubin']); f.flush()\n"
-        "        sass = subprocess.run([_tool('cuobjdump'), '--dump-sass', f.name],\n"
-        "                              capture_output=True, text=True, check=True).stdout\n"
         "    ptx = compiled.asm['ptx']\n"
         "    rows.append([fp8, r.local_loads, 'mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32' in ptx,\n"
         "                 'mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32' in ptx,\n"
-        "                 len(re.findall(r'\\bF2F\\.', sass))])\n"
+        "                 len(re.findall(r'\\bF2F\\.', sass(compiled)))])\n"
         "print(json.dumps(rows))\n")
     (_, bf16_spills, bf16_f16_mma, bf16_mma, _), (_, spills, f16_mma, bf_mma, f2f) = \
         compiled_json(code)
