@@ -11,7 +11,9 @@ down, top-k sum) captured in a CUDA graph and replayed: microseconds per call, t
 routing selected) and that as a fraction of the 4.27 TB/s copy rate (PERFORMANCE.md). The
 per-kernel split comes from torch.profiler over eager calls. The sweep times gate/up tiles
 with the down tiles fixed and then the reverse (their times add), at T = 1 and 64, and
-prints the best against plan_moe's choice. Writes fused_moe.json under --out.
+prints the best against plan_moe's choice. The decode sweep (`--decode-sweep-tokens`) does
+the same for the decode kernels' one-row tiles (fused_moe_decode.DecodePlan) against
+plan_decode's. Writes fused_moe.json under --out.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.engine.kernels.fused_moe import fused_moe_routed, plan_moe
-from services.engine.kernels.fused_moe_decode import DECODE_TOKENS
+from services.engine.kernels.fused_moe_decode import DECODE_TOKENS, DecodePlan, plan_decode
+from services.engine.kernels.skinny_linear import LinearPlan
 
 COPY_TB_S = 4.27
 SHAPES = {   # experts, top_k, hidden, inter, activation, biases
@@ -55,10 +58,11 @@ class Case:
         self.expert_bytes = (self.w1[0].numel() + self.w2[0].numel()) * 2
         self.shape = shape
 
-    def call(self, tiles: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def call(self, tiles: tuple | DecodePlan | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
         experts, top_k, hidden, inter = self.shape[:4]
         plan = (plan_moe(self.x.shape[0], top_k, experts, hidden, inter, tiles)
-                if tiles is not None else None)
+                if isinstance(tiles, tuple) else tiles)
         out, _, ids = fused_moe_routed(
             self.x, self.logits, self.w1, self.w2, top_k, True, gate_up_bias=self.b1,
             down_bias=self.b2, activation=self.activation, expert_tokens=self.load,
@@ -70,7 +74,8 @@ class Case:
         return int(torch.unique(ids).numel()) * self.expert_bytes
 
 
-def graph_us(case: Case, tiles: tuple | None = None, replays: int = 200) -> float:
+def graph_us(case: Case, tiles: tuple | DecodePlan | None = None, replays: int = 200
+             ) -> float:
     """Microseconds per call, replayed in a CUDA graph of 10 calls."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -152,12 +157,62 @@ def sweep(case: Case) -> dict:
             "best_us": timed(tuple(best)), "rows": rows}
 
 
+# one-row tiles (block_n, block_k, warps) the decode sweep tries; a tiling whose fp32 tile
+# would hold more than `cap` elements a thread (gate/up keeps two accumulators and two
+# prefetched tiles, down one of each) is left out: it spills
+DECODE_TILES = [(n, k, w) for n in (4, 8, 16, 32) for k in (128, 256, 512, 1024)
+                for w in (2, 4, 8)]
+
+
+def decode_sweep(case: Case) -> dict:
+    """The decode kernels' tiles: gate/up with plan_decode's down, then down with the best
+    gate/up (their times add: two launches)."""
+    _, top_k, hidden, inter = case.shape[:4]
+    default = plan_decode(hidden, inter, top_k, torch.cuda.get_device_properties(0)
+                          .multi_processor_count)
+    rows: list[dict] = []
+
+    def timed(plan: DecodePlan) -> float | None:
+        try:
+            return graph_us(case, plan, replays=100)
+        except Exception as exc:  # a tiling the compiler refuses: skipped
+            print(f"    {plan}: {type(exc).__name__}", flush=True)
+            return None
+
+    best = default
+    for part, cap in (("gate_up", 32), ("down", 64)):
+        results: list[tuple[float, DecodePlan]] = []
+        for n, k, warps in DECODE_TILES:
+            if n * k > cap * 32 * warps or k > 2 * max(hidden, inter):
+                continue
+            tile = LinearPlan(block_n=n, block_k=k, num_warps=warps)
+            plan = (DecodePlan(tile, best.down) if part == "gate_up"
+                    else DecodePlan(best.gate_up, tile))
+            us = timed(plan)
+            if us is not None:
+                results.append((us, plan))
+                rows.append({"part": part, "block_n": n, "block_k": k, "warps": warps,
+                             "us": us})
+        results.sort(key=lambda r: r[0])
+        best = results[0][1]
+        print(f"    best after the {part} sweep: {results[0][0]:.1f} us with {best}",
+              flush=True)
+
+    def tiles(plan: DecodePlan) -> list[list[int]]:
+        return [[p.block_n, p.block_k, p.num_warps] for p in (plan.gate_up, plan.down)]
+
+    return {"default": tiles(default), "default_us": timed(default), "best": tiles(best),
+            "best_us": timed(best), "rows": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--tokens", default="1,4,16,64,256")
     parser.add_argument("--sweep-tokens", default="1,64", help="'' for no sweep")
     parser.add_argument("--sweep-shapes", default="qwen3-30b-a3b")
+    parser.add_argument("--decode-sweep-tokens", default="",
+                        help="e.g. '1,2': the decode kernels' tile sweep at those T")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     args = parser.parse_args()
     report: dict = {"gpu": torch.cuda.get_device_name(), "copy_tb_s": COPY_TB_S, "shapes": {}}
@@ -191,6 +246,15 @@ def main() -> None:
             print(f"{name} T={tokens}: tile sweep", flush=True)
             entry["sweeps"][tokens] = result = sweep(Case(shape, tokens))
             print(f"  plan_moe {result['default']}: {result['default_us']:.1f} us; best "
+                  f"{result['best']}: {result['best_us']:.1f} us", flush=True)
+        for tokens in (int(t) for t in args.decode_sweep_tokens.split(",") if t):
+            if name not in args.sweep_shapes.split(","):
+                break
+            print(f"{name} T={tokens}: decode tile sweep (gate/up, down: block_n, block_k, "
+                  f"warps)", flush=True)
+            entry.setdefault("decode_sweeps", {})[tokens] = result = decode_sweep(
+                Case(shape, tokens))
+            print(f"  plan_decode {result['default']}: {result['default_us']:.1f} us; best "
                   f"{result['best']}: {result['best_us']:.1f} us", flush=True)
         report["shapes"][name] = entry
     args.out.mkdir(parents=True, exist_ok=True)

@@ -289,6 +289,45 @@ def test_decode_path_with_given_routing(gen, device, dot_dtype, monkeypatch) -> 
         assert_close(out, reference(x, w_gate_up, w_down, weights, ids, None, None, "silu"))
 
 
+def test_a_decode_plan_takes_the_decode_kernels_with_its_tiles(gen, device, dot_dtype,
+                                                               monkeypatch) -> None:
+    """`plan=DecodePlan(...)` (bench_fused_moe.py's decode sweep) runs the decode launches
+    with those tiles, whatever HELIOS_MOE_DECODE says: the routing to the bit and the output
+    within tolerance of plan_decode's tiles; past DECODE_TOKENS tokens it is refused."""
+    from services.engine.kernels import fused_moe_decode, fused_moe_routed
+    from services.engine.kernels.fused_moe_decode import DECODE_TOKENS, DecodePlan
+    from services.engine.kernels.skinny_linear import LinearPlan
+
+    monkeypatch.setenv("HELIOS_MOE_DECODE", "0")      # the plan overrides the sorted path
+    launched: list[int] = []                          # the gate/up launches' BLOCK_N
+    kernel = fused_moe_decode._decode_gate_up_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launched.append(kwargs["BLOCK_N"])
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(fused_moe_decode, "_decode_gate_up_kernel", Recorder())
+    x, w_gate_up, w_down, b1, b2, logits = moe_case(
+        2, 16, 4, 48, 32, bias=True, skew=True, gen=gen, dtype=dot_dtype, device=device)
+    kw = dict(gate_up_bias=b1, down_bias=b2, activation="swiglu_oai")
+    default = fused_moe_routed(x, logits, w_gate_up, w_down, 4, True, **kw)
+    plan = DecodePlan(LinearPlan(block_n=4, block_k=16, num_warps=2),     # ragged K steps
+                      LinearPlan(block_n=32, block_k=32, num_warps=4))    # across slots
+    tiled = fused_moe_routed(x, logits, w_gate_up, w_down, 4, True, plan=plan, **kw)
+    assert launched == [4]                            # the sorted path ran the default
+    assert torch.equal(tiled[2], default[2]) and torch.equal(tiled[1], default[1])
+    assert_close(tiled[0], default[0])
+    assert_close(tiled[0], reference(x, w_gate_up, w_down, tiled[1], tiled[2], b1, b2,
+                                     "swiglu_oai"))
+    many = moe_case(DECODE_TOKENS + 1, 16, 4, 48, 32, bias=False, skew=False, gen=gen,
+                    dtype=dot_dtype, device=device)
+    with pytest.raises(ValidationError, match="DecodePlan runs dense experts at up to 4"):
+        fused_moe_routed(many[0], many[5], many[1], many[2], 4, True, plan=plan)
+
+
 def test_warm_up_token_counts_meet_both_paths(monkeypatch) -> None:
     """model/moe.py's warm-up calls: one at 1 token for the decode kernels, then the sorted
     path's first variant where the decode path stops (one token at 3 of 8 experts; three at

@@ -50,7 +50,12 @@ import triton.language as tl
 
 from services.common.errors import ValidationError
 from services.engine.kernels.common import cdiv, check_float, next_power_of_2
-from services.engine.kernels.fused_moe_decode import decode_path, run_decode
+from services.engine.kernels.fused_moe_decode import (
+    DECODE_TOKENS,
+    DecodePlan,
+    decode_path,
+    run_decode,
+)
 from services.engine.kernels.moe_common import expert_activation, softmax_topk_rows
 from services.engine.kernels.mxfp4_tile import mxfp4_tile
 from services.engine.model.expert_weights import MOE_ACTIVATIONS
@@ -361,7 +366,7 @@ def _run(x: torch.Tensor, w_gate_up: Any, w_down: Any,
          topk_ids: torch.Tensor, top_k: int, renormalize: bool,
          gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None, activation: str,
          limit: float, alpha: float, expert_tokens: torch.Tensor | None,
-         num_real_tokens: torch.Tensor | None, plan: MoEPlan | None = None,
+         num_real_tokens: torch.Tensor | None, plan: MoEPlan | DecodePlan | None = None,
          norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = w_gate_up.shape
@@ -373,10 +378,15 @@ def _run(x: torch.Tensor, w_gate_up: Any, w_down: Any,
     if count and num_real_tokens is None:
         raise ValidationError("fused_moe: expert_tokens needs num_real_tokens")
     mxfp4 = _packed(w_gate_up)[1] is not None
-    if plan is None and decode_path(num_tokens, top_k, num_experts, mxfp4):   # two launches
+    if isinstance(plan, DecodePlan) or (                                 # two launches
+            plan is None and decode_path(num_tokens, top_k, num_experts, mxfp4)):
+        if isinstance(plan, DecodePlan) and (mxfp4 or num_tokens > DECODE_TOKENS):
+            raise ValidationError(f"fused_moe: a DecodePlan runs dense experts at up to "
+                                  f"{DECODE_TOKENS} tokens, not {num_tokens}"
+                                  f"{' (MXFP4)' if mxfp4 else ''}")
         return run_decode(x, w_gate_up, w_down, router_logits, topk_weights, topk_ids, top_k,
                           renormalize, gate_up_bias, down_bias, activation, limit, alpha,
-                          expert_tokens, num_real_tokens, norm_weight, eps)
+                          expert_tokens, num_real_tokens, norm_weight, eps, plan)
     if norm_weight is not None:     # the sorted path reads normed rows
         from services.engine.kernels.norm import rms_norm
 
@@ -453,12 +463,13 @@ def fused_moe_routed(x: torch.Tensor, router_logits: torch.Tensor, w_gate_up: An
               gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
               activation: str = "silu", limit: float = 7.0, alpha: float = 1.702,
               expert_tokens: torch.Tensor | None = None,
-              num_real_tokens: torch.Tensor | None = None, plan: MoEPlan | None = None,
-              norm_weight: torch.Tensor | None = None, eps: float = 0.0
+              num_real_tokens: torch.Tensor | None = None,
+              plan: MoEPlan | DecodePlan | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Routing fused in: softmax top-k of router_logits [T, E] (moe.softmax_topk) in the
     align kernel, then the experts. -> (out [T, H], topk_weights, topk_ids). `plan`
-    overrides plan_moe's tiles (benchmarks/bench_fused_moe.py's sweep). With `norm_weight`
+    overrides plan_moe's tiles, or with a `DecodePlan` takes the decode kernels with those
+    (benchmarks/bench_fused_moe.py's sweeps). With `norm_weight`
     (and `eps`), x is the residual stream and the experts take rms_norm(x) * norm_weight:
     the decode kernels normalize each row themselves (no norm launch), the sorted path
     runs the norm kernel first."""

@@ -39,6 +39,8 @@ tokens here (the A/B switches of benchmarks/bench_fused_moe.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -46,7 +48,7 @@ import triton.language as tl
 from services.engine.kernels.common import cdiv, env_choice, next_power_of_2, sm_count
 from services.engine.kernels.moe_common import expert_activation, softmax_topk_rows
 from services.engine.kernels.norm import row_rstd
-from services.engine.kernels.skinny_linear import plan_linear
+from services.engine.kernels.skinny_linear import LinearPlan, plan_linear
 
 DECODE_TOKENS = 4
 COLLISION_SHARE = 8     # the decode path while the slots are at most 1/8 of the experts
@@ -62,6 +64,22 @@ def decode_path(num_tokens: int, top_k: int, num_experts: int, mxfp4: bool) -> b
         return False
     return mode == "1" or num_tokens == 1 or \
         num_tokens * top_k * COLLISION_SHARE <= num_experts
+
+
+@dataclass(frozen=True, slots=True)
+class DecodePlan:
+    """The two launches' tiles: gate/up per (slot, column block), down per (token, column
+    block) over the token's slots end to end."""
+    gate_up: LinearPlan
+    down: LinearPlan
+
+
+def plan_decode(hidden: int, inter: int, top_k: int, num_sms: int) -> DecodePlan:
+    """skinny_linear's one-row tilings: gate/up as its gated projection per slot, down as a
+    plain projection of top_k * inter inputs. benchmarks/bench_fused_moe.py's decode sweep
+    (`--decode-sweep-tokens`) times others against these."""
+    return DecodePlan(plan_linear(inter, hidden, 1, num_sms, gated=True),
+                      plan_linear(hidden, top_k * inter, 1, num_sms))
 
 
 @triton.jit(do_not_specialize_on_alignment=["num_real_ptr"])   # a view: query_start_loc[-1:]
@@ -189,21 +207,20 @@ def run_decode(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
                gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None,
                activation: str, limit: float, alpha: float,
                expert_tokens: torch.Tensor | None, num_real_tokens: torch.Tensor | None,
-               norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+               norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+               plan: DecodePlan | None = None) -> torch.Tensor:
     """fused_moe._run's contract at T <= DECODE_TOKENS (dense expert matrices): with
     `router_logits` it fills topk_weights / topk_ids, else it reads them. With
-    `norm_weight`, x is the residual stream and the experts see rms_norm(x) * g."""
+    `norm_weight`, x is the residual stream and the experts see rms_norm(x) * g. `plan`
+    overrides plan_decode's tiles."""
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = w_gate_up.shape
     inter = two_inter // 2
     slots = num_tokens * top_k
     out = torch.empty_like(x)
     hidden_rows = torch.empty(slots, inter, dtype=x.dtype, device=x.device)
-    num_sms = sm_count(x.device)
-    # skinny_linear's one-row tilings: gate/up as its gated projection per slot, down as a
-    # plain projection over the token's slots end to end
-    up_plan = plan_linear(inter, hidden, 1, num_sms, gated=True)
-    down_plan = plan_linear(hidden, top_k * inter, 1, num_sms)
+    plan = plan or plan_decode(hidden, inter, top_k, sm_count(x.device))
+    up_plan, down_plan = plan.gate_up, plan.down
     route = router_logits is not None
     logits = router_logits if router_logits is not None else topk_weights
     count = expert_tokens is not None
