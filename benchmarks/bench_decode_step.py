@@ -169,13 +169,17 @@ def bench_step(shape: str, device: torch.device, args, quantization: str = "") -
 
 
 def linear_cases(shape: str) -> list[tuple[str, int, int, str]]:
-    """(name, N rows of the weight, K, kind) of each projection; kind: norm, silu, plain, logits."""
+    """(name, N rows of the weight, K, kind) of each projection; kind: norm, silu, plain, logits.
+    A mixture-of-experts shape has its router (normed, as model/moe.py's forward_residual runs
+    it) where a dense one has its MLP: the experts are bench_fused_moe.py's."""
     c = SHAPES[shape]
     hidden, inter = c["hidden_size"], c["intermediate_size"]
     head_dim = c.get("head_dim") or hidden // c["num_attention_heads"]
     q, kv = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
-    return [("qkv", q + 2 * kv, hidden, "norm"), ("o_proj", hidden, q, "plain"),
-            ("gate_up", 2 * inter, hidden, "silu"), ("down", hidden, inter, "plain"),
+    experts = c.get("num_experts") or c.get("num_local_experts")
+    mlp = [("router", experts, hidden, "norm")] if experts else [
+        ("gate_up", 2 * inter, hidden, "silu"), ("down", hidden, inter, "plain")]
+    return [("qkv", q + 2 * kv, hidden, "norm"), ("o_proj", hidden, q, "plain"), *mlp,
             ("lm_head", c["vocab_size"], hidden, "logits")]
 
 
