@@ -6,8 +6,9 @@ and a tile sweep (issue 18's tuning).
 For each shape (Qwen3-30B-A3B: 128 experts, top 8, H 2048, I 768; gpt-oss-20b: 32 experts,
 top 4, H 2880, I 2880, biases and clamped SwiGLU) and decode batch T, one
 `fused_moe_routed` call (the path `decode_path` picks; at T <= 4 also each path forced:
-`decode_us`, fused_moe_decode.py's two launches, and `sorted_us`, route + align, gate/up,
-down, top-k sum) captured in a CUDA graph and replayed: microseconds per call, the expert weights the call reads (the experts its
+`decode_us`, fused_moe_decode.py's two launches, `decode_given_us`, the same with the
+routing given (fused_experts: no top-k in the gate/up programs), and `sorted_us`, route +
+align, gate/up, down, top-k sum) captured in a CUDA graph and replayed: microseconds per call, the expert weights the call reads (the experts its
 routing selected) and that as a fraction of the 4.27 TB/s copy rate (PERFORMANCE.md). The
 per-kernel split comes from torch.profiler over eager calls. The sweep times gate/up tiles
 with the down tiles fixed and then the reverse (their times add), at T = 1 and 64, and
@@ -29,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.engine.kernels.fused_moe import fused_moe_routed, plan_moe
+from services.engine.kernels.fused_moe import fused_experts, fused_moe_routed, plan_moe
 from services.engine.kernels.fused_moe_decode import DECODE_TOKENS, DecodePlan, plan_decode
 from services.engine.kernels.skinny_linear import LinearPlan
 
@@ -57,6 +58,9 @@ class Case:
         self.real = torch.tensor([tokens], dtype=torch.int32, device="cuda")
         self.expert_bytes = (self.w1[0].numel() + self.w2[0].numel()) * 2
         self.shape = shape
+        _, weights, ids = fused_moe_routed(self.x, self.logits, self.w1, self.w2, self.top_k,
+                                           True)
+        self.given = (weights, ids)
 
     def call(self, tiles: tuple | DecodePlan | None = None
              ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,24 +73,35 @@ class Case:
             num_real_tokens=self.real, plan=plan)
         return out, ids
 
+    def call_given(self, tiles: None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The experts with the routing given (fused_experts: the decode kernels read the
+        slots' experts instead of routing in the gate/up programs)."""
+        out = fused_experts(self.x, self.w1, self.w2, self.given[0], self.given[1],
+                            gate_up_bias=self.b1, down_bias=self.b2,
+                            activation=self.activation, expert_tokens=self.load,
+                            num_real_tokens=self.real)
+        return out, self.given[1]
+
     def weight_bytes(self) -> int:
         _, ids = self.call()
         return int(torch.unique(ids).numel()) * self.expert_bytes
 
 
-def graph_us(case: Case, tiles: tuple | DecodePlan | None = None, replays: int = 200
-             ) -> float:
-    """Microseconds per call, replayed in a CUDA graph of 10 calls."""
+def graph_us(case: Case, tiles: tuple | DecodePlan | None = None, replays: int = 200,
+             given: bool = False) -> float:
+    """Microseconds per call, replayed in a CUDA graph of 10 calls (`given`: the routing
+    given, Case.call_given)."""
+    call = case.call_given if given else case.call
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(2):
-            case.call(tiles)
+            call(tiles)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(10):
-            case.call(tiles)
+            call(tiles)
     for _ in range(3):
         graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -235,7 +250,13 @@ def main() -> None:
                         level[key] = graph_us(case)
                     finally:
                         os.environ.pop("HELIOS_MOE_DECODE")
-                note = f" (decode path {level['decode_us']:.1f}, sorted {level['sorted_us']:.1f})"
+                os.environ["HELIOS_MOE_DECODE"] = "1"
+                try:    # what routing in the gate/up programs costs the decode path
+                    level["decode_given_us"] = graph_us(case, given=True)
+                finally:
+                    os.environ.pop("HELIOS_MOE_DECODE")
+                note = (f" (decode path {level['decode_us']:.1f}, its routing given "
+                        f"{level['decode_given_us']:.1f}, sorted {level['sorted_us']:.1f})")
             entry["levels"].append(level)
             kernels = ", ".join(f"{k.split('(')[0][:28]} {v:.1f}" for k, v in split.items())
             print(f"{name} T={tokens:4d}: {us:7.1f} us/call{note}, "
