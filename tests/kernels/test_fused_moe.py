@@ -247,10 +247,12 @@ def test_the_sparse_sublayer_folds_its_norm_into_router_and_experts(mode, gen, d
     from tests.engine.model.test_moe import one_layer_config
 
     monkeypatch.setenv("HELIOS_MOE_DECODE", mode)
-    decoded: list[int] = []
+    # the decode launches with the norm folded in (run_decode's norm_weight, third from the
+    # end); on a GPU the unfolded run's experts take the decode path too, without it
+    folded: list[int] = []
     run_decode = fused_moe.run_decode
-    monkeypatch.setattr(fused_moe, "run_decode",
-                        lambda x, *args: decoded.append(x.shape[0]) or run_decode(x, *args))
+    monkeypatch.setattr(fused_moe, "run_decode", lambda x, *args: (
+        args[-3] is not None and folded.append(x.shape[0])) or run_decode(x, *args))
     block = moe.SparseMoeBlock(one_layer_config(32), MoEConfig(16, 2, 16, (True,)),
                                device=device, dtype=torch.float32)
     with torch.no_grad():
@@ -272,7 +274,7 @@ def test_the_sparse_sublayer_folds_its_norm_into_router_and_experts(mode, gen, d
     torch.testing.assert_close(new_residual, want_residual, rtol=0, atol=0)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     assert load.tolist() == want_load.tolist() and int(load.sum()) == 2
-    assert decoded == ([2] if mode == "1" else [])
+    assert folded == ([2] if mode == "1" else [])
 
 
 def test_decode_path_with_given_routing(gen, device, dot_dtype, monkeypatch) -> None:

@@ -26,8 +26,8 @@ nothing is sorted:
    slots' weighted biases and rounds once: the sorted path's top-k sum without its launch
    (the same sum, rounded in another order).
 
-Tiles are skinny_linear's one-row plans (gate/up as its gated projection, down as a plain
-one). A slot reads its whole expert even when another token of the step chose the same one,
+Tiles: `plan_decode` (gate/up as skinny_linear's gated one-row projection, down its own
+from a sweep). A slot reads its whole expert even when another token of the step chose the same one,
 so past one token the path is taken only while T * k <= E / 8 (Qwen3-30B-A3B's 8 of 128: up
 to 2 tokens; gpt-oss-20b's 4 of 32: 1). On an H100 (RESULTS.md 2026-12-07, thirteenth
 session) a call took 34.5 against the sorted path's 40.1 us at Qwen3-30B-A3B T = 1, 63.3
@@ -75,11 +75,17 @@ class DecodePlan:
 
 
 def plan_decode(hidden: int, inter: int, top_k: int, num_sms: int) -> DecodePlan:
-    """skinny_linear's one-row tilings: gate/up as its gated projection per slot, down as a
-    plain projection of top_k * inter inputs. benchmarks/bench_fused_moe.py's decode sweep
-    (`--decode-sweep-tokens`) times others against these."""
+    """gate/up: skinny_linear's one-row tiling of a gated projection, per slot. down: 8
+    output features x 1024 of the slots' span, 4 warps. From bench_fused_moe.py's decode
+    sweep at T = 1 on an H100 (RESULTS.md 2026-12-07, fifteenth session; 29 gate/up and 38
+    down tilings): the gated tiling (8 x 256, 4 warps) was within 1.3% of the best gate/up
+    at both shapes; for down, 8 x 1024 w4 took Qwen3-30B-A3B's call from 34.8 to 33.5 us
+    (plain skinny_linear's 16 x 1024 w8) and gpt-oss-20b's from 78.0 to 73.2 (its 8 x 512
+    w4): the span is k * I long (6,144 and 11,520), so the longer K step pays."""
+    span = top_k * inter
     return DecodePlan(plan_linear(inter, hidden, 1, num_sms, gated=True),
-                      plan_linear(hidden, top_k * inter, 1, num_sms))
+                      LinearPlan(block_n=8, block_k=min(next_power_of_2(span), 1024),
+                                 num_warps=4))
 
 
 @triton.jit(do_not_specialize_on_alignment=["num_real_ptr"])   # a view: query_start_loc[-1:]
