@@ -92,8 +92,11 @@ def fp32_gemm_tol(device: torch.device) -> float:
 
 @pytest.mark.parametrize("kind", ["token", "group", "static"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_quantize_matches_reference_bits(kind, dtype, device, gen):
+@pytest.mark.parametrize("whole_row", [True, False])   # one load, or the chunked passes
+def test_quantize_matches_reference_bits(kind, dtype, whole_row, device, gen, monkeypatch):
     fp8_quant, _, _ = _kernels()
+    if not whole_row:
+        monkeypatch.setattr(fp8_quant, "WHOLE_ROW_MAX", 64)
     x = (torch.randn(5, 200, generator=gen) * 3).to(dtype)
     x[1] = 0.0                                  # an all-zero row: finite, zero codes
     x[2, 130:] *= 40                            # a group far larger than the others
@@ -115,8 +118,11 @@ def test_quantize_matches_reference_bits(kind, dtype, device, gen):
 
 @pytest.mark.parametrize("kind", ["token", "group", "static"])
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_norm_quantize_fused(kind, with_residual, device, gen):
+@pytest.mark.parametrize("whole_row", [True, False])
+def test_norm_quantize_fused(kind, with_residual, whole_row, device, gen, monkeypatch):
     fp8_quant, _, _ = _kernels()
+    if not whole_row:
+        monkeypatch.setattr(fp8_quant, "WHOLE_ROW_MAX", 64)
     x = torch.randn(4, 320, generator=gen).to(torch.bfloat16)
     residual = torch.randn(4, 320, generator=gen).to(torch.bfloat16) if with_residual else None
     g = (1 + 0.3 * torch.randn(320, generator=gen)).to(torch.bfloat16)
@@ -434,6 +440,7 @@ with capture_launches() as calls:
     block_mm(a[:48], torch.ones(48, H // 128), weight(QKV, H, True).qweight, torch.ones(QKV // 128, H // 128), None, torch.bfloat16); names += ["gemm block M=48", "split-k sum"]
     quantize_fp8(x256, "token"); names.append("quant token")
     quantize_fp8(x256, "group"); names.append("quant group")
+    quantize_fp8(torch.zeros(256, I, dtype=torch.bfloat16), "token"); names.append("quant token down")
     norm_quantize_fp8(x256, x256, g, 1e-6, "token"); names.append("norm quant token")
     norm_quantize_fp8(x256, x256, g, 1e-6, "group"); names.append("norm quant group")
 rows = []
@@ -459,7 +466,7 @@ def test_fp8_kernels_compile_for_sm90_without_spills():
     from tests.kernels.test_package import compiled_json
 
     rows = compiled_json(SM90_CODE)
-    assert len(rows) == 16
+    assert len(rows) == 17
     for name, registers, local_loads, fp8_wgmma, waits, pair_cvt, loads in rows:
         assert local_loads == 0 and registers <= 255, f"{name}: spills ({registers} regs)"
         if name.startswith("gemm"):   # Hopper's e4m3 wgmma (QGMMA in the SASS)

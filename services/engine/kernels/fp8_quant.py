@@ -16,8 +16,12 @@ The fused kernel is the norm kernel's arithmetic (the residual sum rounded to th
 and written back by the same program, the norm in float32, `weight * normed` rounded to the
 input dtype as the reference does), then the quantization of the normed row: a prefill step's
 norm writes its e4m3 row directly (1 byte per element instead of 2, and no separate
-quantization kernel reading the row back). One program per row; loops over K in BLOCK_K
-chunks (a row is a few KiB and stays in L1/L2 between the passes).
+quantization kernel reading the row back). One program per row. A row of up to
+WHOLE_ROW_MAX columns is loaded once and every pass (the sum of squares, the norm, the
+amax, the codes) runs in registers; a longer one loops over K in BLOCK_K chunks, a load per
+chunk and pass (the row stays in L1/L2 between the passes, but each pass waits on its loads:
+on an H100 the chunked kernel took 7.1 us a call at 256 rows of a Qwen3-8B step, RESULTS.md
+2026-12-07, fifteenth session).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ from services.engine.kernels.common import (
 from services.engine.kernels.norm import row_rstd
 
 FP8_MAX = tl.constexpr(448.0)
+# rows up to this many columns (a power of two) are quantized from one load (_quantize_whole_row):
+# every dense model's hidden and intermediate sizes up to Llama-3.1-8B's 14,336
+WHOLE_ROW_MAX = 16384
 MIN_AMAX = tl.constexpr(1e-10)
 KINDS = ("token", "group", "static")
 
@@ -87,12 +94,55 @@ def load_normed(x_row, r_row, g_ptr, k, k_mask, rstd, act_dtype, NORM: tl.conste
 
 
 @triton.jit
+def _quantize_whole_row(x_row, r_row, g_ptr, q_row, s_row, static_ptr, res_out_row, k_dim,
+                        num_static, eps, KIND: tl.constexpr, NORM: tl.constexpr,
+                        RESIDUAL: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr,
+                        BLOCK_S: tl.constexpr):
+    """_quantize_kernel's work on a row that fits one BLOCK_K: the row, its residual and the
+    norm weight loaded once, together, then the sum, the norm, the amax and the codes in
+    registers (the chunked passes wait on a load each: 12 in a row for the norm + token
+    quantization of 4096 columns). The same arithmetic as the chunked passes, but for the
+    order of the float32 sum of squares."""
+    act_dtype = x_row.dtype.element_ty
+    k = tl.arange(0, BLOCK_K)
+    k_mask = k < k_dim
+    h = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
+    if NORM:
+        g = tl.load(g_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+        if RESIDUAL:
+            r = tl.load(r_row + k, mask=k_mask, other=0.0).to(tl.float32)
+            summed = (h + r).to(act_dtype)
+            tl.store(res_out_row + k, summed, mask=k_mask)
+            h = summed.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / k_dim + eps)
+        h = (g * (h * rstd).to(act_dtype).to(tl.float32)).to(act_dtype).to(tl.float32)
+    if KIND == "group":
+        groups = tl.reshape(h, [BLOCK_K // GROUP, GROUP])
+        amax = tl.maximum(tl.max(tl.abs(groups), axis=1), MIN_AMAX)
+        scale = tl.div_rn(amax, FP8_MAX)
+        q = tl.reshape(round_e4m3(tl.div_rn(groups, scale[:, None])), [BLOCK_K])
+        gs = tl.arange(0, BLOCK_K // GROUP)
+        tl.store(s_row + gs, scale, mask=gs * GROUP < k_dim)
+    else:
+        if KIND == "static":
+            ss = tl.arange(0, BLOCK_S)
+            scale = tl.max(tl.load(static_ptr + ss, mask=ss < num_static, other=0.0), axis=0)
+        else:
+            amax = tl.maximum(tl.max(tl.abs(h), axis=0), MIN_AMAX)
+            scale = tl.div_rn(amax, FP8_MAX)
+            tl.store(s_row, scale)
+        q = round_e4m3(tl.div_rn(h, scale))
+    tl.store(q_row + k, q.to(q_row.dtype.element_ty), mask=k_mask)
+
+
+@triton.jit
 def _quantize_kernel(
     x_ptr, res_ptr, g_ptr, q_ptr, s_ptr, static_ptr, res_out_ptr,
     k_dim, num_static, eps,
     stride_x, stride_r, stride_q, stride_s, stride_ro,
     KIND: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP: tl.constexpr, BLOCK_S: tl.constexpr,
+    WHOLE_ROW: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     act_dtype = x_ptr.dtype.element_ty
@@ -100,6 +150,11 @@ def _quantize_kernel(
     r_row = res_ptr + row * stride_r
     q_row = q_ptr + row * stride_q
     kk = tl.arange(0, BLOCK_K)
+    if WHOLE_ROW:   # BLOCK_K >= k_dim: one load of the row, every pass in registers
+        _quantize_whole_row(x_row, r_row, g_ptr, q_row, s_ptr + row * stride_s, static_ptr,
+                            res_out_ptr + row * stride_ro, k_dim, num_static, eps, KIND, NORM,
+                            RESIDUAL, BLOCK_K, GROUP, BLOCK_S)
+        return
     rstd = 1.0
     if NORM:
         rstd = row_rstd(x_row, r_row, res_out_ptr + row * stride_ro, k_dim, eps, True,
@@ -180,7 +235,13 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
         res_out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if rows == 0:
         return q, scales, res_out
-    block_k = group if kind == "group" else min(next_power_of_2(k_dim), 1024)
+    whole_row = next_power_of_2(k_dim) <= WHOLE_ROW_MAX
+    if whole_row:
+        block_k = max(next_power_of_2(k_dim), group if kind == "group" else 1)
+        warps = min(max(block_k // 512, 2), 16)     # 32-64 values a thread
+    else:
+        block_k = group if kind == "group" else min(next_power_of_2(k_dim), 1024)
+        warps = 4 if block_k >= 512 else 2
     static, num_static, block_s = static_scale_args(kind, input_scale, scales)
     res = residual if residual is not None else x
     ro = res_out if res_out is not None else x
@@ -190,7 +251,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
         x.stride(0), res.stride(0), q.stride(0), scales.stride(0), ro.stride(0),
         KIND=kind, NORM=norm_weight is not None, RESIDUAL=residual is not None,
         BLOCK_K=block_k, GROUP=group if kind == "group" else block_k, BLOCK_S=block_s,
-        num_warps=4 if block_k >= 512 else 2,
+        WHOLE_ROW=whole_row, num_warps=warps,
     )
     return q, scales, res_out
 
