@@ -96,7 +96,7 @@ def fp32_gemm_tol(device: torch.device) -> float:
 def test_quantize_matches_reference_bits(kind, dtype, whole_row, device, gen, monkeypatch):
     fp8_quant, _, _ = _kernels()
     if not whole_row:
-        monkeypatch.setattr(fp8_quant, "WHOLE_ROW_MAX", 64)
+        monkeypatch.setenv("HELIOS_FP8_QUANT_ROW", "chunked")
     x = (torch.randn(5, 200, generator=gen) * 3).to(dtype)
     x[1] = 0.0                                  # an all-zero row: finite, zero codes
     x[2, 130:] *= 40                            # a group far larger than the others
@@ -116,13 +116,35 @@ def test_quantize_matches_reference_bits(kind, dtype, whole_row, device, gen, mo
     assert torch.all((error <= bound + 1e-12) | ~inside)
 
 
+def test_rows_up_to_the_limit_are_quantized_from_one_load(monkeypatch):
+    """Rows of up to WHOLE_ROW_MAX columns take the one-load kernel (a block covering the
+    row), longer ones and HELIOS_FP8_QUANT_ROW=chunked the chunked passes."""
+    fp8_quant, _, _ = _kernels()
+    launches: list[dict] = []
+
+    class Recorder:      # stands in for the kernel: records the launch, runs nothing
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append(kwargs)
+
+    monkeypatch.setattr(fp8_quant, "_quantize_kernel", Recorder())
+
+    def launch(width: int) -> tuple[bool, int]:
+        fp8_quant.quantize_fp8(torch.zeros(2, width, dtype=torch.bfloat16), "token")
+        return launches[-1]["WHOLE_ROW"], launches[-1]["BLOCK_K"]
+
+    assert launch(12288) == (True, 16384) and launch(4096) == (True, 4096)
+    assert launch(28672) == (False, 1024)                       # past WHOLE_ROW_MAX
+    monkeypatch.setenv("HELIOS_FP8_QUANT_ROW", "chunked")
+    assert launch(4096) == (False, 1024)
+
+
 @pytest.mark.parametrize("kind", ["token", "group", "static"])
 @pytest.mark.parametrize("with_residual", [False, True])
 @pytest.mark.parametrize("whole_row", [True, False])
 def test_norm_quantize_fused(kind, with_residual, whole_row, device, gen, monkeypatch):
     fp8_quant, _, _ = _kernels()
     if not whole_row:
-        monkeypatch.setattr(fp8_quant, "WHOLE_ROW_MAX", 64)
+        monkeypatch.setenv("HELIOS_FP8_QUANT_ROW", "chunked")
     x = torch.randn(4, 320, generator=gen).to(torch.bfloat16)
     residual = torch.randn(4, 320, generator=gen).to(torch.bfloat16) if with_residual else None
     g = (1 + 0.3 * torch.randn(320, generator=gen)).to(torch.bfloat16)

@@ -18,7 +18,8 @@ input dtype as the reference does), then the quantization of the normed row: a p
 norm writes its e4m3 row directly (1 byte per element instead of 2, and no separate
 quantization kernel reading the row back). One program per row. A row of up to
 WHOLE_ROW_MAX columns is loaded once and every pass (the sum of squares, the norm, the
-amax, the codes) runs in registers; a longer one loops over K in BLOCK_K chunks, a load per
+amax, the codes) runs in registers (`HELIOS_FP8_QUANT_ROW=chunked`: the chunked passes
+anyway, for A/B runs); a longer one loops over K in BLOCK_K chunks, a load per
 chunk and pass (the row stays in L1/L2 between the passes, but each pass waits on its loads:
 on an H100 the chunked kernel took 7.1 us a call at 256 rows of a Qwen3-8B step, RESULTS.md
 2026-12-07, fifteenth session).
@@ -36,6 +37,7 @@ from services.engine.kernels.common import (
     check_last_dim_contiguous,
     check_norm_inputs,
     check_rank,
+    env_choice,
     next_power_of_2,
 )
 from services.engine.kernels.norm import row_rstd
@@ -235,7 +237,8 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
         res_out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if rows == 0:
         return q, scales, res_out
-    whole_row = next_power_of_2(k_dim) <= WHOLE_ROW_MAX
+    whole_row = (next_power_of_2(k_dim) <= WHOLE_ROW_MAX
+                 and env_choice("HELIOS_FP8_QUANT_ROW", ("whole", "chunked")) == "whole")
     if whole_row:
         block_k = max(next_power_of_2(k_dim), group if kind == "group" else 1)
         warps = min(max(block_k // 512, 2), 16)     # 32-64 values a thread
