@@ -6,7 +6,9 @@
 Decode attention runs at Qwen3-8B shapes (32 query heads, 8 KV heads, D=128, pages of 16) for
 batch 1/16/64/256 and context 128..8k: achieved bandwidth (KV + q + out bytes over the median
 time) against the 4.27 TB/s copy limit of an H200, and the time of torch SDPA on the same KV
-gathered into contiguous tensors. Prefill attention reports TFLOP/s (causal FLOPs only)
+gathered into contiguous tensors. `--kv-dtype fp8` puts the pages in e4m3 (the engine's FP8 KV
+cache; bandwidth counts their bytes), with `--decode-batches`, `--decode-ctxs` and
+`--sweep-points` for the shapes of a serving level. Prefill attention reports TFLOP/s (causal FLOPs only)
 against SDPA's flash path. The fused ops report GB/s of their ideal bytes against torch eager
 (the model's reference ops) and torch.compile of the same references.
 
@@ -138,14 +140,16 @@ class DecodeSets:
     """`n` independent decode batches of `batch` sequences of `ctx` tokens over one page pool."""
 
     def __init__(self, batch: int, ctx: int, n: int, device: torch.device, gen: torch.Generator,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> None:
         from services.engine.kernels.attention import AttentionScratch
         from services.engine.model.attention import AttentionMetadata
 
         pages_per_seq = -(-ctx // PAGE)
         num_pages = n * batch * pages_per_seq
-        self.k_cache = torch.randn(num_pages, PAGE, HK, D, device=device, dtype=dtype)
-        self.v_cache = torch.randn(num_pages, PAGE, HK, D, device=device, dtype=dtype)
+        # the pages in the query's dtype, or e4m3 (--kv-dtype fp8: the engine's FP8 KV cache)
+        kv_dtype = kv_dtype or dtype
+        self.k_cache = torch.randn(num_pages, PAGE, HK, D, device=device, dtype=dtype).to(kv_dtype)
+        self.v_cache = torch.randn(num_pages, PAGE, HK, D, device=device, dtype=dtype).to(kv_dtype)
         order = torch.randperm(num_pages, generator=gen).to(device).to(torch.int32)
         self.metas, self.qs, self.outs = [], [], []
         for s in range(n):
@@ -165,12 +169,13 @@ class DecodeSets:
     def gathered(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Set s's KV as contiguous [B, Hk, ctx, D] tensors (what SDPA reads)."""
         table = self.metas[s].page_table.long()
-        k = self.k_cache[table].flatten(1, 2)[:, : self.ctx].transpose(1, 2).contiguous()
-        v = self.v_cache[table].flatten(1, 2)[:, : self.ctx].transpose(1, 2).contiguous()
-        return k, v
+        dtype = self.qs[s].dtype
+        k = self.k_cache[table].flatten(1, 2)[:, : self.ctx].transpose(1, 2).to(dtype)
+        v = self.v_cache[table].flatten(1, 2)[:, : self.ctx].transpose(1, 2).to(dtype)
+        return k.contiguous(), v.contiguous()
 
     def bytes_per_call(self) -> int:
-        kv = 2 * self.batch * self.ctx * HK * D * 2
+        kv = 2 * self.batch * self.ctx * HK * D * self.k_cache.element_size()
         return kv + 2 * self.batch * HQ * D * 2
 
 
@@ -180,16 +185,19 @@ def num_sets(bytes_per_set: int, cap: int = 32) -> int:
 
 
 def bench_decode(device: torch.device, timer: Timer, batches: list[int], ctxs: list[int],
-                 dtype: torch.dtype, max_sets: int) -> list[dict]:
+                 dtype: torch.dtype, max_sets: int, kv_dtype: torch.dtype | None = None
+                 ) -> list[dict]:
     from services.engine.kernels.attention import paged_attention
 
     gen = torch.Generator().manual_seed(0)
     scale = D**-0.5
     rows = []
+    kv_bytes = (kv_dtype or dtype).itemsize
     for batch in batches:
         for ctx in ctxs:
-            per_set = 2 * batch * ctx * HK * D * 2
-            sets = DecodeSets(batch, ctx, num_sets(per_set, max_sets), device, gen, dtype)
+            per_set = 2 * batch * ctx * HK * D * kv_bytes
+            sets = DecodeSets(batch, ctx, num_sets(per_set, max_sets), device, gen, dtype,
+                              kv_dtype)
 
             def run(sets: DecodeSets = sets) -> None:
                 for s in range(sets.n):
@@ -220,7 +228,8 @@ def bench_decode(device: torch.device, timer: Timer, batches: list[int], ctxs: l
 
 
 def bench_decode_sweep(device: torch.device, timer: Timer, points: list[tuple[int, int]],
-                       dtype: torch.dtype, max_sets: int, only: set[str] | None = None) -> list[dict]:
+                       dtype: torch.dtype, max_sets: int, only: set[str] | None = None,
+                       kv_dtype: torch.dtype | None = None) -> list[dict]:
     """Time launch plans around the default one at a few (batch, ctx) points."""
     from services.engine.kernels.attention import launch, plan_attention
     from services.engine.kernels.common import cdiv, sm_count
@@ -228,8 +237,10 @@ def bench_decode_sweep(device: torch.device, timer: Timer, points: list[tuple[in
     gen = torch.Generator().manual_seed(1)
     scale = D**-0.5
     rows = []
+    kv_bytes = (kv_dtype or dtype).itemsize
     for batch, ctx in points:
-        sets = DecodeSets(batch, ctx, num_sets(2 * batch * ctx * HK * D * 2, max_sets), device, gen, dtype)
+        sets = DecodeSets(batch, ctx, num_sets(2 * batch * ctx * HK * D * kv_bytes, max_sets),
+                          device, gen, dtype, kv_dtype)
         base = plan_attention(num_tokens=batch, num_seqs=batch, num_q_heads=HQ, num_kv_heads=HK,
                               head_dim=D, max_query_len=1, max_seq_len=ctx, num_sms=sm_count(device))
 
@@ -245,6 +256,11 @@ def bench_decode_sweep(device: torch.device, timer: Timer, points: list[tuple[in
             "splits*2": splits(base, base.num_splits * 2),
             "n128": splits(replace(base, block_n=128), base.num_splits),
             "w2": replace(base, num_warps=2),
+            # FP8 pages: a 64-position tile is half a bf16 one's bytes; deeper or wider tiles
+            # keep as many bytes in flight
+            "s3": replace(base, num_stages=3),
+            "n128s3": splits(replace(base, block_n=128, num_stages=3), base.num_splits),
+            "w8": replace(base, num_warps=8),
         }
         for name, plan in variants.items():
             if only is not None and name not in only:
@@ -440,6 +456,12 @@ def main() -> int:
     parser.add_argument("--sections", default="copy,decode,sweep,prefill,prefill_sweep,ops")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (checks the script itself)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
+    parser.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16",
+                        help="decode sections: the KV pages in bf16 or e4m3 (queries bf16)")
+    parser.add_argument("--decode-batches", default="", help="e.g. 64,256 (decode section)")
+    parser.add_argument("--decode-ctxs", default="", help="e.g. 1536 (decode section)")
+    parser.add_argument("--sweep-points", default="",
+                        help="BxCTX,... for the sweep section, e.g. 64x1536,256x1536")
     args = parser.parse_args()
     if not torch.cuda.is_available() and not args.smoke:
         print("bench_kernels: no CUDA device; skipped (use --smoke to check the script on CPU)")
@@ -473,17 +495,28 @@ def main() -> int:
     if "copy" in sections and device.type == "cuda":
         results["copy_tb_s"] = measure_copy(device, timer) / 1e12
         emit(f"device-to-device copy: {results['copy_tb_s']:.3f} TB/s (read + write)")
+    kv_dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8" else None
+    results["kv_dtype"] = args.kv_dtype
     if "decode" in sections:
         batches, ctxs = ([2], [40]) if args.smoke else ([1, 16, 64, 256], [128, 512, 1024, 2048, 4096, 8192])
-        results["decode"] = bench_decode(device, timer, batches, ctxs, dtype, 1 if args.smoke else 32)
+        if args.decode_batches:
+            batches = [int(b) for b in args.decode_batches.split(",")]
+        if args.decode_ctxs:
+            ctxs = [int(c) for c in args.decode_ctxs.split(",")]
+        results["decode"] = bench_decode(device, timer, batches, ctxs, dtype, 1 if args.smoke else 32,
+                                         kv_dtype)
         emit("", "decode attention (Qwen3-8B: 32 q / 8 kv heads, D=128, page 16)",
                       table(results["decode"], ["batch", "ctx", "us", "tb_s", "frac_limit", "sdpa_us",
                                                 "speedup_vs_sdpa", "rel_err_vs_sdpa"]))
     if "sweep" in sections:
         points = [(1, 70)] if args.smoke else [
             (1, 512), (1, 2048), (1, 8192), (16, 512), (16, 2048), (64, 1024), (256, 4096)]
+        if args.sweep_points:
+            points = [(int(b), int(c)) for b, c in
+                      (p.split("x") for p in args.sweep_points.split(","))]
         results["decode_sweep"] = bench_decode_sweep(device, timer, points, dtype, 1 if args.smoke else 16,
-                                                     {"default", "splits*2"} if args.smoke else None)
+                                                     {"default", "splits*2", "n128s3"} if args.smoke else None,
+                                                     kv_dtype)
         emit("", "decode launch-plan sweep",
                       table(results["decode_sweep"], ["batch", "ctx", "variant", "block_n", "warps", "stages",
                                                       "splits", "us", "tb_s"]))
