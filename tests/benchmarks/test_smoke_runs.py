@@ -1,0 +1,51 @@
+"""The GPU benchmarks' own CPU smoke modes, run as the device calls run them (a subprocess per
+script, the arguments of benchmarks/gpu/pending_benches.txt's lines where the CPU can take
+them): a renamed import or a broken flag fails here, not in the first seconds of a lent GPU
+(RESULTS.md 2026-12-06, eighth session: a sweep that imported a renamed function cost its
+section of a device call)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_script(args: list[str], out: Path) -> str:
+    done = subprocess.run([sys.executable, *args, "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return done.stdout
+
+
+def test_decode_attention_over_fp8_pages_smoke(tmp_path):
+    """bench_kernels.py's decode and sweep sections over e4m3 pages (attn_kv_sweep)."""
+    stdout = run_script(["benchmarks/bench_kernels.py", "--smoke", "--sections", "decode,sweep",
+                         "--kv-dtype", "fp8"], tmp_path)
+    report = json.loads((tmp_path / "bench_kernels.json").read_text())
+    assert report["kv_dtype"] == "fp8"
+    assert {row["variant"] for row in report["decode_sweep"]} == {"default", "splits*2",
+                                                                   "n128s3"}
+    assert all("error" not in row for row in report["decode_sweep"]), stdout
+    # the smoke pages hold randn values: e4m3 keeps them within a few percent of bf16's
+    assert report["decode"][0]["rel_err_vs_sdpa"] < 5e-2
+
+
+@pytest.mark.parametrize("args", [
+    ["--sections", "step"],                                             # the default shapes
+    ["--shapes", "qwen3-8b", "--sections", "step,step-fp8", "--kv-fp8", "--batch", "2"],
+])
+def test_decode_step_smoke(args, tmp_path):
+    """bench_decode_step.py's step sections (quant_fp8_steps, step_fp8_b256's flags): each
+    of the two step results printed and written (on the CPU the variants' argmax is not
+    compared: only a GPU run records it)."""
+    stdout = run_script(["benchmarks/bench_decode_step.py", "--smoke", *args], tmp_path)
+    same = [line for line in stdout.splitlines() if "same argmax in every variant" in line]
+    assert len(same) == 2 and all(
+        line.endswith("True") for line in same), stdout
+    assert json.loads((tmp_path / "decode_step.json").read_text())["steps"]
