@@ -464,13 +464,14 @@ def fused_moe_routed(x: torch.Tensor, router_logits: torch.Tensor, w_gate_up: An
               activation: str = "silu", limit: float = 7.0, alpha: float = 1.702,
               expert_tokens: torch.Tensor | None = None,
               num_real_tokens: torch.Tensor | None = None,
-              plan: MoEPlan | DecodePlan | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0
+              plan: MoEPlan | DecodePlan | None = None,
+              norm_weight: torch.Tensor | None = None, eps: float = 0.0
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Routing fused in: softmax top-k of router_logits [T, E] (moe.softmax_topk) in the
     align kernel, then the experts. -> (out [T, H], topk_weights, topk_ids). `plan`
     overrides plan_moe's tiles, or with a `DecodePlan` takes the decode kernels with those
-    (benchmarks/bench_fused_moe.py's sweeps). With `norm_weight`
-    (and `eps`), x is the residual stream and the experts take rms_norm(x) * norm_weight:
+    (benchmarks/bench_fused_moe.py's sweeps). With `norm_weight` (and `eps`), x is the
+    residual stream and the experts take rms_norm(x) * norm_weight:
     the decode kernels normalize each row themselves (no norm launch), the sorted path
     runs the norm kernel first."""
     _check(x, w_gate_up, w_down, top_k, activation, gate_up_bias, down_bias)

@@ -27,8 +27,8 @@ nothing is sorted:
    (the same sum, rounded in another order).
 
 Tiles: `plan_decode` (gate/up as skinny_linear's gated one-row projection, down its own
-from a sweep). A slot reads its whole expert even when another token of the step chose the same one,
-so past one token the path is taken only while T * k <= E / 8 (Qwen3-30B-A3B's 8 of 128: up
+from a sweep). A slot reads its whole expert even when another token of the step chose the
+same one, so past one token the path is taken only while T * k <= E / 8 (Qwen3-30B-A3B's 8 of 128: up
 to 2 tokens; gpt-oss-20b's 4 of 32: 1). On an H100 (RESULTS.md 2026-12-07, thirteenth
 session) a call took 34.5 against the sorted path's 40.1 us at Qwen3-30B-A3B T = 1, 63.3
 against 66.8 at T = 2, and 115.7 against 112.2 at T = 4 (32 slots of 128 experts); gpt-oss
