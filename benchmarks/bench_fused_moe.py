@@ -15,6 +15,11 @@ with the down tiles fixed and then the reverse (their times add), at T = 1 and 6
 prints the best against plan_moe's choice. The decode sweep (`--decode-sweep-tokens`) does
 the same for the decode kernels' one-row tiles (fused_moe_decode.DecodePlan) against
 plan_decode's. Writes fused_moe.json under --out.
+
+    python benchmarks/bench_fused_moe.py --smoke   # tiny shapes through Triton's interpreter
+
+`--smoke` (or no CUDA device) runs the same sections at the tiny shapes on the CPU (eager
+calls timed, fp16 operands: the interpreter's tl.dot mishandles bf16), to check the script.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -30,32 +36,49 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.engine.kernels.fused_moe import fused_experts, fused_moe_routed, plan_moe
-from services.engine.kernels.fused_moe_decode import DECODE_TOKENS, DecodePlan, plan_decode
-from services.engine.kernels.skinny_linear import LinearPlan
+SMOKE = "--smoke" in sys.argv or not torch.cuda.is_available()
+if SMOKE:   # before the kernels are defined: they run in Triton's interpreter on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    from tests.kernels.interpreter import DOT_DTYPE, patch_scalar_index
+
+    patch_scalar_index()
+DEVICE = "cpu" if SMOKE else "cuda"
+DTYPE = DOT_DTYPE if SMOKE else torch.bfloat16
+
+from services.engine.kernels.fused_moe import fused_experts, fused_moe_routed, plan_moe  # noqa: E402
+from services.engine.kernels.fused_moe_decode import (  # noqa: E402
+    DECODE_TOKENS,
+    DecodePlan,
+    plan_decode,
+)
+from services.engine.kernels.skinny_linear import LinearPlan  # noqa: E402
 
 COPY_TB_S = 4.27
 SHAPES = {   # experts, top_k, hidden, inter, activation, biases
     "qwen3-30b-a3b": (128, 8, 2048, 768, "silu", False),
     "gpt-oss-20b": (32, 4, 2880, 2880, "swiglu_oai", True),
+    # --smoke (CPU): wide enough that the decode sweep's K steps (128, 256) fit
+    "tiny": (8, 2, 128, 64, "silu", False),
+    "tiny-oai": (4, 2, 128, 128, "swiglu_oai", True),
 }
 
 
 class Case:
-    """One shape's weights (bf16, on the GPU) and a batch's activations and routing logits."""
+    """One shape's weights (bf16 on the GPU; fp16 with --smoke) and a batch's activations
+    and routing logits."""
 
     def __init__(self, shape: tuple, tokens: int, seed: int = 0) -> None:
         experts, self.top_k, hidden, inter, self.activation, bias = shape
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        kw = dict(device="cuda", dtype=torch.bfloat16, generator=gen)
+        gen = torch.Generator(device=DEVICE).manual_seed(seed)
+        kw = dict(device=DEVICE, dtype=DTYPE, generator=gen)
         self.w1 = torch.randn(experts, 2 * inter, hidden, **kw) * hidden ** -0.5
         self.w2 = torch.randn(experts, hidden, inter, **kw) * inter ** -0.5
         self.b1 = torch.randn(experts, 2 * inter, **kw) * 0.1 if bias else None
         self.b2 = torch.randn(experts, hidden, **kw) * 0.1 if bias else None
         self.x = torch.randn(tokens, hidden, **kw)
-        self.logits = torch.randn(tokens, experts, device="cuda", generator=gen)
-        self.load = torch.zeros(experts, dtype=torch.int64, device="cuda")
-        self.real = torch.tensor([tokens], dtype=torch.int32, device="cuda")
+        self.logits = torch.randn(tokens, experts, device=DEVICE, generator=gen)
+        self.load = torch.zeros(experts, dtype=torch.int64, device=DEVICE)
+        self.real = torch.tensor([tokens], dtype=torch.int32, device=DEVICE)
         self.expert_bytes = (self.w1[0].numel() + self.w2[0].numel()) * 2
         self.shape = shape
         _, weights, ids = fused_moe_routed(self.x, self.logits, self.w1, self.w2, self.top_k,
@@ -92,6 +115,11 @@ def graph_us(case: Case, tiles: tuple | DecodePlan | None = None, replays: int =
     """Microseconds per call, replayed in a CUDA graph of 10 calls (`given`: the routing
     given, Case.call_given)."""
     call = case.call_given if given else case.call
+    if SMOKE:       # eager calls on the CPU: checks the path, times nothing meaningful
+        call(tiles)
+        start_s = time.perf_counter()
+        call(tiles)
+        return (time.perf_counter() - start_s) * 1e6
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -117,6 +145,8 @@ def kernel_split(case: Case) -> dict[str, float]:
     """Microseconds per call of each kernel (torch.profiler over 20 eager calls)."""
     from torch.profiler import ProfilerActivity, profile
 
+    if SMOKE:
+        return {}
     case.call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -183,8 +213,8 @@ def decode_sweep(case: Case) -> dict:
     """The decode kernels' tiles: gate/up with plan_decode's down, then down with the best
     gate/up (their times add: two launches)."""
     _, top_k, hidden, inter = case.shape[:4]
-    default = plan_decode(hidden, inter, top_k, torch.cuda.get_device_properties(0)
-                          .multi_processor_count)
+    default = plan_decode(hidden, inter, top_k, 132 if SMOKE else
+                          torch.cuda.get_device_properties(0).multi_processor_count)
     rows: list[dict] = []
 
     def timed(plan: DecodePlan) -> float | None:
@@ -222,15 +252,20 @@ def decode_sweep(case: Case) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--shapes", default="qwen3-30b-a3b,gpt-oss-20b")
     parser.add_argument("--tokens", default="1,4,16,64,256")
     parser.add_argument("--sweep-tokens", default="1,64", help="'' for no sweep")
     parser.add_argument("--sweep-shapes", default="qwen3-30b-a3b")
     parser.add_argument("--decode-sweep-tokens", default="",
                         help="e.g. '1,2': the decode kernels' tile sweep at those T")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    parser.add_argument("--smoke", action="store_true",
+                        help="the tiny shapes on the CPU (Triton's interpreter)")
     args = parser.parse_args()
-    report: dict = {"gpu": torch.cuda.get_device_name(), "copy_tb_s": COPY_TB_S, "shapes": {}}
+    if SMOKE and args.shapes == "qwen3-30b-a3b,gpt-oss-20b":
+        args.shapes = args.sweep_shapes = "tiny,tiny-oai"
+    report: dict = {"gpu": "cpu" if SMOKE else torch.cuda.get_device_name(),
+                    "copy_tb_s": COPY_TB_S, "shapes": {}}
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         entry: dict = {"levels": [], "sweeps": {}}

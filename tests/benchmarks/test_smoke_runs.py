@@ -1,6 +1,6 @@
 """The GPU benchmarks' own CPU smoke modes, run as the device calls run them (a subprocess per
 script, the arguments of benchmarks/gpu/pending_benches.txt's lines where the CPU can take
-them): a renamed import or a broken flag fails here, not in the first seconds of a lent GPU
+them, at the scripts' tiny shapes): a renamed import or a broken flag fails here, not in the first seconds of a lent GPU
 (RESULTS.md 2026-12-06, eighth session: a sweep that imported a renamed function cost its
 section of a device call)."""
 
@@ -34,6 +34,20 @@ def test_decode_attention_over_fp8_pages_smoke(tmp_path):
     assert all("error" not in row for row in report["decode_sweep"]), stdout
     # the smoke pages hold randn values: e4m3 keeps them within a few percent of bf16's
     assert report["decode"][0]["rel_err_vs_sdpa"] < 5e-2
+
+
+def test_fused_moe_smoke(tmp_path):
+    """bench_fused_moe.py at its tiny shapes (moe_t1, moe_decode_sweep's flags): both paths
+    forced, the routing given, and the decode tile sweep; its best tiles are real plans."""
+    run_script(["benchmarks/bench_fused_moe.py", "--smoke", "--shapes", "tiny-oai",
+                "--sweep-shapes", "tiny-oai", "--tokens", "1", "--sweep-tokens", "",
+                "--decode-sweep-tokens", "1"], tmp_path)
+    shape = json.loads((tmp_path / "fused_moe.json").read_text())["shapes"]["tiny-oai"]
+    level = shape["levels"][0]
+    assert {"decode_us", "decode_given_us", "sorted_us"} <= set(level)
+    sweep = shape["decode_sweeps"]["1"]
+    assert sweep["default"] == [[8, 128, 4], [8, 256, 4]] and sweep["best_us"] > 0
+    assert {row["part"] for row in sweep["rows"]} == {"gate_up", "down"}
 
 
 @pytest.mark.parametrize("args", [
