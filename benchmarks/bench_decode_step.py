@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from benchmarks.bench_kernels import capture_graph, kernel_table, replay_seconds  # noqa: E402
+from benchmarks.kernel_timing import capture_graph, kernel_table, replay_seconds  # noqa: E402
 from benchmarks.model_shapes import SHAPES  # noqa: E402
 
 L2_BYTES = 60 * 2**20

@@ -25,6 +25,7 @@ calls timed, fp16 operands: the interpreter's tl.dot mishandles bf16), to check 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -54,6 +55,7 @@ from services.engine.kernels.fused_moe_decode import (  # noqa: E402
 from services.engine.kernels.skinny_linear import LinearPlan  # noqa: E402
 
 COPY_TB_S = 4.27
+GPU_SHAPES = "qwen3-30b-a3b,gpt-oss-20b"
 SHAPES = {   # experts, top_k, hidden, inter, activation, biases
     "qwen3-30b-a3b": (128, 8, 2048, 768, "silu", False),
     "gpt-oss-20b": (32, 4, 2880, 2880, "swiglu_oai", True),
@@ -81,9 +83,6 @@ class Case:
         self.real = torch.tensor([tokens], dtype=torch.int32, device=DEVICE)
         self.expert_bytes = (self.w1[0].numel() + self.w2[0].numel()) * 2
         self.shape = shape
-        _, weights, ids = fused_moe_routed(self.x, self.logits, self.w1, self.w2, self.top_k,
-                                           True)
-        self.given = (weights, ids)
 
     def call(self, tiles: tuple | DecodePlan | None = None
              ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,7 +95,14 @@ class Case:
             num_real_tokens=self.real, plan=plan)
         return out, ids
 
-    def call_given(self, tiles: None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    @functools.cached_property
+    def given(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This case's routing (weights, ids), computed once for call_given."""
+        _, weights, ids = fused_moe_routed(self.x, self.logits, self.w1, self.w2, self.top_k,
+                                           True)
+        return weights, ids
+
+    def call_given(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The experts with the routing given (fused_experts: the decode kernels read the
         slots' experts instead of routing in the gate/up programs)."""
         out = fused_experts(self.x, self.w1, self.w2, self.given[0], self.given[1],
@@ -114,22 +120,24 @@ def graph_us(case: Case, tiles: tuple | DecodePlan | None = None, replays: int =
              given: bool = False) -> float:
     """Microseconds per call, replayed in a CUDA graph of 10 calls (`given`: the routing
     given, Case.call_given)."""
-    call = case.call_given if given else case.call
+    def call() -> object:
+        return case.call_given() if given else case.call(tiles)
+
     if SMOKE:       # eager calls on the CPU: checks the path, times nothing meaningful
-        call(tiles)
+        call()
         start_s = time.perf_counter()
-        call(tiles)
+        call()
         return (time.perf_counter() - start_s) * 1e6
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(2):
-            call(tiles)
+            call()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(10):
-            call(tiles)
+            call()
     for _ in range(3):
         graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -163,19 +171,22 @@ def kernel_split(case: Case) -> dict[str, float]:
     return dict(sorted(split.items(), key=lambda kv: -kv[1]))
 
 
+def sweep_us(case: Case, tiles: tuple | DecodePlan) -> float | None:
+    """A sweep's timing of one tiling; None (reported) where the compiler refuses it (shared
+    memory, registers)."""
+    try:
+        return graph_us(case, tiles, replays=100)
+    except Exception as exc:
+        print(f"    tiles {tiles}: {type(exc).__name__}", flush=True)
+        return None
+
+
 def sweep(case: Case) -> dict:
     experts, top_k, hidden, inter = case.shape[:4]
     base = plan_moe(case.x.shape[0], top_k, experts, hidden, inter)
     default = (base.block_m, base.block_n1, base.block_k1, base.block_n2, base.block_k2,
                base.num_warps, base.num_stages)
     rows: list[dict] = []
-
-    def timed(tiles: tuple) -> float | None:
-        try:
-            return graph_us(case, tiles, replays=100)
-        except Exception as exc:  # a tile the compiler refuses (shared memory): skipped
-            print(f"    tiles {tiles}: {type(exc).__name__}", flush=True)
-            return None
 
     best = list(default)
     for part in ("gate_up", "down"):
@@ -190,7 +201,7 @@ def sweep(case: Case) -> dict:
                         else:
                             tiles[3], tiles[4] = n, k
                         tiles[5], tiles[6] = warps, stages
-                        us = timed(tuple(tiles))
+                        us = sweep_us(case, tuple(tiles))
                         if us is not None:
                             results.append((us, tuple(tiles)))
                             rows.append({"part": part, "tiles": tiles, "us": us})
@@ -198,8 +209,8 @@ def sweep(case: Case) -> dict:
         best = list(results[0][1])
         print(f"    best after the {part} sweep: {results[0][0]:.1f} us with {results[0][1]}",
               flush=True)
-    return {"default": default, "default_us": timed(default), "best": best,
-            "best_us": timed(tuple(best)), "rows": rows}
+    return {"default": default, "default_us": sweep_us(case, default), "best": best,
+            "best_us": sweep_us(case, tuple(best)), "rows": rows}
 
 
 # one-row tiles (block_n, block_k, warps) the decode sweep tries; a tiling whose fp32 tile
@@ -217,13 +228,6 @@ def decode_sweep(case: Case) -> dict:
                           torch.cuda.get_device_properties(0).multi_processor_count)
     rows: list[dict] = []
 
-    def timed(plan: DecodePlan) -> float | None:
-        try:
-            return graph_us(case, plan, replays=100)
-        except Exception as exc:  # a tiling the compiler refuses: skipped
-            print(f"    {plan}: {type(exc).__name__}", flush=True)
-            return None
-
     best = default
     for part, cap in (("gate_up", 32), ("down", 64)):
         results: list[tuple[float, DecodePlan]] = []
@@ -233,7 +237,7 @@ def decode_sweep(case: Case) -> dict:
             tile = LinearPlan(block_n=n, block_k=k, num_warps=warps)
             plan = (DecodePlan(tile, best.down) if part == "gate_up"
                     else DecodePlan(best.gate_up, tile))
-            us = timed(plan)
+            us = sweep_us(case, plan)
             if us is not None:
                 results.append((us, plan))
                 rows.append({"part": part, "block_n": n, "block_k": k, "warps": warps,
@@ -246,13 +250,13 @@ def decode_sweep(case: Case) -> dict:
     def tiles(plan: DecodePlan) -> list[list[int]]:
         return [[p.block_n, p.block_k, p.num_warps] for p in (plan.gate_up, plan.down)]
 
-    return {"default": tiles(default), "default_us": timed(default), "best": tiles(best),
-            "best_us": timed(best), "rows": rows}
+    return {"default": tiles(default), "default_us": sweep_us(case, default),
+            "best": tiles(best), "best_us": sweep_us(case, best), "rows": rows}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shapes", default="qwen3-30b-a3b,gpt-oss-20b")
+    parser.add_argument("--shapes", default=GPU_SHAPES)
     parser.add_argument("--tokens", default="1,4,16,64,256")
     parser.add_argument("--sweep-tokens", default="1,64", help="'' for no sweep")
     parser.add_argument("--sweep-shapes", default="qwen3-30b-a3b")
@@ -262,7 +266,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="the tiny shapes on the CPU (Triton's interpreter)")
     args = parser.parse_args()
-    if SMOKE and args.shapes == "qwen3-30b-a3b,gpt-oss-20b":
+    if SMOKE and args.shapes == GPU_SHAPES:
         args.shapes = args.sweep_shapes = "tiny,tiny-oai"
     report: dict = {"gpu": "cpu" if SMOKE else torch.cuda.get_device_name(),
                     "copy_tb_s": COPY_TB_S, "shapes": {}}
@@ -278,18 +282,15 @@ def main() -> None:
             level = {"tokens": tokens, "us": us, "weight_bytes": weights,
                      "limit_us": limit_us, "of_limit": limit_us / us, "kernels_us": split}
             note = ""
-            if tokens <= DECODE_TOKENS:     # both paths forced: the decode kernels' A/B
-                for mode, key in (("1", "decode_us"), ("0", "sorted_us")):
+            if tokens <= DECODE_TOKENS:     # both paths forced: the decode kernels' A/B,
+                # and what routing in the gate/up programs costs the decode path
+                for mode, key, given in (("1", "decode_us", False), ("0", "sorted_us", False),
+                                         ("1", "decode_given_us", True)):
                     os.environ["HELIOS_MOE_DECODE"] = mode
                     try:
-                        level[key] = graph_us(case)
+                        level[key] = graph_us(case, given=given)
                     finally:
                         os.environ.pop("HELIOS_MOE_DECODE")
-                os.environ["HELIOS_MOE_DECODE"] = "1"
-                try:    # what routing in the gate/up programs costs the decode path
-                    level["decode_given_us"] = graph_us(case, given=True)
-                finally:
-                    os.environ.pop("HELIOS_MOE_DECODE")
                 note = (f" (decode path {level['decode_us']:.1f}, its routing given "
                         f"{level['decode_given_us']:.1f}, sorted {level['sorted_us']:.1f})")
             entry["levels"].append(level)

@@ -75,7 +75,7 @@ def _profile(engine, name: str, proposer, prompt: list[int], output_len: int) ->
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.bench_kernels import kernel_rows
+    from benchmarks.kernel_timing import kernel_rows
 
     reset_row(engine)
     with_proposer(engine, proposer)

@@ -10,7 +10,7 @@ metadata's max_seq_len is the graph's context limit (2048 here), not the sequenc
 Variants: the default plan (`plan_attention`), and `block_q` = q tokens per program (one
 tile of max(16, q x group) rows), from one token per program (the decode tiling, the KV
 range read once per token) to the whole run in one tile. Timing and input rotation as in
-bench_kernels.py (CUDA-graph replays, sets larger than the L2); each variant's output is
+kernel_timing.py (CUDA-graph replays, sets larger than the L2); each variant's output is
 checked against the default's. Writes verify_attention.json under --out.
 """
 
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from benchmarks.bench_kernels import HK, HQ, PAGE, Timer, num_sets, rel_error, table  # noqa: E402
+from benchmarks.kernel_timing import HK, HQ, PAGE, Timer, num_sets, rel_error, table  # noqa: E402
 
 D = 128
 LIMIT = 2048            # the verification graph's context limit (its max_seq_len)

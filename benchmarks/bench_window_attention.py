@@ -5,8 +5,8 @@ W = 0 (full), 4096, 1024, 512; each result checked against SDPA over the window'
     python benchmarks/bench_window_attention.py [--out DIR]
     python benchmarks/bench_window_attention.py --smoke   # tiny shapes, the CPU interpreter
 
-Timing, input rotation and output files as benchmarks/bench_kernels.py (whose decode sets and
-timer it uses): `tb_s` counts the K/V bytes of the positions a window reads, `of_full` is the
+Timing, input rotation and output files as benchmarks/bench_kernels.py (whose decode sets it
+uses, with kernel_timing.py's timer): `tb_s` counts the K/V bytes of the positions a window reads, `of_full` is the
 time over the same launch at W = 0.
 """
 
@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import torch.nn.functional as F
-from bench_kernels import BF16, HK, ROOT, D, DecodeSets, Timer, num_sets, rel_error, table
+from bench_kernels import ROOT, DecodeSets
+from kernel_timing import BF16, HK, D, Timer, num_sets, rel_error, table
 
 
 def bench_window(device: torch.device, timer: Timer, points: list[tuple[int, int]],

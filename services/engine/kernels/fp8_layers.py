@@ -49,6 +49,7 @@ from services.engine.kernels.fp8_quant import (
     norm_quantize_fp8,
     quantize_fp8,
     round_e4m3,
+    static_scale,
     static_scale_args,
 )
 from services.engine.kernels.norm import row_rstd
@@ -157,8 +158,7 @@ def _w8a8_rows_kernel(
     fp8 = w_ptr.dtype.element_ty
     static = 1.0
     if KIND == "static":
-        ss = tl.arange(0, BLOCK_S)
-        static = tl.max(tl.load(static_ptr + ss, mask=ss < num_static, other=0.0), axis=0)
+        static = static_scale(static_ptr, num_static, BLOCK_S)
     if ONE_ROW:      # 1-D [BLOCK_K] vectors spread over the threads, scalar scales
         first = (m == 0)[:, None]
         padding = tl.zeros([BLOCK_M, BLOCK_K], dtype=fp8)

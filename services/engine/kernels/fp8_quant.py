@@ -82,6 +82,20 @@ def cast_for_cache(x, dtype: tl.constexpr):
 
 
 @triton.jit
+def apply_norm(h, g, rstd, act_dtype):
+    """The norm kernel's rounding of g * h * rstd (h the row or its residual sum, float32):
+    the normed value and its product with the gain each rounded to the input dtype."""
+    return (g * (h * rstd).to(act_dtype).to(tl.float32)).to(act_dtype).to(tl.float32)
+
+
+@triton.jit
+def static_scale(static_ptr, num_static, BLOCK_S: tl.constexpr):
+    """The largest of the checkpoint's static input scales."""
+    ss = tl.arange(0, BLOCK_S)
+    return tl.max(tl.load(static_ptr + ss, mask=ss < num_static, other=0.0), axis=0)
+
+
+@triton.jit
 def load_normed(x_row, r_row, g_ptr, k, k_mask, rstd, act_dtype, NORM: tl.constexpr,
                  RESIDUAL: tl.constexpr):
     """The value quantized at columns k: x, or rms_norm(x + residual) * g (float32)."""
@@ -91,7 +105,7 @@ def load_normed(x_row, r_row, g_ptr, k, k_mask, rstd, act_dtype, NORM: tl.conste
             r = tl.load(r_row + k, mask=k_mask, other=0.0).to(tl.float32)
             h = (h + r).to(act_dtype).to(tl.float32)
         g = tl.load(g_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
-        h = (g * (h * rstd).to(act_dtype).to(tl.float32)).to(act_dtype).to(tl.float32)
+        h = apply_norm(h, g, rstd, act_dtype)
     return h
 
 
@@ -117,7 +131,7 @@ def _quantize_whole_row(x_row, r_row, g_ptr, q_row, s_row, static_ptr, res_out_r
             tl.store(res_out_row + k, summed, mask=k_mask)
             h = summed.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / k_dim + eps)
-        h = (g * (h * rstd).to(act_dtype).to(tl.float32)).to(act_dtype).to(tl.float32)
+        h = apply_norm(h, g, rstd, act_dtype)
     if KIND == "group":
         groups = tl.reshape(h, [BLOCK_K // GROUP, GROUP])
         amax = tl.maximum(tl.max(tl.abs(groups), axis=1), MIN_AMAX)
@@ -127,8 +141,7 @@ def _quantize_whole_row(x_row, r_row, g_ptr, q_row, s_row, static_ptr, res_out_r
         tl.store(s_row + gs, scale, mask=gs * GROUP < k_dim)
     else:
         if KIND == "static":
-            ss = tl.arange(0, BLOCK_S)
-            scale = tl.max(tl.load(static_ptr + ss, mask=ss < num_static, other=0.0), axis=0)
+            scale = static_scale(static_ptr, num_static, BLOCK_S)
         else:
             amax = tl.maximum(tl.max(tl.abs(h), axis=0), MIN_AMAX)
             scale = tl.div_rn(amax, FP8_MAX)
@@ -174,8 +187,7 @@ def _quantize_kernel(
             tl.store(s_ptr + row * stride_s + k0 // GROUP, scale)
     else:
         if KIND == "static":
-            ss = tl.arange(0, BLOCK_S)
-            scale = tl.max(tl.load(static_ptr + ss, mask=ss < num_static, other=0.0), axis=0)
+            scale = static_scale(static_ptr, num_static, BLOCK_S)
         else:
             amax_vec = tl.zeros([BLOCK_K], dtype=tl.float32)
             for k0 in range(0, k_dim, BLOCK_K):
