@@ -6,6 +6,8 @@ The large shapes, bf16 and CUDA-graph capture: tests/kernels/test_fused_moe_gpu.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -247,12 +249,18 @@ def test_the_sparse_sublayer_folds_its_norm_into_router_and_experts(mode, gen, d
     from tests.engine.model.test_moe import one_layer_config
 
     monkeypatch.setenv("HELIOS_MOE_DECODE", mode)
-    # the decode launches with the norm folded in (run_decode's norm_weight, third from the
-    # end); on a GPU the unfolded run's experts take the decode path too, without it
+    # the decode launches with the norm folded in (run_decode's norm_weight); on a GPU the
+    # unfolded run's experts take the decode path too, without it
     folded: list[int] = []
     run_decode = fused_moe.run_decode
-    monkeypatch.setattr(fused_moe, "run_decode", lambda x, *args: (
-        args[-3] is not None and folded.append(x.shape[0])) or run_decode(x, *args))
+    signature = inspect.signature(run_decode)
+
+    def recording(x, *args):
+        if signature.bind(x, *args).arguments.get("norm_weight") is not None:
+            folded.append(x.shape[0])
+        return run_decode(x, *args)
+
+    monkeypatch.setattr(fused_moe, "run_decode", recording)
     block = moe.SparseMoeBlock(one_layer_config(32), MoEConfig(16, 2, 16, (True,)),
                                device=device, dtype=torch.float32)
     with torch.no_grad():
