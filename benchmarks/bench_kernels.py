@@ -177,6 +177,13 @@ def bench_decode_sweep(device: torch.device, timer: Timer, points: list[tuple[in
             "s3": replace(base, num_stages=3),
             "n128s3": splits(replace(base, block_n=128, num_stages=3), base.num_splits),
             "w8": replace(base, num_warps=8),
+            # page numbers an iteration ahead: the K/V copies double-buffered from 3 stages
+            "p3": replace(base, prefetch_pages=True, num_stages=3),
+            "p4": replace(base, prefetch_pages=True, num_stages=4),
+            "pn128s3": splits(replace(base, block_n=128, prefetch_pages=True, num_stages=3),
+                              base.num_splits),
+            "pn32s4": splits(replace(base, block_n=32, prefetch_pages=True, num_stages=4),
+                             base.num_splits),
         }
         for name, plan in variants.items():
             if only is not None and name not in only:
@@ -188,7 +195,7 @@ def bench_decode_sweep(device: torch.device, timer: Timer, points: list[tuple[in
                            plan, sets.scratch)
 
             row = dict(batch=batch, ctx=ctx, variant=name, block_n=plan.block_n, warps=plan.num_warps,
-                       stages=plan.num_stages, splits=plan.num_splits)
+                       stages=plan.num_stages, splits=plan.num_splits, prefetch=plan.prefetch_pages)
             try:
                 t = timer(run, sets.n)
                 row.update(us=t * 1e6, tb_s=sets.bytes_per_call() / t / 1e12)

@@ -80,6 +80,18 @@ def short_run_query_tile() -> int | None:
     return int(value)
 
 
+@functools.cache
+def decode_prefetch() -> bool:
+    """HELIOS_ATTENTION_PREFETCH=1: decode-only launches load each tile's page numbers an
+    iteration ahead and run 3 stages, so the K/V copies are double-buffered (off: one K/V
+    buffer, each tile's copy waited for right after it is issued). An A/B switch until the
+    GPU measures it (benchmarks/gpu/pending_benches.txt attn_prefetch). Read once."""
+    value = os.environ.get("HELIOS_ATTENTION_PREFETCH", "0").strip()
+    if value not in ("0", "1"):
+        raise ValidationError(f"HELIOS_ATTENTION_PREFETCH={value!r}: expected 0 or 1")
+    return value == "1"
+
+
 @dataclass(frozen=True, slots=True)
 class AttentionPlan:
     """How one `paged_attention` call is launched; a pure function of host-side sizes."""
@@ -101,6 +113,9 @@ class AttentionPlan:
     # W > 0: each query row sees its last W positions (the kernel's SLIDING variant), and the
     # splits divide a block's windowed range; 0: full causal attention.
     sliding_window: int = 0
+    # True: each unmasked tile's page numbers are loaded an iteration ahead, so that with
+    # num_stages >= 3 the K/V copies are double-buffered (`decode_prefetch`)
+    prefetch_pages: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,13 +172,18 @@ def plan_attention(
         block_q, block_m = 1, small_block_m
         small_block_q, small_block_m = block_q, block_m
         # measured on an H200 (docs/kernels.md, call 1): 2 stages beat 3 at every decode shape
+        # (with the page numbers loaded in the tile, where the stages never double-buffered)
         num_warps, num_stages = 4, 2
+        prefetch_pages = decode_prefetch()
+        if prefetch_pages:
+            num_stages = 3
     else:
         # call 1: 64-row tiles with 4 warps beat 128 rows with 8 warps by 19% (1 x 4096 prefill)
         block_m = max(64 if head_dim <= 128 else 32, next_power_of_2(group))
         block_q = max(1, block_m // group)
         block_m = max(16, next_power_of_2(block_q * group))
         num_warps, num_stages = 4, 2
+        prefetch_pages = False
         if small_block_q >= block_q:
             small_block_q, small_block_m = block_q, block_m
     if query_tile is not None:
@@ -193,7 +213,7 @@ def plan_attention(
         split_len=split_len, num_blocks=max(1, num_blocks), num_warps=num_warps,
         num_stages=num_stages,
         min_split_len=min(split_len, cdiv(MIN_SPLIT_TOKENS, block_n) * block_n),
-        sliding_window=sliding_window,
+        sliding_window=sliding_window, prefetch_pages=prefetch_pages,
     )
 
 
@@ -337,7 +357,7 @@ def launch(
         GROUP=num_q_heads // num_kv_heads, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n, SMALL_BLOCK_Q=plan.small_block_q, SMALL_BLOCK_M=plan.small_block_m,
         PAGE_SIZE=page_size, IS_SPLIT=is_split, SLIDING=plan.sliding_window > 0,
-        HAS_SINKS=sinks is not None, num_warps=plan.num_warps, num_stages=plan.num_stages, **launch_options(q.device, num_tokens),
+        HAS_SINKS=sinks is not None, PREFETCH_PAGES=plan.prefetch_pages, num_warps=plan.num_warps, num_stages=plan.num_stages, **launch_options(q.device, num_tokens),
     )
     if is_split:
         _reduce_splits_kernel[(num_tokens, num_q_heads)](

@@ -82,7 +82,10 @@ def _attend_tile(
     kv_lo, kv_end, row_pos, window, qk_scale,
     offs_d, d_mask,
     MASKED: tl.constexpr, SLIDING: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    pages=None, PAGES_GIVEN: tl.constexpr = False,
 ):
+    """One BLOCK_N tile of KV folded into the running softmax. With PAGES_GIVEN `pages` holds
+    the tile's page numbers (int64 [BLOCK_N], loaded an iteration ahead by the caller)."""
     offs_n = start + tl.arange(0, BLOCK_N)
     if MASKED:
         n_mask = offs_n < kv_end
@@ -90,8 +93,11 @@ def _attend_tile(
             n_mask = n_mask & (offs_n >= kv_lo)
     else:
         n_mask = offs_n >= 0  # all true; keeps one code path for the loads
-    page = tl.load(page_table_ptr + seq * stride_pt + offs_n // PAGE_SIZE, mask=n_mask, other=0)
-    page = page.to(tl.int64)
+    if PAGES_GIVEN:
+        page = pages
+    else:
+        page = tl.load(page_table_ptr + seq * stride_pt + offs_n // PAGE_SIZE, mask=n_mask, other=0)
+        page = page.to(tl.int64)
     in_page = offs_n % PAGE_SIZE
     k_off = page * stride_kp + in_page * stride_ko + kv_head_off_k
     v_off = page * stride_vp + in_page * stride_vo + kv_head_off_v
@@ -127,7 +133,7 @@ def _attend_block(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr, SLIDING: tl.constexpr,
-    HAS_SINKS: tl.constexpr,
+    HAS_SINKS: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
 ):
     """Attention of query tokens [tok0, tok0 + n_rows) (positions from pos0) x the GROUP query
     heads of `kv_head`, over this program's KV range; writes the output or the split partials.
@@ -218,14 +224,38 @@ def _attend_block(
                 kv_lo, kv_end, row_pos, window, qk_scale, offs_d, d_mask,
                 True, True, PAGE_SIZE, BLOCK_N,
             )
-    for start in range(low_full, full_end, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, start, seq64,
-            k_cache_ptr, v_cache_ptr, page_table_ptr,
-            stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
-            kv_lo, kv_end, row_pos, window, qk_scale, offs_d, d_mask,
-            False, SLIDING, PAGE_SIZE, BLOCK_N,
-        )
+    if PREFETCH_PAGES:
+        # The tiles every row sees, with each tile's page numbers loaded an iteration ahead:
+        # the K/V copies then depend on no load of their own iteration, and Triton's pipeliner
+        # (num_stages >= 3) double-buffers them. With the page-table load in the tile (the
+        # else branch) it keeps one K/V buffer at any num_stages and waits for each tile's
+        # copy right after issuing it: sm_90 compiles, shared memory 38.9 KB -> 71.7 KB and
+        # `async_wait {num = 0}` -> `{num = 2}` at the Qwen3-8B decode tile.
+        pt_row = page_table_ptr + seq64 * stride_pt
+        offs_t = tl.arange(0, BLOCK_N)
+        pages = tl.load(pt_row + (low_full + offs_t) // PAGE_SIZE,
+                        mask=low_full + offs_t < full_end, other=0).to(tl.int64)
+        for start in range(low_full, full_end, BLOCK_N):
+            ahead = start + BLOCK_N + offs_t
+            pages_ahead = tl.load(pt_row + ahead // PAGE_SIZE, mask=ahead < full_end,
+                                  other=0).to(tl.int64)
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, start, seq64,
+                k_cache_ptr, v_cache_ptr, page_table_ptr,
+                stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
+                kv_lo, kv_end, row_pos, window, qk_scale, offs_d, d_mask,
+                False, SLIDING, PAGE_SIZE, BLOCK_N, pages, True,
+            )
+            pages = pages_ahead
+    else:
+        for start in range(low_full, full_end, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, start, seq64,
+                k_cache_ptr, v_cache_ptr, page_table_ptr,
+                stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
+                kv_lo, kv_end, row_pos, window, qk_scale, offs_d, d_mask,
+                False, SLIDING, PAGE_SIZE, BLOCK_N,
+            )
     for start in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start, seq64,
@@ -275,7 +305,7 @@ def _paged_attention(
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SMALL_BLOCK_Q: tl.constexpr, SMALL_BLOCK_M: tl.constexpr,
     PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr, SLIDING: tl.constexpr, PDL: tl.constexpr,
-    HAS_SINKS: tl.constexpr = False,
+    HAS_SINKS: tl.constexpr = False, PREFETCH_PAGES: tl.constexpr = False,
 ):
     wait_for_previous_grids(PDL)
     block = tl.program_id(0)
@@ -313,7 +343,7 @@ def _paged_attention(
                 stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
                 num_splits, split_len, min_split_len, window, sinks_ptr,
                 HEAD_DIM, BLOCK_D, GROUP, SMALL_BLOCK_Q, SMALL_BLOCK_M, BLOCK_N, PAGE_SIZE, IS_SPLIT,
-                SLIDING, HAS_SINKS,
+                SLIDING, HAS_SINKS, PREFETCH_PAGES,
             )
         else:
             _attend_block(
@@ -323,7 +353,7 @@ def _paged_attention(
                 stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
                 num_splits, split_len, min_split_len, window, sinks_ptr,
                 HEAD_DIM, BLOCK_D, GROUP, BLOCK_Q, BLOCK_M, BLOCK_N, PAGE_SIZE, IS_SPLIT,
-                SLIDING, HAS_SINKS,
+                SLIDING, HAS_SINKS, PREFETCH_PAGES,
             )
     else:
         _attend_block(
@@ -333,7 +363,7 @@ def _paged_attention(
             stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh, stride_pt,
             num_splits, split_len, min_split_len, window, sinks_ptr,
             HEAD_DIM, BLOCK_D, GROUP, BLOCK_Q, BLOCK_M, BLOCK_N, PAGE_SIZE, IS_SPLIT, SLIDING,
-            HAS_SINKS,
+            HAS_SINKS, PREFETCH_PAGES,
         )
 
 

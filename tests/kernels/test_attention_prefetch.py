@@ -1,0 +1,124 @@
+"""The attention kernel's page-number prefetch (`AttentionPlan.prefetch_pages`,
+HELIOS_ATTENTION_PREFETCH): every unmasked tile's page numbers are loaded an iteration ahead.
+Its numerics against the float64 reference on decode, split, windowed, prefill and mixed
+batches (the interpreter on the CPU, the compiled kernel on a GPU), and what it is for, as the
+H200 compiler makes it: double-buffered K/V copies at three stages, where the page numbers
+loaded in the tile leave one buffer whatever the stages (tests/kernels/sm90_compile.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from services.common.errors import ValidationError
+from services.engine.kernels import attention
+from tests.kernels.batch import make_batch
+from tests.kernels.test_attention import SMALL, WINDOWED, run_and_check
+
+
+@pytest.fixture
+def prefetching(monkeypatch):
+    """Every plan (decode, prefill, mixed) with the prefetch and three stages."""
+    plan = attention.plan_attention
+
+    def prefetched(**sizes):
+        return dataclasses.replace(plan(**sizes), prefetch_pages=True, num_stages=3)
+
+    monkeypatch.setattr(attention, "plan_attention", prefetched)
+
+
+@pytest.mark.parametrize(("seq_lens", "q_lens", "hq", "hk", "d", "page", "pad"), SMALL)
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+def test_prefetched_pages_match_the_reference(seq_lens, q_lens, hq, hk, d, page, pad, num_splits,
+                                              prefetching, device, dot_dtype, gen) -> None:
+    batch = make_batch(seq_lens, q_lens, num_q_heads=hq, num_kv_heads=hk, head_dim=d,
+                       page_size=page, num_padding=pad, device=device, dtype=dot_dtype,
+                       generator=gen)
+    run_and_check(batch, num_splits=num_splits)
+
+
+@pytest.mark.parametrize(("seq_lens", "q_lens", "hq", "hk", "d", "page", "pad", "window"), WINDOWED)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_prefetched_pages_with_a_sliding_window(seq_lens, q_lens, hq, hk, d, page, pad, window,
+                                                num_splits, prefetching, device, dot_dtype,
+                                                gen) -> None:
+    """The positions below every row's window hold NaN: a prefetch that read a tile below it,
+    or a page past the row's end, fails here."""
+    batch = make_batch(seq_lens, q_lens, num_q_heads=hq, num_kv_heads=hk, head_dim=d,
+                       page_size=page, num_padding=pad, device=device, dtype=dot_dtype,
+                       generator=gen, sliding_window=window)
+    run_and_check(batch, window, num_splits=num_splits)
+
+
+def test_the_switch_sets_decode_plans_only(monkeypatch) -> None:
+    sizes = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, num_sms=132, max_seq_len=2048)
+    try:
+        for value, stages in (("0", 2), ("1", 3)):
+            monkeypatch.setenv("HELIOS_ATTENTION_PREFETCH", value)
+            attention.decode_prefetch.cache_clear()
+            decode = attention.plan_attention(num_tokens=256, num_seqs=256, max_query_len=1, **sizes)
+            assert (decode.prefetch_pages, decode.num_stages) == (value == "1", stages)
+            prefill = attention.plan_attention(num_tokens=512, num_seqs=1, max_query_len=512, **sizes)
+            assert (prefill.prefetch_pages, prefill.num_stages) == (False, 2)
+        monkeypatch.setenv("HELIOS_ATTENTION_PREFETCH", "yes")
+        attention.decode_prefetch.cache_clear()
+        with pytest.raises(ValidationError, match="HELIOS_ATTENTION_PREFETCH='yes'"):
+            attention.decode_prefetch()
+    finally:
+        monkeypatch.delenv("HELIOS_ATTENTION_PREFETCH")
+        attention.decode_prefetch.cache_clear()
+
+
+SM90_CODE = """
+import dataclasses, json, re, torch
+from types import SimpleNamespace
+from services.engine.kernels import attention
+from tests.kernels.sm90_compile import capture_launches, compile_launch, report
+attention.sm_count = lambda device: 132
+B, CTX, PAGE = 256, 1536, 16           # the Qwen3-8B decode step at batch 256
+rows = []
+for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+    q = torch.zeros(B, 32, 128, dtype=torch.bfloat16)
+    k = torch.zeros(B * CTX // PAGE, PAGE, 8, 128, dtype=kv_dtype)
+    meta = SimpleNamespace(query_start_loc=torch.arange(B + 1, dtype=torch.int32),
+                           seq_lens=torch.full((B,), CTX, dtype=torch.int32),
+                           page_table=torch.arange(B * CTX // PAGE, dtype=torch.int32).view(B, -1),
+                           max_query_len=1, max_seq_len=2304)
+    with capture_launches() as calls:
+        attention.paged_attention(q, k, k, meta, 0.088)
+    for prefetch in (False, True):
+        for stages in (2, 3):
+            launch = calls[0]
+            launch = dataclasses.replace(launch, kwargs={**launch.kwargs, "PREFETCH_PAGES": prefetch,
+                                                         "num_stages": stages, "PDL": True})
+            compiled = compile_launch(launch)
+            r = report("decode", compiled)
+            waits = sorted({int(n) for n in re.findall(r"async_wait .*\\{num = (\\d+)", compiled.asm["ttgir"])})
+            rows.append([str(kv_dtype), prefetch, stages, r.registers, r.local_loads, r.shared_bytes, waits])
+print(json.dumps(rows))
+"""
+
+
+def test_prefetch_double_buffers_the_decode_tiles_for_sm90():
+    """Compiled for the H200 at the Qwen3-8B b256 decode tile (bf16 and FP8 pages): with the
+    page numbers loaded in the tile, K/V get one buffer at 2 and 3 stages and every wait is
+    for all copies (`num = 0`); with the prefetch at 3 stages the shared memory holds two
+    K/V tiles and the main loop's wait leaves the next tile's copies in flight."""
+    from tests.kernels.test_package import compiled_json
+
+    rows = compiled_json(SM90_CODE)
+    assert len(rows) == 8
+    shared = {}
+    for kv_dtype, prefetch, stages, registers, local_loads, shared_bytes, waits in rows:
+        assert local_loads == 0, f"{kv_dtype} prefetch={prefetch} s{stages}: spills"
+        shared[kv_dtype, prefetch, stages] = shared_bytes
+        if not prefetch:
+            assert waits == [0], (kv_dtype, stages, waits)
+        if prefetch and stages == 3:
+            assert max(waits) >= 2, (kv_dtype, waits)
+            assert registers <= 168, (kv_dtype, registers)
+    for kv_dtype, tile in (("torch.bfloat16", 2 * 64 * 128 * 2), ("torch.float8_e4m3fn", 2 * 64 * 128)):
+        single = shared[kv_dtype, False, 2]
+        assert shared[kv_dtype, False, 3] < single + tile // 2, (kv_dtype, shared)  # no K/V buffer
+        assert shared[kv_dtype, True, 3] >= single + tile, (kv_dtype, shared)  # a second K/V tile
