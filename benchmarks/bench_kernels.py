@@ -265,12 +265,15 @@ def bench_prefill_sweep(device: torch.device, timer: Timer, q_len: int) -> list[
         "m128w8": rows_of(128, num_warps=8),
         "m128w8s3": rows_of(128, num_warps=8, num_stages=3),
         "m128n128w8s3": rows_of(128, num_warps=8, num_stages=3, block_n=128),
+        # page numbers an iteration ahead: the K/V copies double-buffered (one buffer without)
+        "m64p3": rows_of(64, num_stages=3, prefetch_pages=True),
+        "m128w8p3": rows_of(128, num_warps=8, num_stages=3, prefetch_pages=True),
     }
     visible = q_len * (q_len + 1) // 2
     rows = []
     for name, plan in variants.items():
         row = dict(q_len=q_len, variant=name, block_m=plan.block_m, block_n=plan.block_n,
-                   warps=plan.num_warps, stages=plan.num_stages)
+                   warps=plan.num_warps, stages=plan.num_stages, prefetch=plan.prefetch_pages)
         try:
             t = timer(lambda plan=plan: launch(b.q, b.k_cache, b.v_cache, b.meta, D**-0.5, out, plan))
             row.update(us=t * 1e6, tflops=4 * HQ * D * visible / t / 1e12)
@@ -414,11 +417,11 @@ def main() -> int:
             points = [(int(b), int(c)) for b, c in
                       (p.split("x") for p in args.sweep_points.split(","))]
         results["decode_sweep"] = bench_decode_sweep(device, timer, points, dtype, 1 if args.smoke else 16,
-                                                     {"default", "splits*2", "n128s3"} if args.smoke else None,
+                                                     {"default", "splits*2", "n128s3", "p3"} if args.smoke else None,
                                                      kv_dtype)
         emit("", "decode launch-plan sweep",
                       table(results["decode_sweep"], ["batch", "ctx", "variant", "block_n", "warps", "stages",
-                                                      "splits", "us", "tb_s"]))
+                                                      "prefetch", "splits", "us", "tb_s"]))
     if "prefill" in sections:
         cases = [("1x20", [20], [20]), ("1+1 mixed", [5, 1], [5, 9])] if args.smoke else [
             ("1x1024", [1024], [1024]), ("1x4096", [4096], [4096]), ("1x16384", [16384], [16384]),
@@ -433,7 +436,7 @@ def main() -> int:
         results["prefill_sweep"] = bench_prefill_sweep(device, timer, 4096)
         emit("", "prefill launch-plan sweep (1 x 4096)",
                       table(results["prefill_sweep"], ["variant", "block_m", "block_n", "warps", "stages",
-                                                       "us", "tflops"]))
+                                                       "prefetch", "us", "tflops"]))
     if "ops" in sections:
         counts = [1, 3] if args.smoke else [1, 64, 512, 4096, 16384]
         results["ops"] = bench_ops(device, timer, counts, compile_=not args.no_compile and device.type == "cuda")

@@ -30,7 +30,8 @@ def test_decode_attention_over_fp8_pages_smoke(tmp_path):
     report = json.loads((tmp_path / "bench_kernels.json").read_text())
     assert report["kv_dtype"] == "fp8"
     assert {row["variant"] for row in report["decode_sweep"]} == {"default", "splits*2",
-                                                                   "n128s3"}
+                                                                   "n128s3", "p3"}
+    assert [row["prefetch"] for row in report["decode_sweep"] if row["variant"] == "p3"] == [True]
     assert all("error" not in row for row in report["decode_sweep"]), stdout
     # the smoke pages hold randn values: e4m3 keeps them within a few percent of bf16's
     assert report["decode"][0]["rel_err_vs_sdpa"] < 5e-2

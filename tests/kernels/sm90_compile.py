@@ -46,6 +46,9 @@ class Report:
     local_loads: int  # LDL in the SASS: spilled values read back
     global_loads: dict[str, int]  # LDG (and async-copy LDGSTS) by width
     mma: dict[str, int]  # HMMA (mma.sync) / HGMMA (wgmma) instructions
+    # each `async_wait` of the TTGIR: how many async copies it leaves in flight (all 0 with
+    # copies in the kernel: nothing is double-buffered, each copy waited for as issued)
+    async_waits: tuple[int, ...] = ()
 
 
 @contextmanager
@@ -149,6 +152,8 @@ def report(name: str, compiled: Any) -> Report:
         local_loads=len(re.findall(r"\bLDL\b", sass_text)),
         global_loads=loads,
         mma={op: n for op in ("HMMA", "HGMMA") if (n := len(re.findall(rf"\b{op}\b", sass_text)))},
+        async_waits=tuple(int(n) for n in re.findall(r"async_wait .*\{num = (\d+)",
+                                                      compiled.asm["ttgir"])),
     )
 
 
@@ -190,12 +195,15 @@ def gpt_oss_moe_launches(fmt: str, tokens: int) -> list[Launch]:
 
 
 def main() -> None:
-    print(f"{'launch':34} {'regs':>5} {'stack':>6} {'smem':>7} {'LDL':>4}  {'global loads':28} mma")
+    print(f"{'launch':34} {'regs':>5} {'stack':>6} {'smem':>7} {'LDL':>4}  {'global loads':28} "
+          f"{'mma':18} async waits")
     for name, launch in qwen3_8b_launches():
         r = report(name, compile_launch(launch))
         loads = " ".join(f"{w.replace('.', '')}b:{n}" for w, n in sorted(r.global_loads.items()))
         mma = " ".join(f"{k}:{v}" for k, v in r.mma.items())
-        print(f"{name:34} {r.registers:5} {r.stack_bytes:6} {r.shared_bytes:7} {r.local_loads:4}  {loads:28} {mma}")
+        waits = ",".join(map(str, r.async_waits))
+        print(f"{name:34} {r.registers:5} {r.stack_bytes:6} {r.shared_bytes:7} {r.local_loads:4}  "
+              f"{loads:28} {mma:18} {waits}")
 
 
 if __name__ == "__main__":
