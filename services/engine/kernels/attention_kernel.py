@@ -224,38 +224,32 @@ def _attend_block(
                 kv_lo, kv_end, row_pos, window, qk_scale, offs_d, d_mask,
                 True, True, PAGE_SIZE, BLOCK_N,
             )
+    # The tiles every row sees. With PREFETCH_PAGES each tile's page numbers are loaded an
+    # iteration ahead: the K/V copies then depend on no load of their own iteration, and
+    # Triton's pipeliner (num_stages >= 3) double-buffers them. With the page-table load in
+    # the tile it keeps one K/V buffer at any num_stages and waits for each tile's copy
+    # right after issuing it: sm_90 compiles, shared memory 38.9 KB -> 71.7 KB and
+    # `async_wait {num = 0}` -> `{num = 2}` at the Qwen3-8B decode tile.
+    pt_row = page_table_ptr + seq64 * stride_pt
+    offs_t = tl.arange(0, BLOCK_N)
+    pages = offs_t  # unused without PREFETCH_PAGES
     if PREFETCH_PAGES:
-        # The tiles every row sees, with each tile's page numbers loaded an iteration ahead:
-        # the K/V copies then depend on no load of their own iteration, and Triton's pipeliner
-        # (num_stages >= 3) double-buffers them. With the page-table load in the tile (the
-        # else branch) it keeps one K/V buffer at any num_stages and waits for each tile's
-        # copy right after issuing it: sm_90 compiles, shared memory 38.9 KB -> 71.7 KB and
-        # `async_wait {num = 0}` -> `{num = 2}` at the Qwen3-8B decode tile.
-        pt_row = page_table_ptr + seq64 * stride_pt
-        offs_t = tl.arange(0, BLOCK_N)
         pages = tl.load(pt_row + (low_full + offs_t) // PAGE_SIZE,
                         mask=low_full + offs_t < full_end, other=0).to(tl.int64)
-        for start in range(low_full, full_end, BLOCK_N):
+    for start in range(low_full, full_end, BLOCK_N):
+        if PREFETCH_PAGES:
             ahead = start + BLOCK_N + offs_t
             pages_ahead = tl.load(pt_row + ahead // PAGE_SIZE, mask=ahead < full_end,
                                   other=0).to(tl.int64)
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, start, seq64,
-                k_cache_ptr, v_cache_ptr, page_table_ptr,
-                stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
-                kv_lo, kv_end, row_pos, window, qk_scale, offs_d, d_mask,
-                False, SLIDING, PAGE_SIZE, BLOCK_N, pages, True,
-            )
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, start, seq64,
+            k_cache_ptr, v_cache_ptr, page_table_ptr,
+            stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
+            kv_lo, kv_end, row_pos, window, qk_scale, offs_d, d_mask,
+            False, SLIDING, PAGE_SIZE, BLOCK_N, pages, PREFETCH_PAGES,
+        )
+        if PREFETCH_PAGES:
             pages = pages_ahead
-    else:
-        for start in range(low_full, full_end, BLOCK_N):
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, start, seq64,
-                k_cache_ptr, v_cache_ptr, page_table_ptr,
-                stride_pt, stride_kp, stride_ko, stride_vp, stride_vo, kv_head_off_k, kv_head_off_v,
-                kv_lo, kv_end, row_pos, window, qk_scale, offs_d, d_mask,
-                False, SLIDING, PAGE_SIZE, BLOCK_N,
-            )
     for start in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start, seq64,
