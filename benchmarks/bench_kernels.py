@@ -180,6 +180,7 @@ def bench_decode_sweep(device: torch.device, timer: Timer, points: list[tuple[in
             # page numbers an iteration ahead: the K/V copies double-buffered from 3 stages
             "p3": replace(base, prefetch_pages=True, num_stages=3),
             "p4": replace(base, prefetch_pages=True, num_stages=4),
+            "p3w8": replace(base, prefetch_pages=True, num_stages=3, num_warps=8),
             "pn128s3": splits(replace(base, block_n=128, prefetch_pages=True, num_stages=3),
                               base.num_splits),
             "pn32s4": splits(replace(base, block_n=32, prefetch_pages=True, num_stages=4),

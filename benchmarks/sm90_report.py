@@ -3,6 +3,7 @@ and ptxas for sm_90, tests/kernels/sm90_compile.py).
 
     python benchmarks/sm90_report.py moe     # fused-MoE GEMMs at gpt-oss-20b, bf16 vs MXFP4
     python benchmarks/sm90_report.py fp8     # batch-1 skinny linears at Qwen3-8B, bf16 vs FP8
+    python benchmarks/sm90_report.py attention   # decode tiles: pages, stages, page prefetch
 
 `moe`: registers, spilled loads, shared memory, tensor-core instructions and global-load
 widths at T = 1, 64 and 2048 tokens (MXFP4: experts kept, `mxfp4_experts: keep`).
@@ -10,6 +11,11 @@ widths at T = 1, 64 and 2048 tokens (MXFP4: experts kept, `mxfp4_experts: keep`)
 (per-channel scales; the default one-row kernel, with and without HELIOS_E4M3_UNPACK=cast,
 then HELIOS_FP8_SKINNY=tensor-cores and w8a8): the instructions of each kernel's K loop against the weight bytes a thread streams in
 one K step, i.e. what the kernel issues per weight byte.
+`attention`: the Qwen3-8B decode tile over bf16 and FP8 pages at 2-4 stages, with the page
+numbers loaded in the tile or an iteration ahead (`AttentionPlan.prefetch_pages`):
+registers, shared memory, the loop's `async_wait` counts, the programs an SM holds (registers,
+shared memory and warps; 65,536 registers and 228 KB a multiprocessor) and the K/V bytes each
+program keeps in flight (one tile while every wait is for all copies).
 """
 
 from __future__ import annotations
@@ -91,6 +97,55 @@ def fp8() -> None:
           " HELIOS_FP8_SKINNY=tensor-cores / w8a8, 16-row tiles)")
 
 
+def programs_per_sm(registers: int, shared_bytes: int, warps: int) -> int:
+    """Resident programs an sm_90 multiprocessor holds: registers are allocated per warp in
+    units of 256 (a thread's count rounded up to 8), shared memory with 1 KB reserved a
+    program, at most 64 warps and 32 programs."""
+    per_warp = -(-registers * 32 // 256) * 256
+    by_registers = 65536 // (per_warp * warps)
+    by_shared = (228 * 1024) // (shared_bytes + 1024) if shared_bytes else 32
+    return min(by_registers, by_shared, 64 // warps, 32)
+
+
+def attention() -> None:
+    import dataclasses
+    from types import SimpleNamespace
+
+    import torch
+
+    from services.engine.kernels import attention as attn
+    from tests.kernels.sm90_compile import capture_launches, compile_launch, report
+
+    attn.sm_count = lambda device: 132             # the H200's multiprocessors
+    batch, ctx, page = 256, 1536, 16                # Qwen3-8B: 32 q / 8 kv heads, D = 128
+    print("pages  prefetch  stages  block_n  warps  regs  shared  waits      programs/SM  "
+          "K/V in flight a program")
+    for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        pages = batch * ctx // page
+        q = torch.zeros(batch, 32, 128, dtype=torch.bfloat16)
+        cache = torch.zeros(pages, page, 8, 128, dtype=kv_dtype)
+        meta = SimpleNamespace(query_start_loc=torch.arange(batch + 1, dtype=torch.int32),
+                               seq_lens=torch.full((batch,), ctx, dtype=torch.int32),
+                               page_table=torch.arange(pages, dtype=torch.int32).view(batch, -1),
+                               max_query_len=1, max_seq_len=2304)
+        with capture_launches() as calls:
+            attn.paged_attention(q, cache, cache, meta, 0.088)
+        for prefetch, stages, block_n, warps in (
+                (False, 2, 64, 4), (False, 3, 64, 4), (True, 3, 64, 4), (True, 4, 64, 4),
+                (True, 3, 64, 8), (True, 3, 128, 4), (True, 3, 128, 8), (True, 4, 32, 4)):
+            launch = dataclasses.replace(calls[0], kwargs={
+                **calls[0].kwargs, "PREFETCH_PAGES": prefetch, "num_stages": stages,
+                "BLOCK_N": block_n, "num_warps": warps, "PDL": True})
+            r = report("decode", compile_launch(launch))
+            tiles = max(r.async_waits) // 2 + 1 if r.async_waits else 1   # K and V a tile
+            tile_bytes = 2 * block_n * 128 * kv_dtype.itemsize
+            print(f"{'fp8' if kv_dtype.itemsize == 1 else 'bf16':<7}{prefetch!s:<10}{stages:<8}"
+                  f"{block_n:<9}{warps:<7}{r.registers:<6}{r.shared_bytes:<8}"
+                  f"{','.join(map(str, sorted(set(r.async_waits)))):<11}"
+                  f"{programs_per_sm(r.registers, r.shared_bytes, warps):<13}"
+                  f"{tiles} x {tile_bytes // 1024} KB")
+
+
 def k_loop(lines: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
     """The instructions of the last loop (a backward branch's target up to the branch)."""
     loops = []
@@ -105,8 +160,8 @@ def k_loop(lines: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("moe", "fp8"))
-    {"moe": moe, "fp8": fp8}[parser.parse_args().what]()
+    parser.add_argument("what", choices=("moe", "fp8", "attention"))
+    {"moe": moe, "fp8": fp8, "attention": attention}[parser.parse_args().what]()
     return 0
 
 
