@@ -7,6 +7,7 @@ section of a device call)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,26 @@ def test_decode_step_smoke(args, tmp_path):
     assert len(same) == 2 and all(
         line.endswith("True") for line in same), stdout
     assert json.loads((tmp_path / "decode_step.json").read_text())["steps"]
+
+
+def test_sm90_attention_report(tmp_path):
+    """sm90_report.py attention (no GPU: Triton + ptxas for sm_90): the decode tile without
+    the page prefetch keeps one K/V tile in flight a program at any stages, with it at 3
+    stages two; the occupancy arithmetic on known cases."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from sm90_report import programs_per_sm
+
+    assert programs_per_sm(116, 38912, 4) == 4     # registers bind: 120 x 128 threads
+    assert programs_per_sm(124, 71680, 4) == 3     # shared memory binds
+    assert programs_per_sm(110, 38912, 8) == 2     # 8 warps of 112
+    assert programs_per_sm(32, 0, 4) == 16         # warps bind
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}   # compiled, not run
+    done = subprocess.run([sys.executable, "benchmarks/sm90_report.py", "attention"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = [line.split() for line in done.stdout.splitlines()[1:] if line.strip()]
+    in_flight = {(r[0], r[1], r[2], r[3], r[4]): r[-4] for r in rows}   # "N x K KB": N
+    for pages in ("bf16", "fp8"):
+        assert in_flight[pages, "False", "2", "64", "4"] == "1"
+        assert in_flight[pages, "False", "3", "64", "4"] == "1"
+        assert in_flight[pages, "True", "3", "64", "4"] == "2"
