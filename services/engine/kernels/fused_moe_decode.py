@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from services.engine.kernels.common import cdiv, env_choice, next_power_of_2, sm_count
+from services.engine.kernels.l2_prefetch import prefetch_args, prefetch_l2
 from services.engine.kernels.moe_common import expert_activation, softmax_topk_rows
 from services.engine.kernels.norm import row_rstd
 from services.engine.kernels.skinny_linear import LinearPlan, plan_linear
@@ -92,10 +93,11 @@ def plan_decode(hidden: int, inter: int, top_k: int, num_sms: int) -> DecodePlan
 def _decode_gate_up_kernel(
     x_ptr, norm_w_ptr, logits_ptr, w_ptr, bias_ptr, out_ptr, weights_ptr, ids_ptr, load_ptr,
     num_real_ptr, num_experts, hidden, inter, eps, stride_x, stride_logits, stride_we,
-    stride_wn, stride_out, limit, alpha,
+    stride_wn, stride_out, limit, alpha, down_ptr, stride_de, down_bytes,
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, ROUTE: tl.constexpr,
     RENORMALIZE: tl.constexpr, COUNT: tl.constexpr, ACTIVATION: tl.constexpr,
     HAS_BIAS: tl.constexpr, NORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PREFETCH_L2: tl.constexpr = False,
 ):
     # NORM: x is the layer's residual stream; each program normalizes its token's row as
     # the rms_norm kernel does (1/rms in fp32, x * 1/rms * g rounded to x's dtype)
@@ -119,6 +121,10 @@ def _decode_gate_up_kernel(
         tl.atomic_add(load_ptr + expert, 1,
                       mask=(pid_n == 0) & (token < tl.load(num_real_ptr)))
     expert = expert.to(tl.int64)
+    # the slot's down-projection rows into L2 for the down kernel, a share per column block
+    # (kernels/l2_prefetch.py; HELIOS_L2_PREFETCH)
+    prefetch_l2(down_ptr + expert * stride_de, down_bytes, pid_n, tl.num_programs(1),
+                PREFETCH_L2)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < inter
     ks = tl.arange(0, BLOCK_K)
@@ -230,17 +236,18 @@ def run_decode(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     route = router_logits is not None
     logits = router_logits if router_logits is not None else topk_weights
     count = expert_tokens is not None
+    _, down_bytes, prefetch = prefetch_args(w_down[0], x.device, num_tokens, w_down)
     _decode_gate_up_kernel[(slots, cdiv(inter, up_plan.block_n))](
         x, norm_weight if norm_weight is not None else x, logits, w_gate_up,
         gate_up_bias if gate_up_bias is not None else w_gate_up,
         hidden_rows, topk_weights, topk_ids, expert_tokens if count else topk_ids,
         num_real_tokens if count else topk_ids, num_experts, hidden, inter, float(eps),
         x.stride(0), logits.stride(0), w_gate_up.stride(0), w_gate_up.stride(1),
-        hidden_rows.stride(0), float(limit), float(alpha),
+        hidden_rows.stride(0), float(limit), float(alpha), w_down, w_down.stride(0), down_bytes,
         TOP_K=top_k, K_PAD=next_power_of_2(top_k), E_PAD=next_power_of_2(num_experts),
         ROUTE=route, RENORMALIZE=renormalize, COUNT=count, ACTIVATION=activation,
         HAS_BIAS=gate_up_bias is not None, NORM=norm_weight is not None,
-        BLOCK_N=up_plan.block_n, BLOCK_K=up_plan.block_k,
+        BLOCK_N=up_plan.block_n, BLOCK_K=up_plan.block_k, PREFETCH_L2=prefetch,
         num_warps=up_plan.num_warps)
     _decode_down_kernel[(num_tokens, cdiv(hidden, down_plan.block_n))](
         hidden_rows, w_down, down_bias if down_bias is not None else w_down, topk_weights,

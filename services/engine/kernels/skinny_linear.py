@@ -59,6 +59,7 @@ from services.engine.kernels.common import (
     sm_count,
 )
 from services.engine.kernels.fp8_unpack import hardware_e4m3, load_weights, weight_f32
+from services.engine.kernels.l2_prefetch import prefetch_args, prefetch_l2
 from services.engine.kernels.norm import row_rstd
 from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
 from services.engine.kernels.skinny_rows import _skinny_rows_kernel
@@ -165,10 +166,11 @@ def _row_step_bytes(block_n: int, block_m: int, gated: bool, normed: bool,
 def _skinny_linear_kernel(
     x_ptr, res_ptr, norm_w_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr, ws_ptr,
     n_out, k_dim, up_offset, eps,
-    stride_x, stride_r, stride_w, stride_o, stride_ro, stride_ws,
+    stride_x, stride_r, stride_w, stride_o, stride_ro, stride_ws, prefetch_ptr, prefetch_bytes,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     W_SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, E4M3_PTX: tl.constexpr,
+    PREFETCH_L2: tl.constexpr = False,
 ):
     # ACTIVATION "none": y = the projection; "silu" / "gelu_tanh": the weight's rows [0, n_out)
     # are the gate, rows [up_offset, up_offset + n_out) the up half, y = act(gate) * up.
@@ -186,6 +188,9 @@ def _skinny_linear_kernel(
     w_next = load_weights(w_rows, 0, k_dim, n_mask, BLOCK_K, E4M3_PTX)
     if ACTIVATION != "none":
         u_next = load_weights(up_rows, 0, k_dim, n_mask, BLOCK_K, E4M3_PTX)
+    # the next projection's weights into L2 (kernels/l2_prefetch.py; HELIOS_L2_PREFETCH)
+    prefetch_l2(prefetch_ptr, prefetch_bytes, pid_n + row * tl.num_programs(0),
+                tl.num_programs(0) * tl.num_programs(1), PREFETCH_L2)
     wait_for_previous_grids(PDL)
     act_dtype = x_ptr.dtype.element_ty
     x_row = x_ptr + row * stride_x
@@ -279,10 +284,12 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Te
            eps: float, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
            residual_out: torch.Tensor | None, activation: str | None,
            plan: LinearPlan | None = None, *, scale: torch.Tensor | None = None,
-           scale_kind: str = "none") -> None:
+           scale_kind: str = "none", prefetch: torch.Tensor | None = None) -> None:
     """One kernel launch of `linear` / `norm_linear` into `out` (and `residual_out`): the
     one-row kernel or, for a plan with block_m > 1, the tl.dot kernel; `scale` /
-    `scale_kind` ("channel", "block"): e4m3 weights and their scales (fp8_layers.py)."""
+    `scale_kind` ("channel", "block"): e4m3 weights and their scales (fp8_layers.py).
+    `prefetch`: a later kernel's weight, which the one-row kernel may prefetch into L2
+    (kernels/l2_prefetch.py)."""
     activation = check_activation(activation)
     rows, k_dim = x.shape
     n_out = out.shape[1]
@@ -303,8 +310,10 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Te
                  BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, num_warps=plan.num_warps,
                  W_SCALE=scale_kind, SCALE_BLOCK=SCALE_BLOCK, **launch_options(x.device, rows))
     if plan.block_m == 1:
+        prefetch_ptr, prefetch_bytes, prefetch_l2 = prefetch_args(prefetch, x.device, rows, x)
         _skinny_linear_kernel[(cdiv(n_out, plan.block_n), rows)](
-            *pointers, scales, *sizes, scale_stride, E4M3_PTX=hardware_e4m3(weight), **flags)
+            *pointers, scales, *sizes, scale_stride, prefetch_ptr, prefetch_bytes,
+            E4M3_PTX=hardware_e4m3(weight), PREFETCH_L2=prefetch_l2, **flags)
         return
     # "ieee": fp32 operands, fp32 products. fp32 inputs need it (tf32 would round them),
     # and so does Triton's interpreter, whose tl.dot misreads bf16 operands (raw bits);
@@ -339,11 +348,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                 eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 activation: str | None = None, *, plan: LinearPlan | None = None,
-                out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                out_dtype: torch.dtype | None = None, prefetch: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x [+ residual]) @ W^T + b, then act(gate) * up with a gated `activation`
     ("silu" or "gelu_tanh"; None: no activation); the new residual: x + residual, or x when
     residual is None). `out_dtype`: the projection's dtype (x's by default; a router asks
-    for float32 logits)."""
+    for float32 logits). `prefetch`: the next projection's weight (kernels/l2_prefetch.py)."""
     activation = check_activation(activation)
     _check_matrix(x, weight, bias)
     rows = x.shape[0]
@@ -361,5 +371,6 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
     residual_out = None
     if residual is not None:
         residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    launch(x, residual, norm_weight, eps, weight, bias, out, residual_out, activation, plan)
+    launch(x, residual, norm_weight, eps, weight, bias, out, residual_out, activation, plan,
+           prefetch=prefetch)
     return out, (residual_out if residual_out is not None else x)

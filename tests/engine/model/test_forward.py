@@ -167,3 +167,44 @@ def test_text_models_take_one_row_of_positions(engine_models) -> None:
     cache = allocate_kv_cache(model.config, 16, 4, "cpu", torch.float32)
     with pytest.raises(ValueError, match="positions of 1 row"):
         model(ForwardBatch(input_ids, positions.expand(3, -1), meta), cache)
+
+
+def test_layers_hand_the_next_weights_to_the_kernels_as_prefetch_hints(engine_models,
+                                                                       monkeypatch) -> None:
+    """The L2 prefetch hints (kernels/l2_prefetch.py): each layer's attention kernel gets its
+    o_proj weight, its gate/up kernel (norm + projection + activation) its down_proj weight.
+    The kernels are stood in for by the references, recording the hints; the hidden states
+    are those of the plain reference run (a hint changes nothing)."""
+    model = engine_models[MODEL]
+    input_ids, positions, meta = _step_inputs()
+    hints: dict[str, list[object]] = {"paged_attention": [], "norm_linear": []}
+
+    def attention(q, k_cache, v_cache, meta, scale, window, *, sinks=None, prefetch=None):
+        hints["paged_attention"].append(prefetch)
+        return ops.varlen_paged_attention(q, k_cache, v_cache, meta, scale, window, sinks)
+
+    def norm_linear(x, residual, norm_weight, eps, weight, bias, activation, *, out_dtype=None,
+                    prefetch=None):
+        hints["norm_linear"].append((activation, prefetch))
+        y, new_residual = ops.composed_norm_linear(x, residual, norm_weight, eps, weight, bias,
+                                                   activation)
+        return (y if out_dtype is None else y.to(out_dtype)), new_residual
+
+    def run():
+        cache = allocate_kv_cache(model.config, 16, 4, "cpu", torch.float32)
+        return model(ForwardBatch(input_ids, positions, meta), cache).hidden
+
+    plain = run()
+    stand_ins = {"paged_attention": attention, "norm_linear": norm_linear}
+    monkeypatch.setattr(ops, "_kernel", lambda name, tensor: stand_ins.get(name))
+    hinted = run()
+    assert torch.equal(plain, hinted)
+    layers = model.model.layers
+    assert len(hints["paged_attention"]) == len(layers)
+    for layer, hint in zip(layers, hints["paged_attention"], strict=True):
+        assert hint is layer.self_attn.o_proj.linear_weight
+    gated = [hint for activation, hint in hints["norm_linear"] if activation is not None]
+    assert len(gated) == len(layers)
+    for layer, hint in zip(layers, gated, strict=True):
+        assert hint is layer.mlp.down_proj.linear_weight
+    assert all(hint is None for activation, hint in hints["norm_linear"] if activation is None)

@@ -1,0 +1,134 @@
+"""The L2 weight prefetch (kernels/l2_prefetch.py, HELIOS_L2_PREFETCH): when it is on, what
+each hook prefetches, and what the H200 compiler makes of it (tests/kernels/sm90_compile.py).
+A prefetch is a hint, so the outputs cannot show it; a GPU benchmark times it
+(benchmarks/gpu/pending_benches.txt `l2_prefetch_b1`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.common.errors import ValidationError
+from services.engine.kernels import l2_prefetch, pdl
+
+
+@pytest.fixture
+def switch(monkeypatch):
+    """set(value) sets HELIOS_L2_PREFETCH and re-reads it; the device counts as PDL-capable."""
+    monkeypatch.setattr(pdl, "pdl_enabled", lambda device: True)
+
+    def set_(value: str) -> None:
+        monkeypatch.setenv("HELIOS_L2_PREFETCH", value)
+        l2_prefetch.switched_on.cache_clear()
+
+    yield set_
+    monkeypatch.delenv("HELIOS_L2_PREFETCH", raising=False)
+    l2_prefetch.switched_on.cache_clear()
+
+
+def test_on_only_when_switched_on_inside_graph_launches_of_few_rows(switch) -> None:
+    device = torch.device("cpu")
+    dummy = torch.zeros(4)
+    weight = torch.zeros(1024, 2048, dtype=torch.bfloat16)
+    switch("0")
+    with pdl.graph_launches():
+        assert l2_prefetch.prefetch_args(weight, device, 1, dummy) == (dummy, 0, False)
+    switch("1")
+    assert l2_prefetch.prefetch_args(weight, device, 1, dummy)[2] is False    # eager step
+    with pdl.graph_launches():
+        ptr, nbytes, on = l2_prefetch.prefetch_args(weight, device, 1, dummy)
+        assert (ptr is weight, nbytes, on) == (True, 1024 * 2048 * 2, True)
+        assert l2_prefetch.prefetch_args(weight, device, 64, dummy)[2] is False   # cuBLAS rows
+        assert l2_prefetch.prefetch_args(None, device, 1, dummy) == (dummy, 0, False)
+        big = torch.zeros(8192, 4096, dtype=torch.bfloat16)                      # 64 MiB
+        assert l2_prefetch.prefetch_args(big, device, 1, dummy)[1] == l2_prefetch.MAX_BYTES
+        with pytest.raises(ValidationError, match="contiguous"):
+            l2_prefetch.prefetch_args(weight.t(), device, 1, dummy)
+
+
+def test_a_bad_switch_value_is_refused_by_name(switch) -> None:
+    switch("yes")
+    with pytest.raises(ValidationError, match="HELIOS_L2_PREFETCH='yes'"):
+        l2_prefetch.switched_on()
+
+
+def test_the_attention_layer_hands_its_o_proj_weight_to_the_kernel(monkeypatch) -> None:
+    """ops.paged_attention passes the layer's o_proj weight (an FP8 layer's codes) as the
+    kernel's `prefetch`; the reference path ignores it."""
+    from services.engine.model import ops
+    from services.engine.model.fp8 import Fp8Weight
+
+    seen: list[object] = []
+
+    def fake_kernel(q, k_cache, v_cache, meta, scale, sliding_window, **kwargs):
+        seen.append(kwargs.get("prefetch"))
+        return torch.zeros_like(q)
+
+    monkeypatch.setattr(ops, "_kernel", lambda name, t: fake_kernel if name == "paged_attention" else None)
+    q = torch.zeros(1, 4, 8)
+    weight = torch.zeros(16, 32)
+    ops.paged_attention(q, q, q, None, 1.0, prefetch=weight)
+    codes = torch.zeros(16, 32, dtype=torch.float8_e4m3fn)
+    ops.paged_attention(q, q, q, None, 1.0, prefetch=Fp8Weight(codes, torch.ones(16), None))
+    ops.paged_attention(q, q, q, None, 1.0)
+    assert seen[0] is weight and seen[1] is codes and seen[2] is None
+
+
+SM90_CODE = """
+import dataclasses, json, torch
+from types import SimpleNamespace
+from services.engine.kernels import attention
+from services.engine.kernels.fused_moe_decode import run_decode
+from services.engine.kernels.skinny_linear import norm_linear
+from tests.kernels.sm90_compile import capture_launches, compile_launch, report, sass
+attention.sm_count = lambda device: 132
+q = torch.zeros(1, 32, 128, dtype=torch.bfloat16)                  # Qwen3-8B, batch 1
+cache = torch.zeros(64, 16, 8, 128, dtype=torch.bfloat16)
+meta = SimpleNamespace(query_start_loc=torch.arange(2, dtype=torch.int32),
+                       seq_lens=torch.full((1,), 384, dtype=torch.int32),
+                       page_table=torch.arange(24, dtype=torch.int32).view(1, -1),
+                       max_query_len=1, max_seq_len=1024)
+E, K, H, I = 128, 8, 2048, 768                                     # Qwen3-30B-A3B
+x = torch.zeros(1, H, dtype=torch.bfloat16)
+with capture_launches() as calls:
+    attention.paged_attention(q, cache, cache, meta, 0.088)
+    run_decode(x, torch.zeros(E, 2 * I, H, dtype=torch.bfloat16), torch.zeros(E, H, I, dtype=torch.bfloat16),
+               torch.zeros(1, E), torch.zeros(1, K), torch.zeros(1, K, dtype=torch.int32), K, True,
+               None, None, "silu", 0.0, 0.0, None, None)
+    h = torch.zeros(1, 1024, dtype=torch.bfloat16)                   # Qwen3-0.6B gate/up
+    norm_linear(h, h, torch.ones(1024, dtype=torch.bfloat16), 1e-6,
+                torch.zeros(6144, 1024, dtype=torch.bfloat16), None, "silu")
+by_name = {launch.fn.fn.__name__: launch for launch in calls}
+rows = []
+for name, launch in (("attention", by_name["_paged_attention"]),
+                     ("moe gate/up", by_name["_decode_gate_up_kernel"]),
+                     ("skinny gate/up", by_name["_skinny_linear_kernel"])):
+    for on in (False, True):
+        extra = {"PREFETCH_L2": on}
+        if "PDL" in launch.fn.arg_names:
+            extra["PDL"] = True
+        compiled = compile_launch(dataclasses.replace(launch, kwargs={**launch.kwargs, **extra}))
+        code = [line for line in sass(compiled).splitlines() if "/*" in line]
+        prefetch = [i for i, line in enumerate(code) if "UBLKPF.L2" in line]
+        wait = [i for i, line in enumerate(code) if "ACQBULK" in line]
+        rows.append([name, on, report(name, compiled).local_loads, len(prefetch),
+                     bool(prefetch and wait and prefetch[0] < wait[0]),
+                     "cp.async.bulk.prefetch.L2" in compiled.asm["ptx"]])
+print(json.dumps(rows))
+"""
+
+
+def test_the_hooks_compile_for_sm90():
+    """Compiled for the H200: off, no prefetch instruction; on, the attention and one-row
+    skinny kernels issue their bulk L2 prefetches before their wait for the previous kernel
+    (griddepcontrol.wait is ACQBULK in the SASS), the MoE gate/up kernel after its routing;
+    no spills."""
+    from tests.kernels.test_package import compiled_json
+
+    rows = compiled_json(SM90_CODE)
+    assert len(rows) == 6
+    for name, on, spills, prefetches, before_wait, in_ptx in rows:
+        assert spills == 0, name
+        assert (prefetches > 0, in_ptx) == (on, on), (name, on, prefetches)
+        if name != "moe gate/up" and on:
+            assert before_wait, f"{name}: the prefetch must come before the wait"
