@@ -74,6 +74,29 @@ def test_the_attention_layer_hands_its_o_proj_weight_to_the_kernel(monkeypatch) 
     assert seen[0] is weight and seen[1] is codes and seen[2] is None
 
 
+def test_fp8_projections_pass_the_hint_as_weight_bytes(monkeypatch) -> None:
+    """ops.norm_linear with an FP8 gate/up hands the FP8 kernel the next weight's e4m3
+    codes; without a hint the kernel is called as before (no `prefetch` keyword)."""
+    from services.common.quantization import Fp8Scheme
+    from services.engine.model import fp8, ops
+    from services.engine.model.fp8 import Fp8Weight
+
+    calls: list[dict[str, object]] = []
+
+    def fake_kernel(x, residual, norm_weight, eps, weight, bias, activation, **kwargs):
+        calls.append(kwargs)
+        return torch.zeros(x.shape[0], weight.shape[0] // 2), x
+
+    monkeypatch.setattr(fp8, "_kernel", lambda name, x: fake_kernel if name == "fp8_norm_linear" else None)
+    scheme = Fp8Scheme("online", "channel", "token")
+    gate_up = Fp8Weight(torch.zeros(16, 8, dtype=torch.float8_e4m3fn), torch.ones(16), scheme)
+    down = Fp8Weight(torch.zeros(8, 8, dtype=torch.float8_e4m3fn), torch.ones(8), scheme)
+    x = torch.zeros(1, 8)
+    ops.norm_linear(x, None, torch.ones(8), 1e-6, gate_up, None, "silu", prefetch=down)
+    ops.norm_linear(x, None, torch.ones(8), 1e-6, gate_up, None, "silu")
+    assert calls[0]["prefetch"] is down.qweight and calls[1] == {}
+
+
 SM90_CODE = """
 import dataclasses, json, torch
 from types import SimpleNamespace

@@ -141,7 +141,9 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
     by default; a router's float32 logits). `prefetch`: the next projection's weight, which
     the batch-1 kernel may prefetch into L2 (kernels/l2_prefetch.py); a hint only."""
     if isinstance(weight, Fp8Weight):
-        y, residual = fp8_norm_linear(x, residual, norm_weight, eps, weight, bias, activation)
+        y, residual = fp8_norm_linear(
+            x, residual, norm_weight, eps, weight, bias, activation,
+            prefetch=None if prefetch is None else weight_bytes(prefetch))
     else:
         kernel = _kernel("norm_linear", x)
         if kernel:
