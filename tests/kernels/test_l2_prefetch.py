@@ -136,7 +136,8 @@ for name, launch in (("attention", by_name["_paged_attention"]),
         wait = [i for i, line in enumerate(code) if "ACQBULK" in line]
         rows.append([name, on, report(name, compiled).local_loads, len(prefetch),
                      bool(prefetch and wait and prefetch[0] < wait[0]),
-                     "cp.async.bulk.prefetch.L2" in compiled.asm["ptx"]])
+                     "cp.async.bulk.prefetch.L2" in compiled.asm["ptx"],
+                     "L2::evict_first" in compiled.asm["ptx"]])
 print(json.dumps(rows))
 """
 
@@ -145,13 +146,15 @@ def test_the_hooks_compile_for_sm90():
     """Compiled for the H200: off, no prefetch instruction; on, the attention and one-row
     skinny kernels issue their bulk L2 prefetches before their wait for the previous kernel
     (griddepcontrol.wait is ACQBULK in the SASS), the MoE gate/up kernel after its routing;
-    no spills."""
+    the skinny and MoE kernels stream their own weights with L2's evict-first policy then
+    (Triton drops the hint on the attention kernel's async copies); no spills."""
     from tests.kernels.test_package import compiled_json
 
     rows = compiled_json(SM90_CODE)
     assert len(rows) == 6
-    for name, on, spills, prefetches, before_wait, in_ptx in rows:
+    for name, on, spills, prefetches, before_wait, in_ptx, evict_first in rows:
         assert spills == 0, name
         assert (prefetches > 0, in_ptx) == (on, on), (name, on, prefetches)
+        assert evict_first == (on and name != "attention"), (name, on)
         if name != "moe gate/up" and on:
             assert before_wait, f"{name}: the prefetch must come before the wait"

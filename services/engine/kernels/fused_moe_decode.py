@@ -132,8 +132,11 @@ def _decode_gate_up_kernel(
     u_rows = g_rows + inter * stride_wn
     x_row = x_ptr + token.to(tl.int64) * stride_x
     tile_mask = cmask[:, None] & (ks < hidden)[None, :]
-    g_next = tl.load(g_rows + ks[None, :], mask=tile_mask, other=0.0)
-    u_next = tl.load(u_rows + ks[None, :], mask=tile_mask, other=0.0)
+    # with the prefetch on, the gate/up stream goes first out of L2 (it must not push out the
+    # down rows on their way in)
+    policy: tl.constexpr = "evict_first" if PREFETCH_L2 else ""
+    g_next = tl.load(g_rows + ks[None, :], mask=tile_mask, other=0.0, eviction_policy=policy)
+    u_next = tl.load(u_rows + ks[None, :], mask=tile_mask, other=0.0, eviction_policy=policy)
     act_dtype = x_ptr.dtype.element_ty
     rstd = 1.0
     if NORM:
@@ -148,8 +151,10 @@ def _decode_gate_up_kernel(
             a = (a * rstd * gain).to(act_dtype).to(tl.float32)
         g, u = g_next, u_next
         next_mask = cmask[:, None] & (k + BLOCK_K < hidden)[None, :]
-        g_next = tl.load(g_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
-        u_next = tl.load(u_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0)
+        g_next = tl.load(g_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0,
+                         eviction_policy=policy)
+        u_next = tl.load(u_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0,
+                         eviction_policy=policy)
         acc_gate += g.to(tl.float32) * a[None, :]
         acc_up += u.to(tl.float32) * a[None, :]
     gate = tl.sum(acc_gate, axis=1)

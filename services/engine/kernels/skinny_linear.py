@@ -185,9 +185,9 @@ def _skinny_linear_kernel(
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w               # [BN, 1]
     up_rows = w_rows + up_offset * stride_w
     # the first weight tiles do not depend on the previous kernel: start them before the wait
-    w_next = load_weights(w_rows, 0, k_dim, n_mask, BLOCK_K, E4M3_PTX)
+    w_next = load_weights(w_rows, 0, k_dim, n_mask, BLOCK_K, E4M3_PTX, PREFETCH_L2)
     if ACTIVATION != "none":
-        u_next = load_weights(up_rows, 0, k_dim, n_mask, BLOCK_K, E4M3_PTX)
+        u_next = load_weights(up_rows, 0, k_dim, n_mask, BLOCK_K, E4M3_PTX, PREFETCH_L2)
     # the next projection's weights into L2 (kernels/l2_prefetch.py; HELIOS_L2_PREFETCH)
     prefetch_l2(prefetch_ptr, prefetch_bytes, pid_n + row * tl.num_programs(0),
                 tl.num_programs(0) * tl.num_programs(1), PREFETCH_L2)
@@ -212,7 +212,8 @@ def _skinny_linear_kernel(
             g = tl.load(norm_w_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
             a = (a * rstd * g).to(act_dtype).to(tl.float32)
         w = w_next
-        w_next = load_weights(w_rows, k0 + BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX)
+        w_next = load_weights(w_rows, k0 + BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX,
+                              PREFETCH_L2)
         prod = weight_f32(w, BLOCK_N, BLOCK_K, E4M3_PTX) * a[None, :]
         if W_SCALE == "block":
             kb = k0 // SCALE_BLOCK
@@ -221,7 +222,8 @@ def _skinny_linear_kernel(
         acc += prod
         if ACTIVATION != "none":
             u = u_next
-            u_next = load_weights(up_rows, k0 + BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX)
+            u_next = load_weights(up_rows, k0 + BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX,
+                                  PREFETCH_L2)
             prod_up = weight_f32(u, BLOCK_N, BLOCK_K, E4M3_PTX) * a[None, :]
             if W_SCALE == "block":
                 s_u = tl.load(ws_ptr + ((n + up_offset) // SCALE_BLOCK) * stride_ws + kb,
