@@ -5,11 +5,14 @@ A prefetch is a hint, so the outputs cannot show it; a GPU benchmark times it
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from services.common.errors import ValidationError
 from services.engine.kernels import l2_prefetch, pdl
+from tests.kernels.conftest import HAS_CUDA
 
 
 @pytest.fixture
@@ -158,3 +161,64 @@ def test_the_hooks_compile_for_sm90():
         assert evict_first == (on and name != "attention"), (name, on)
         if name != "moe gate/up" and on:
             assert before_wait, f"{name}: the prefetch must come before the wait"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_prefetching_kernels_run_and_change_nothing_on_the_gpu(gen) -> None:
+    """On a Hopper GPU, inside graph launches: the three hooks with HELIOS_L2_PREFETCH=1 compile
+    their prefetching variants (a new variant of each kernel), run without a fault, and give
+    the outputs of the run with it off, bit for bit (attention at Qwen3-8B's decode shape, the
+    0.6B gate/up prefetching down, Qwen3-30B-A3B's decode experts)."""
+    from services.engine.kernels.attention import paged_attention
+    from services.engine.kernels.fused_moe_decode import run_decode
+    from services.engine.kernels.skinny_linear import norm_linear
+    from services.engine.kernels.variants import compiled_variants
+    from tests.kernels.batch import make_batch
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the bulk L2 prefetch needs sm_90")
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+
+    def randn(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * 0.05).to(cuda, bf16)
+
+    batch = make_batch([384], [1], num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16,
+                       device=cuda, generator=gen, poison_unused=False)
+    o_proj = randn(4096, 4096)
+    h, residual, gain = randn(1, 1024), randn(1, 1024), randn(1024) + 1
+    gate_up, down = randn(6144, 1024), randn(1024, 3072)
+    experts, top_k, hidden, inter = 128, 8, 2048, 768
+    x, w13 = randn(1, hidden), randn(experts, 2 * inter, hidden)
+    w2, logits = randn(experts, hidden, inter), randn(1, experts).float()
+
+    def run() -> list[torch.Tensor]:
+        with pdl.graph_launches():
+            out = [paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.meta, 0.088,
+                                   prefetch=o_proj)]
+            out += norm_linear(h, residual, gain, 1e-6, gate_up, None, "silu", prefetch=down)
+            weights = torch.empty(1, top_k, device=cuda)
+            ids = torch.empty(1, top_k, dtype=torch.int32, device=cuda)
+            out += [run_decode(x, w13, w2, logits, weights, ids, top_k, True, None, None,
+                               "silu", 0.0, 0.0, None, None), weights, ids]
+        torch.cuda.synchronize()
+        return out
+
+    results, variants = {}, {}
+    for value in ("0", "1"):
+        os.environ["HELIOS_L2_PREFETCH"] = value
+        l2_prefetch.switched_on.cache_clear()
+        try:
+            before = compiled_variants()
+            results[value] = run()
+            variants[value] = {name: count - before.get(name, 0)
+                               for name, count in compiled_variants().items()}
+        finally:
+            os.environ.pop("HELIOS_L2_PREFETCH", None)
+            l2_prefetch.switched_on.cache_clear()
+    for name in ("attention_kernel._paged_attention_kernel",
+                 "skinny_linear._skinny_linear_kernel",
+                 "fused_moe_decode._decode_gate_up_kernel"):
+        assert variants["1"].get(name) == 1, (name, variants["1"])
+    for off, on in zip(results["0"], results["1"], strict=True):
+        assert torch.equal(off, on)
