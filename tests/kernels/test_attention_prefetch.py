@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from services.common.errors import ValidationError
 from services.engine.kernels import attention
@@ -122,3 +123,34 @@ def test_prefetch_double_buffers_the_decode_tiles_for_sm90():
         single = shared[kv_dtype, False, 2]
         assert shared[kv_dtype, False, 3] < single + tile // 2, (kv_dtype, shared)  # no K/V buffer
         assert shared[kv_dtype, True, 3] >= single + tile, (kv_dtype, shared)  # a second K/V tile
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pages", ["bf16", "fp8"])
+@pytest.mark.parametrize(("batch_size", "high", "window"), [(1, 5000, 0), (16, 3000, 700),
+                                                            (256, 1600, 0)])
+def test_prefetch_gives_the_same_bits_at_real_shapes(pages, batch_size, high, window, device,
+                                                     gen) -> None:
+    """Qwen3-8B's decode heads (32 / 8, D = 128) over random lengths: the prefetching plan
+    (3 stages) reads the same tiles in the same order as the default one, so the outputs are
+    equal bit for bit, over bf16 and e4m3 pages, split (batch 1, 16) and unsplit (256)."""
+    from tests.kernels.test_attention import _random_lens
+    from tests.kernels.test_fp8_kv import to_fp8
+
+    batch = make_batch(_random_lens(gen, batch_size, 1, high), [1] * batch_size,
+                       num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16,
+                       num_padding=2, device=device, generator=gen, sliding_window=window)
+    if pages == "fp8":
+        batch = to_fp8(batch)
+    scale = 128 ** -0.5
+    meta = batch.meta
+    default = attention.plan_attention(
+        num_tokens=batch.q.shape[0], num_seqs=meta.seq_lens.shape[0], num_q_heads=32,
+        num_kv_heads=8, head_dim=128, max_query_len=1, max_seq_len=int(meta.max_seq_len),
+        num_sms=attention.sm_count(device), sliding_window=window)
+    outs = []
+    for plan in (default, dataclasses.replace(default, prefetch_pages=True, num_stages=3)):
+        out = torch.full_like(batch.q, float("nan"))
+        attention.launch(batch.q, batch.k_cache, batch.v_cache, meta, scale, out, plan)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
