@@ -17,6 +17,7 @@ from services.engine.kernels.pdl import graph_launches
 from tests.kernels import reference
 from tests.kernels.batch import PagedBatch, make_batch
 from tests.kernels.conftest import HAS_CUDA, INTERPRETED
+from tests.support.switches import env_switch
 
 BF16_TOTAL = 1e-2  # ||out - ref|| / ||ref|| over the whole output, bf16 operands
 BF16_ROW = 3e-2  # the same for every single (token, head) row
@@ -67,9 +68,9 @@ def test_short_run_tile_switch(tile, device, dot_dtype, gen, monkeypatch) -> Non
     and still match the reference; a value that is not a power of two is refused by name."""
     from services.engine.kernels import attention
 
-    monkeypatch.setenv("HELIOS_ATTENTION_SHORT_TILE", tile)
-    attention.short_run_query_tile.cache_clear()
-    try:
+    with env_switch(monkeypatch, "HELIOS_ATTENTION_SHORT_TILE",
+                    attention.short_run_query_tile) as set_switch:
+        set_switch(tile)
         assert attention.short_run_query_tile() == int(tile)
         for q_lens in ([5], [5, 1, 3], [16, 2]):
             batch = make_batch(
@@ -77,13 +78,9 @@ def test_short_run_tile_switch(tile, device, dot_dtype, gen, monkeypatch) -> Non
                 num_kv_heads=2, head_dim=32, page_size=16, num_padding=1, device=device,
                 dtype=dot_dtype, generator=gen)
             run_and_check(batch)
-        monkeypatch.setenv("HELIOS_ATTENTION_SHORT_TILE", "6")
-        attention.short_run_query_tile.cache_clear()
+        set_switch("6")
         with pytest.raises(ValidationError, match="HELIOS_ATTENTION_SHORT_TILE='6'"):
             attention.short_run_query_tile()
-    finally:
-        monkeypatch.delenv("HELIOS_ATTENTION_SHORT_TILE")
-        attention.short_run_query_tile.cache_clear()
 
 
 @pytest.mark.parametrize("num_splits", [2, 5])

@@ -16,6 +16,7 @@ from services.common.errors import ValidationError
 from services.engine.kernels import attention
 from tests.kernels.batch import make_batch
 from tests.kernels.test_attention import SMALL, WINDOWED, run_and_check
+from tests.support.switches import env_switch
 
 
 @pytest.fixture
@@ -54,21 +55,17 @@ def test_prefetched_pages_with_a_sliding_window(seq_lens, q_lens, hq, hk, d, pag
 
 def test_the_switch_sets_decode_plans_only(monkeypatch) -> None:
     sizes = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, num_sms=132, max_seq_len=2048)
-    try:
+    with env_switch(monkeypatch, "HELIOS_ATTENTION_PREFETCH",
+                    attention.decode_prefetch) as set_switch:
         for value, stages in (("0", 2), ("1", 3)):
-            monkeypatch.setenv("HELIOS_ATTENTION_PREFETCH", value)
-            attention.decode_prefetch.cache_clear()
+            set_switch(value)
             decode = attention.plan_attention(num_tokens=256, num_seqs=256, max_query_len=1, **sizes)
             assert (decode.prefetch_pages, decode.num_stages) == (value == "1", stages)
             prefill = attention.plan_attention(num_tokens=512, num_seqs=1, max_query_len=512, **sizes)
             assert (prefill.prefetch_pages, prefill.num_stages) == (False, 2)
-        monkeypatch.setenv("HELIOS_ATTENTION_PREFETCH", "yes")
-        attention.decode_prefetch.cache_clear()
+        set_switch("yes")
         with pytest.raises(ValidationError, match="HELIOS_ATTENTION_PREFETCH='yes'"):
             attention.decode_prefetch()
-    finally:
-        monkeypatch.delenv("HELIOS_ATTENTION_PREFETCH")
-        attention.decode_prefetch.cache_clear()
 
 
 SM90_CODE = """

@@ -18,6 +18,7 @@ from services.engine.model.fp8 import (
     quantize_rows,
 )
 from services.engine.model.ops import reference_rms_norm
+from tests.support.switches import env_switch
 
 SCHEMES = {
     "token-channel": Fp8Scheme("online", "channel", "token"),
@@ -209,14 +210,10 @@ def test_unknown_gemm_switches_are_refused(name, reader, monkeypatch):
 
     _, fp8_gemm, _ = _kernels()
     read = getattr(fp8_gemm, reader)
-    monkeypatch.setenv(name, "tritonn")
-    read.cache_clear()
-    try:
+    with env_switch(monkeypatch, name, read) as set_switch:
+        set_switch("tritonn")
         with pytest.raises(ValidationError, match=f"{name}='tritonn': expected one of"):
             read()
-    finally:
-        monkeypatch.delenv(name)
-        read.cache_clear()
 
 
 def test_split_k_choice():
@@ -244,13 +241,9 @@ def test_rowwise_backend_by_rows(backend, rows, triton, monkeypatch):
     """HELIOS_FP8_GEMM=auto: the Triton kernel for decode-sized batches (<= 64 rows, where it
     measured faster than _scaled_mm), _scaled_mm above; the other values force one."""
     _, fp8_gemm, _ = _kernels()
-    monkeypatch.setenv("HELIOS_FP8_GEMM", backend)
-    fp8_gemm.gemm_backend.cache_clear()
-    try:
+    with env_switch(monkeypatch, "HELIOS_FP8_GEMM", fp8_gemm.gemm_backend) as set_switch:
+        set_switch(backend)
         assert fp8_gemm.uses_triton(rows) is triton
-    finally:
-        monkeypatch.delenv("HELIOS_FP8_GEMM")
-        fp8_gemm.gemm_backend.cache_clear()
 
 
 def test_split_k_partials_add_in_order(device, gen):

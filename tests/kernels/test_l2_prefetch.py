@@ -5,28 +5,21 @@ A prefetch is a hint, so the outputs cannot show it; a GPU benchmark times it
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from services.common.errors import ValidationError
 from services.engine.kernels import l2_prefetch, pdl
 from tests.kernels.conftest import HAS_CUDA
+from tests.support.switches import env_switch
 
 
 @pytest.fixture
 def switch(monkeypatch):
     """set(value) sets HELIOS_L2_PREFETCH and re-reads it; the device counts as PDL-capable."""
     monkeypatch.setattr(pdl, "pdl_enabled", lambda device: True)
-
-    def set_(value: str) -> None:
-        monkeypatch.setenv("HELIOS_L2_PREFETCH", value)
-        l2_prefetch.switched_on.cache_clear()
-
-    yield set_
-    monkeypatch.delenv("HELIOS_L2_PREFETCH", raising=False)
-    l2_prefetch.switched_on.cache_clear()
+    with env_switch(monkeypatch, "HELIOS_L2_PREFETCH", l2_prefetch.switched_on) as set_switch:
+        yield set_switch
 
 
 def test_on_only_when_switched_on_inside_graph_launches_of_few_rows(switch) -> None:
@@ -165,7 +158,7 @@ def test_the_hooks_compile_for_sm90():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
-def test_prefetching_kernels_run_and_change_nothing_on_the_gpu(gen) -> None:
+def test_prefetching_kernels_run_and_change_nothing_on_the_gpu(gen, monkeypatch) -> None:
     """On a Hopper GPU, inside graph launches: the three hooks with HELIOS_L2_PREFETCH=1 compile
     their prefetching variants (a new variant of each kernel), run without a fault, and give
     the outputs of the run with it off, bit for bit (attention at Qwen3-8B's decode shape, the
@@ -205,17 +198,13 @@ def test_prefetching_kernels_run_and_change_nothing_on_the_gpu(gen) -> None:
         return out
 
     results, variants = {}, {}
-    for value in ("0", "1"):
-        os.environ["HELIOS_L2_PREFETCH"] = value
-        l2_prefetch.switched_on.cache_clear()
-        try:
+    with env_switch(monkeypatch, "HELIOS_L2_PREFETCH", l2_prefetch.switched_on) as set_switch:
+        for value in ("0", "1"):
+            set_switch(value)
             before = compiled_variants()
             results[value] = run()
             variants[value] = {name: count - before.get(name, 0)
                                for name, count in compiled_variants().items()}
-        finally:
-            os.environ.pop("HELIOS_L2_PREFETCH", None)
-            l2_prefetch.switched_on.cache_clear()
     for name in ("attention_kernel._paged_attention_kernel",
                  "skinny_linear._skinny_linear_kernel",
                  "fused_moe_decode._decode_gate_up_kernel"):

@@ -23,6 +23,7 @@ from services.engine.kernels.skinny_linear import (
 )
 from tests.kernels import reference
 from tests.kernels.conftest import HAS_CUDA, INTERPRETED
+from tests.support.switches import env_switch
 
 # Triton's interpreter truncates fp32 -> bf16; the norm_linear + activation path rounds four times
 # (normed row, gate, up, output), each truncation shrinking the value (~0.3% on average), so
@@ -441,10 +442,9 @@ def test_gpu_decode_shapes(k, n, kind, device, gen) -> None:
 @pytest.fixture(params=["1", "0"], ids=["pdl-on", "pdl-off"])
 def pdl(request, monkeypatch):
     """HELIOS_PDL set for the test, the cached switch re-read before and after."""
-    monkeypatch.setenv("HELIOS_PDL", request.param)
-    pdl_mod.switched_off.cache_clear()
-    yield request.param == "1"
-    pdl_mod.switched_off.cache_clear()
+    with env_switch(monkeypatch, "HELIOS_PDL", pdl_mod.switched_off) as set_switch:
+        set_switch(request.param)
+        yield request.param == "1"
 
 
 @pytest.mark.gpu
