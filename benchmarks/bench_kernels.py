@@ -181,6 +181,8 @@ def bench_decode_sweep(device: torch.device, timer: Timer, points: list[tuple[in
             "p3": replace(base, prefetch_pages=True, num_stages=3),
             "p4": replace(base, prefetch_pages=True, num_stages=4),
             "p3w8": replace(base, prefetch_pages=True, num_stages=3, num_warps=8),
+            # FP8 pages: p3 at 152 registers holds 3 programs an SM, capped at 128 (no spill) 4
+            "p3r128": replace(base, prefetch_pages=True, num_stages=3, max_registers=128),
             "pn128s3": splits(replace(base, block_n=128, prefetch_pages=True, num_stages=3),
                               base.num_splits),
             "pn32s4": splits(replace(base, block_n=32, prefetch_pages=True, num_stages=4),
@@ -418,7 +420,7 @@ def main() -> int:
             points = [(int(b), int(c)) for b, c in
                       (p.split("x") for p in args.sweep_points.split(","))]
         results["decode_sweep"] = bench_decode_sweep(device, timer, points, dtype, 1 if args.smoke else 16,
-                                                     {"default", "splits*2", "n128s3", "p3"} if args.smoke else None,
+                                                     {"default", "splits*2", "n128s3", "p3", "p3r128"} if args.smoke else None,
                                                      kv_dtype)
         emit("", "decode launch-plan sweep",
                       table(results["decode_sweep"], ["batch", "ctx", "variant", "block_n", "warps", "stages",

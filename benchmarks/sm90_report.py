@@ -118,8 +118,8 @@ def attention() -> None:
 
     attn.sm_count = lambda device: 132             # the H200's multiprocessors
     batch, ctx, page = 256, 1536, 16                # Qwen3-8B: 32 q / 8 kv heads, D = 128
-    print("pages  prefetch  stages  block_n  warps  regs  shared  waits      programs/SM  "
-          "K/V in flight a program")
+    print("pages  prefetch  stages  block_n  warps  cap  regs  spills  shared  waits      "
+          "programs/SM  K/V in flight a program")
     for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
         pages = batch * ctx // page
         q = torch.zeros(batch, 32, 128, dtype=torch.bfloat16)
@@ -130,17 +130,20 @@ def attention() -> None:
                                max_query_len=1, max_seq_len=2304)
         with capture_launches() as calls:
             attn.paged_attention(q, cache, cache, meta, 0.088)
-        for prefetch, stages, block_n, warps in (
-                (False, 2, 64, 4), (False, 3, 64, 4), (True, 3, 64, 4), (True, 4, 64, 4),
-                (True, 3, 64, 8), (True, 3, 128, 4), (True, 3, 128, 8), (True, 4, 32, 4)):
+        for prefetch, stages, block_n, warps, cap in (
+                (False, 2, 64, 4, 0), (False, 3, 64, 4, 0), (True, 3, 64, 4, 0),
+                (True, 3, 64, 4, 128), (True, 4, 64, 4, 0), (True, 3, 64, 8, 0),
+                (True, 3, 128, 4, 0), (True, 3, 128, 8, 0), (True, 4, 32, 4, 0)):
             launch = dataclasses.replace(calls[0], kwargs={
                 **calls[0].kwargs, "PREFETCH_PAGES": prefetch, "num_stages": stages,
-                "BLOCK_N": block_n, "num_warps": warps, "PDL": True})
+                "BLOCK_N": block_n, "num_warps": warps, "PDL": True,
+                **({"maxnreg": cap} if cap else {})})
             r = report("decode", compile_launch(launch))
             tiles = max(r.async_waits) // 2 + 1 if r.async_waits else 1   # K and V a tile
             tile_bytes = 2 * block_n * 128 * kv_dtype.itemsize
             print(f"{'fp8' if kv_dtype.itemsize == 1 else 'bf16':<7}{prefetch!s:<10}{stages:<8}"
-                  f"{block_n:<9}{warps:<7}{r.registers:<6}{r.shared_bytes:<8}"
+                  f"{block_n:<9}{warps:<7}{cap or '-':<5}{r.registers:<6}{r.local_loads:<8}"
+                  f"{r.shared_bytes:<8}"
                   f"{','.join(map(str, sorted(set(r.async_waits)))):<11}"
                   f"{programs_per_sm(r.registers, r.shared_bytes, warps):<13}"
                   f"{tiles} x {tile_bytes // 1024} KB")

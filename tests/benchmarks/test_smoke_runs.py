@@ -31,7 +31,7 @@ def test_decode_attention_over_fp8_pages_smoke(tmp_path):
     report = json.loads((tmp_path / "bench_kernels.json").read_text())
     assert report["kv_dtype"] == "fp8"
     assert {row["variant"] for row in report["decode_sweep"]} == {"default", "splits*2",
-                                                                   "n128s3", "p3"}
+                                                                   "n128s3", "p3", "p3r128"}
     assert [row["prefetch"] for row in report["decode_sweep"] if row["variant"] == "p3"] == [True]
     assert all("error" not in row for row in report["decode_sweep"]), stdout
     # the smoke pages hold randn values: e4m3 keeps them within a few percent of bf16's
@@ -82,9 +82,13 @@ def test_sm90_attention_report(tmp_path):
     done = subprocess.run([sys.executable, "benchmarks/sm90_report.py", "attention"], cwd=ROOT,
                           capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
-    rows = [line.split() for line in done.stdout.splitlines()[1:] if line.strip()]
-    in_flight = {(r[0], r[1], r[2], r[3], r[4]): r[-4] for r in rows}   # "N x K KB": N
+    rows = {tuple(r[:6]): r[6:] for r in (line.split() for line in done.stdout.splitlines()[1:])
+            if r}   # (pages, prefetch, stages, block_n, warps, cap) -> regs, spills, ..., N x K KB
     for pages in ("bf16", "fp8"):
-        assert in_flight[pages, "False", "2", "64", "4"] == "1"
-        assert in_flight[pages, "False", "3", "64", "4"] == "1"
-        assert in_flight[pages, "True", "3", "64", "4"] == "2"
+        assert rows[pages, "False", "2", "64", "4", "-"][-4] == "1"
+        assert rows[pages, "False", "3", "64", "4", "-"][-4] == "1"
+        assert rows[pages, "True", "3", "64", "4", "-"][-4] == "2"
+    # FP8 pages, prefetching, capped at 128 registers: no spill, 4 programs an SM (3 uncapped)
+    regs, spills, *_, programs = rows["fp8", "True", "3", "64", "4", "128"][:-4]
+    assert (regs, spills, programs) == ("128", "0", "4")
+    assert rows["fp8", "True", "3", "64", "4", "-"][-5] == "3"

@@ -151,3 +151,25 @@ def test_prefetch_gives_the_same_bits_at_real_shapes(pages, batch_size, high, wi
         attention.launch(batch.q, batch.k_cache, batch.v_cache, meta, scale, out, plan)
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
+
+
+def test_a_register_cap_reaches_the_launch(gen, monkeypatch) -> None:
+    """AttentionPlan.max_registers > 0 launches with Triton's `maxnreg`; 0 (every plan
+    plan_attention makes) launches without the keyword, so its compilations are the ones
+    before the field."""
+    launches: list[dict[str, object]] = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append(kwargs)
+
+    monkeypatch.setattr(attention, "_paged_attention_kernel", Recorder())
+    batch = make_batch([70, 9], [1, 1], num_q_heads=8, num_kv_heads=2, head_dim=32,
+                       page_size=16, generator=gen)
+    plan = attention.plan_attention(num_tokens=2, num_seqs=2, num_q_heads=8, num_kv_heads=2,
+                                    head_dim=32, max_query_len=1, max_seq_len=70, num_sms=132)
+    out = torch.empty_like(batch.q)
+    for cap in (0, 128):
+        attention.launch(batch.q, batch.k_cache, batch.v_cache, batch.meta, 0.1, out,
+                         dataclasses.replace(plan, max_registers=cap, num_splits=1))
+    assert "maxnreg" not in launches[0] and launches[1]["maxnreg"] == 128

@@ -117,6 +117,10 @@ class AttentionPlan:
     # True: each unmasked tile's page numbers are loaded an iteration ahead, so that with
     # num_stages >= 3 the K/V copies are double-buffered (`decode_prefetch`)
     prefetch_pages: bool = False
+    # > 0: ptxas's register cap (Triton's `maxnreg`; 0 leaves the compiler's choice). The FP8
+    # pages' prefetching decode tile compiles at 152 registers (3 programs an SM) and at 128
+    # without a spill (4): benchmarks/sm90_report.py attention, bench_kernels.py's `p3r128`
+    max_registers: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,6 +367,7 @@ def launch(
         BLOCK_N=plan.block_n, SMALL_BLOCK_Q=plan.small_block_q, SMALL_BLOCK_M=plan.small_block_m,
         PAGE_SIZE=page_size, IS_SPLIT=is_split, SLIDING=plan.sliding_window > 0,
         HAS_SINKS=sinks is not None, PREFETCH_PAGES=plan.prefetch_pages, PREFETCH_L2=prefetch_l2, num_warps=plan.num_warps, num_stages=plan.num_stages, **launch_options(q.device, num_tokens),
+        **({"maxnreg": plan.max_registers} if plan.max_registers else {}),
     )
     if is_split:
         _reduce_splits_kernel[(num_tokens, num_q_heads)](
