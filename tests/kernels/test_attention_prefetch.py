@@ -63,6 +63,9 @@ def test_the_switch_sets_decode_plans_only(monkeypatch) -> None:
             assert (decode.prefetch_pages, decode.num_stages) == (value == "1", stages)
             prefill = attention.plan_attention(num_tokens=512, num_seqs=1, max_query_len=512, **sizes)
             assert (prefill.prefetch_pages, prefill.num_stages) == (False, 2)
+            fp8 = attention.plan_attention(num_tokens=256, num_seqs=256, max_query_len=1,
+                                           kv_itemsize=1, **sizes)
+            assert (fp8.max_registers, decode.max_registers) == (128 if value == "1" else 0, 0)
         set_switch("yes")
         with pytest.raises(ValidationError, match="HELIOS_ATTENTION_PREFETCH='yes'"):
             attention.decode_prefetch()

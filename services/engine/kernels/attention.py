@@ -85,7 +85,8 @@ def short_run_query_tile() -> int | None:
 def decode_prefetch() -> bool:
     """HELIOS_ATTENTION_PREFETCH=1: decode-only launches load each tile's page numbers an
     iteration ahead and run 3 stages, so the K/V copies are double-buffered (off: one K/V
-    buffer, each tile's copy waited for right after it is issued). An A/B switch until the
+    buffer, each tile's copy waited for right after it is issued); over FP8 pages capped at
+    128 registers. An A/B switch until the
     GPU measures it (benchmarks/gpu/pending_benches.txt attn_prefetch). Read once."""
     value = os.environ.get("HELIOS_ATTENTION_PREFETCH", "0").strip()
     if value not in ("0", "1"):
@@ -161,14 +162,17 @@ def plan_attention(
     max_splits: int = MAX_SPLITS,
     sliding_window: int = 0,
     query_tile: int | None = None,
+    kv_itemsize: int = 2,
 ) -> AttentionPlan:
     """Pick tile sizes and the split count. Decode-only steps (max_query_len == 1) put one
     token's query-head group in a tile and split long KV ranges until the grid fills the
     device; prefill and mixed steps use wide tiles and split only when the grid is small.
     With a sliding window the KV range a block reads is at most W + its rows - 1 positions,
     whatever the context, and the splits are sized for that. `query_tile` overrides the query
-    tokens per program (one tile of that many tokens' groups; benchmarks sweep it)."""
+    tokens per program (one tile of that many tokens' groups; benchmarks sweep it).
+    `kv_itemsize`: bytes a cached K/V value (1 for FP8 pages)."""
     group = num_q_heads // num_kv_heads
+    max_registers = 0
     # the narrow tile: one decode token's query-head group, padded to the 16-row MMA minimum
     small_block_m = max(16, next_power_of_2(group))
     small_block_q = small_block_m // group
@@ -182,6 +186,8 @@ def plan_attention(
         prefetch_pages = decode_prefetch()
         if prefetch_pages:
             num_stages = 3
+            if kv_itemsize == 1:
+                max_registers = 128   # FP8 pages: 4 programs an SM, no spill (sm_90 compile)
     else:
         # call 1: 64-row tiles with 4 warps beat 128 rows with 8 warps by 19% (1 x 4096 prefill)
         block_m = max(64 if head_dim <= 128 else 32, next_power_of_2(group))
@@ -218,7 +224,7 @@ def plan_attention(
         split_len=split_len, num_blocks=max(1, num_blocks), num_warps=num_warps,
         num_stages=num_stages,
         min_split_len=min(split_len, cdiv(MIN_SPLIT_TOKENS, block_n) * block_n),
-        sliding_window=sliding_window, prefetch_pages=prefetch_pages,
+        sliding_window=sliding_window, prefetch_pages=prefetch_pages, max_registers=max_registers,
     )
 
 
@@ -319,6 +325,7 @@ def paged_attention(
         max_seq_len=int(meta.max_seq_len), num_sms=sm_count(q.device), num_splits=num_splits,
         max_splits=max(1, max_splits), sliding_window=sliding_window,
         query_tile=short_run_query_tile() if 1 < max_query_len <= SHORT_RUN_TOKENS else None,
+        kv_itemsize=k_cache.element_size(),
     )
     launch(q, k_cache, v_cache, meta, scale, out, plan, scratch, sinks=sinks, prefetch=prefetch)
     return out
