@@ -272,7 +272,7 @@ def skinny_plan(weight: Fp8Weight, n_out: int, rows: int, device: torch.device,
     k = weight.shape[1]
     plan = plan_linear(n_out, k, rows, sm_count(device), gated)
     if weight.block:   # one column of weight blocks per K step
-        return LinearPlan(plan.block_n, BLOCK, plan.num_warps)
+        return LinearPlan(plan.block_n, BLOCK, plan.num_warps, ahead=plan.ahead)
     if plan.block_m > 1 or gated or PLANS == "bf16":
         return plan
     if normed:

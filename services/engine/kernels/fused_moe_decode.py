@@ -49,7 +49,7 @@ from services.engine.kernels.common import cdiv, env_choice, next_power_of_2, sm
 from services.engine.kernels.l2_prefetch import prefetch_args, prefetch_l2
 from services.engine.kernels.moe_common import expert_activation, softmax_topk_rows
 from services.engine.kernels.norm import row_rstd
-from services.engine.kernels.skinny_linear import LinearPlan, plan_linear
+from services.engine.kernels.skinny_linear import LinearPlan, plan_linear, steps_ahead
 
 DECODE_TOKENS = 4
 COLLISION_SHARE = 8     # the decode path while the slots are at most 1/8 of the experts
@@ -86,7 +86,7 @@ def plan_decode(hidden: int, inter: int, top_k: int, num_sms: int) -> DecodePlan
     span = top_k * inter
     return DecodePlan(plan_linear(inter, hidden, 1, num_sms, gated=True),
                       LinearPlan(block_n=8, block_k=min(next_power_of_2(span), 1024),
-                                 num_warps=4))
+                                 num_warps=4, ahead=steps_ahead()))
 
 
 @triton.jit(do_not_specialize_on_alignment=["num_real_ptr"])   # a view: query_start_loc[-1:]
@@ -97,7 +97,7 @@ def _decode_gate_up_kernel(
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, ROUTE: tl.constexpr,
     RENORMALIZE: tl.constexpr, COUNT: tl.constexpr, ACTIVATION: tl.constexpr,
     HAS_BIAS: tl.constexpr, NORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PREFETCH_L2: tl.constexpr = False,
+    PREFETCH_L2: tl.constexpr = False, AHEAD: tl.constexpr = 1,
 ):
     # NORM: x is the layer's residual stream; each program normalizes its token's row as
     # the rms_norm kernel does (1/rms in fp32, x * 1/rms * g rounded to x's dtype)
@@ -137,6 +137,12 @@ def _decode_gate_up_kernel(
     policy: tl.constexpr = "evict_first" if PREFETCH_L2 else ""
     g_next = tl.load(g_rows + ks[None, :], mask=tile_mask, other=0.0, eviction_policy=policy)
     u_next = tl.load(u_rows + ks[None, :], mask=tile_mask, other=0.0, eviction_policy=policy)
+    if AHEAD == 2:      # the second K step's tiles too: two steps in flight
+        after_mask = cmask[:, None] & (ks + BLOCK_K < hidden)[None, :]
+        g_after = tl.load(g_rows + (ks + BLOCK_K)[None, :], mask=after_mask, other=0.0,
+                          eviction_policy=policy)
+        u_after = tl.load(u_rows + (ks + BLOCK_K)[None, :], mask=after_mask, other=0.0,
+                          eviction_policy=policy)
     act_dtype = x_ptr.dtype.element_ty
     rstd = 1.0
     if NORM:
@@ -150,11 +156,19 @@ def _decode_gate_up_kernel(
             gain = tl.load(norm_w_ptr + k, mask=k < hidden, other=0.0).to(tl.float32)
             a = (a * rstd * gain).to(act_dtype).to(tl.float32)
         g, u = g_next, u_next
-        next_mask = cmask[:, None] & (k + BLOCK_K < hidden)[None, :]
-        g_next = tl.load(g_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0,
-                         eviction_policy=policy)
-        u_next = tl.load(u_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0,
-                         eviction_policy=policy)
+        if AHEAD == 2:
+            g_next, u_next = g_after, u_after
+            after_mask = cmask[:, None] & (k + 2 * BLOCK_K < hidden)[None, :]
+            g_after = tl.load(g_rows + (k + 2 * BLOCK_K)[None, :], mask=after_mask, other=0.0,
+                              eviction_policy=policy)
+            u_after = tl.load(u_rows + (k + 2 * BLOCK_K)[None, :], mask=after_mask, other=0.0,
+                              eviction_policy=policy)
+        else:
+            next_mask = cmask[:, None] & (k + BLOCK_K < hidden)[None, :]
+            g_next = tl.load(g_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0,
+                             eviction_policy=policy)
+            u_next = tl.load(u_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0,
+                             eviction_policy=policy)
         acc_gate += g.to(tl.float32) * a[None, :]
         acc_up += u.to(tl.float32) * a[None, :]
     gate = tl.sum(acc_gate, axis=1)
@@ -190,7 +204,7 @@ def _decode_down_kernel(
     h_ptr, w_ptr, bias_ptr, weights_ptr, ids_ptr, out_ptr, hidden, inter, stride_h,
     stride_we, stride_wn, stride_out,
     TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, AHEAD: tl.constexpr = 1,
 ):
     # one dot product over the token's k slots end to end: sum_j w_j (W_j h_j) as
     # sum_j W_j (w_j h_j), the weights streamed through one pipeline across the experts
@@ -202,12 +216,21 @@ def _decode_down_kernel(
     span = TOP_K * inter
     a_next, w_next = _slots_step(h_ptr, w_ptr, weights_ptr, ids_ptr, first, ks, span, cols,
                                  cmask, inter, stride_h, stride_we, stride_wn)
+    if AHEAD == 2:      # the second K step too: two steps in flight
+        a_after, w_after = _slots_step(h_ptr, w_ptr, weights_ptr, ids_ptr, first, BLOCK_K + ks,
+                                       span, cols, cmask, inter, stride_h, stride_we, stride_wn)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for k0 in range(0, span, BLOCK_K):
         a, w = a_next, w_next
-        a_next, w_next = _slots_step(h_ptr, w_ptr, weights_ptr, ids_ptr, first,
-                                     k0 + BLOCK_K + ks, span, cols, cmask, inter, stride_h,
-                                     stride_we, stride_wn)
+        if AHEAD == 2:
+            a_next, w_next = a_after, w_after
+            a_after, w_after = _slots_step(h_ptr, w_ptr, weights_ptr, ids_ptr, first,
+                                           k0 + 2 * BLOCK_K + ks, span, cols, cmask, inter,
+                                           stride_h, stride_we, stride_wn)
+        else:
+            a_next, w_next = _slots_step(h_ptr, w_ptr, weights_ptr, ids_ptr, first,
+                                         k0 + BLOCK_K + ks, span, cols, cmask, inter, stride_h,
+                                         stride_we, stride_wn)
         acc += w.to(tl.float32) * a[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
@@ -253,11 +276,12 @@ def run_decode(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
         ROUTE=route, RENORMALIZE=renormalize, COUNT=count, ACTIVATION=activation,
         HAS_BIAS=gate_up_bias is not None, NORM=norm_weight is not None,
         BLOCK_N=up_plan.block_n, BLOCK_K=up_plan.block_k, PREFETCH_L2=prefetch,
-        num_warps=up_plan.num_warps)
+        num_warps=up_plan.num_warps, **({"AHEAD": 2} if up_plan.ahead == 2 else {}))
     _decode_down_kernel[(num_tokens, cdiv(hidden, down_plan.block_n))](
         hidden_rows, w_down, down_bias if down_bias is not None else w_down, topk_weights,
         topk_ids, out, hidden, inter, hidden_rows.stride(0), w_down.stride(0),
         w_down.stride(1), out.stride(0),
         TOP_K=top_k, HAS_BIAS=down_bias is not None, BLOCK_N=down_plan.block_n,
-        BLOCK_K=down_plan.block_k, num_warps=down_plan.num_warps)
+        BLOCK_K=down_plan.block_k, num_warps=down_plan.num_warps,
+        **({"AHEAD": 2} if down_plan.ahead == 2 else {}))
     return out

@@ -38,6 +38,8 @@ benchmark's sweep).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 from dataclasses import dataclass
 
@@ -79,11 +81,29 @@ class LinearPlan:
     num_warps: int
     block_m: int = 1   # token rows per program: 1 (_skinny_linear_kernel) or >= 16 (tl.dot)
     num_stages: int = 3  # the tl.dot kernel's weight pipeline depth
+    # the one-row kernel: weight K steps loaded ahead of the one being multiplied (1: the
+    # next; 2: the next two, twice the bytes a program keeps in flight; `steps_ahead`)
+    ahead: int = 1
 
     def __post_init__(self) -> None:
         if self.block_m != 1 and (self.block_m < 16 or self.block_n < 16 or self.block_k < 16):
             raise ValidationError(f"{self}: a tl.dot plan (block_m > 1) needs block_m, block_n "
                                   f"and block_k of at least 16")
+        if self.ahead not in (1, 2):
+            raise ValidationError(f"{self}: ahead must be 1 or 2")
+
+
+@functools.cache
+def steps_ahead() -> int:
+    """HELIOS_SKINNY_AHEAD=2: the one-row kernel keeps two weight K steps in flight instead
+    of one (an A/B switch until a GPU measures it: benchmarks/gpu/pending_benches.txt
+    `skinny_ahead`). At small projections a program's bytes in flight bound the kernel:
+    Qwen3-30B-A3B's o_proj has 256 programs of 8 rows, 2 MB in flight at one step ahead,
+    and ran at 2.0 TB/s on an H100 (RESULTS.md 2026-12-07). Read once."""
+    value = os.environ.get("HELIOS_SKINNY_AHEAD", "1").strip()
+    if value not in ("1", "2"):
+        raise ValidationError(f"HELIOS_SKINNY_AHEAD={value!r}: expected 1 or 2")
+    return int(value)
 
 
 def plan_linear(n_out: int, k: int, rows: int, num_sms: int, gated: bool = False,
@@ -105,9 +125,15 @@ def plan_linear(n_out: int, k: int, rows: int, num_sms: int, gated: bool = False
 
     The fp32 accumulator is tile-shaped (one reduction at the end); no tiling here spills.
 
-    More than one row: the tl.dot kernel, 16 rows per program (`plan_rows`)."""
+    More than one row: the tl.dot kernel, 16 rows per program (`plan_rows`). One row with
+    HELIOS_SKINNY_AHEAD=2: the same tiling, two K steps ahead."""
     if rows > 1:
         return plan_rows(n_out, k, gated, normed, elem_bytes)
+    plan = _one_row_plan(n_out, k, rows, num_sms, gated)
+    return plan if steps_ahead() == 1 else dataclasses.replace(plan, ahead=steps_ahead())
+
+
+def _one_row_plan(n_out: int, k: int, rows: int, num_sms: int, gated: bool) -> LinearPlan:
     if gated:
         return LinearPlan(block_n=8, block_k=min(next_power_of_2(k), 512 if k <= 1024 else 256),
                           num_warps=4)
@@ -170,7 +196,7 @@ def _skinny_linear_kernel(
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     W_SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, E4M3_PTX: tl.constexpr,
-    PREFETCH_L2: tl.constexpr = False,
+    PREFETCH_L2: tl.constexpr = False, AHEAD: tl.constexpr = 1,
 ):
     # ACTIVATION "none": y = the projection; "silu" / "gelu_tanh": the weight's rows [0, n_out)
     # are the gate, rows [up_offset, up_offset + n_out) the up half, y = act(gate) * up.
@@ -185,9 +211,15 @@ def _skinny_linear_kernel(
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w               # [BN, 1]
     up_rows = w_rows + up_offset * stride_w
     # the first weight tiles do not depend on the previous kernel: start them before the wait
+    # (AHEAD 2: the second step's tiles too, so two steps stay in flight)
     w_next = load_weights(w_rows, 0, k_dim, n_mask, BLOCK_K, E4M3_PTX, PREFETCH_L2)
+    if AHEAD == 2:
+        w_after = load_weights(w_rows, BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX, PREFETCH_L2)
     if ACTIVATION != "none":
         u_next = load_weights(up_rows, 0, k_dim, n_mask, BLOCK_K, E4M3_PTX, PREFETCH_L2)
+        if AHEAD == 2:
+            u_after = load_weights(up_rows, BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX,
+                                   PREFETCH_L2)
     # the next projection's weights into L2 (kernels/l2_prefetch.py; HELIOS_L2_PREFETCH)
     prefetch_l2(prefetch_ptr, prefetch_bytes, pid_n + row * tl.num_programs(0),
                 tl.num_programs(0) * tl.num_programs(1), PREFETCH_L2)
@@ -212,8 +244,13 @@ def _skinny_linear_kernel(
             g = tl.load(norm_w_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
             a = (a * rstd * g).to(act_dtype).to(tl.float32)
         w = w_next
-        w_next = load_weights(w_rows, k0 + BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX,
-                              PREFETCH_L2)
+        if AHEAD == 2:
+            w_next = w_after
+            w_after = load_weights(w_rows, k0 + 2 * BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX,
+                                   PREFETCH_L2)
+        else:
+            w_next = load_weights(w_rows, k0 + BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX,
+                                  PREFETCH_L2)
         prod = weight_f32(w, BLOCK_N, BLOCK_K, E4M3_PTX) * a[None, :]
         if W_SCALE == "block":
             kb = k0 // SCALE_BLOCK
@@ -222,8 +259,13 @@ def _skinny_linear_kernel(
         acc += prod
         if ACTIVATION != "none":
             u = u_next
-            u_next = load_weights(up_rows, k0 + BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX,
-                                  PREFETCH_L2)
+            if AHEAD == 2:
+                u_next = u_after
+                u_after = load_weights(up_rows, k0 + 2 * BLOCK_K, k_dim, n_mask, BLOCK_K,
+                                       E4M3_PTX, PREFETCH_L2)
+            else:
+                u_next = load_weights(up_rows, k0 + BLOCK_K, k_dim, n_mask, BLOCK_K,
+                                      E4M3_PTX, PREFETCH_L2)
             prod_up = weight_f32(u, BLOCK_N, BLOCK_K, E4M3_PTX) * a[None, :]
             if W_SCALE == "block":
                 s_u = tl.load(ws_ptr + ((n + up_offset) // SCALE_BLOCK) * stride_ws + kb,
@@ -315,7 +357,8 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Te
         prefetch_ptr, prefetch_bytes, prefetch_l2 = prefetch_args(prefetch, x.device, rows, x)
         _skinny_linear_kernel[(cdiv(n_out, plan.block_n), rows)](
             *pointers, scales, *sizes, scale_stride, prefetch_ptr, prefetch_bytes,
-            E4M3_PTX=hardware_e4m3(weight), PREFETCH_L2=prefetch_l2, **flags)
+            E4M3_PTX=hardware_e4m3(weight), PREFETCH_L2=prefetch_l2,
+            **({"AHEAD": plan.ahead} if plan.ahead != 1 else {}), **flags)
         return
     # "ieee": fp32 operands, fp32 products. fp32 inputs need it (tf32 would round them),
     # and so does Triton's interpreter, whose tl.dot misreads bf16 operands (raw bits);
