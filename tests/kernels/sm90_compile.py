@@ -77,7 +77,7 @@ def compile_launch(launch: Launch, target: GPUTarget = H200) -> Any:
     constexprs: dict[str, Any] = {}
     attrs: dict[tuple[int, ...], list[list[Any]]] = {}
     for index, param in enumerate(params):
-        value = bound[param.name]
+        value = bound.get(param.name, param.default)   # a parameter not passed: its default
         if param.annotation is not inspect.Parameter.empty and "constexpr" in str(param.annotation):
             signature[param.name] = "constexpr"
             constexprs[param.name] = value
@@ -104,7 +104,7 @@ def compile_key(launch: Launch) -> tuple[Any, ...]:
                      for i in (getattr(fn, "do_not_specialize", None) or ())}
     parts: list[Any] = []
     for param in params:
-        value = bound[param.name]
+        value = bound.get(param.name, param.default)
         if param.annotation is not inspect.Parameter.empty and "constexpr" in str(param.annotation):
             parts.append((param.name, value))
         elif param.name in unspecialised:

@@ -18,8 +18,8 @@ fused MoE's decode gate/up programs prefetch their expert's down-projection rows
 
 Each program of the issuing kernel takes chunks `part, part + parts, ...` of CHUNK bytes of
 the target's [ptr, ptr + nbytes) and one thread issues them (`%tid.x == 0`). Targets must be
-contiguous and 16-byte aligned (the instruction's rule); `prefetch_args` checks and caps the
-bytes at `MAX_BYTES` (L2 is 50 MB on the H100 and H200; the rest would only evict the front).
+contiguous and 16-byte aligned (the instruction's rule; `prefetch_args` skips any other) and
+are capped at `MAX_BYTES` (L2 is 50 MB on the H100 and H200; the rest would only evict the front).
 
 On only where PDL is (CUDA graphs of steps of at most 16 rows on sm_90, kernels/pdl.py) and
 HELIOS_L2_PREFETCH=1; the constexpr off compiles each kernel exactly as before. Triton's
@@ -74,12 +74,13 @@ def prefetch_args(target: torch.Tensor | None, device: torch.device, rows: int,
                   dummy: torch.Tensor) -> tuple[torch.Tensor, int, bool]:
     """(ptr, nbytes, PREFETCH_L2) for a kernel launch in a step of `rows` token rows: the
     target's first min(its bytes, MAX_BYTES) when the prefetch is on there, else the dummy
-    pointer, 0 and False."""
+    pointer, 0 and False. A target the instruction cannot take (not contiguous, not 16-byte
+    aligned) is not prefetched: a hint never fails a launch."""
     from services.engine.kernels.pdl import launch_options
 
     if target is None or not switched_on() or not launch_options(device, rows)["PDL"]:
         return dummy, 0, False
     if not target.is_contiguous() or target.data_ptr() % 16:
-        raise ValidationError("an L2 prefetch target must be contiguous and 16-byte aligned")
+        return dummy, 0, False
     nbytes = min(target.numel() * target.element_size(), MAX_BYTES) // 16 * 16
     return target, nbytes, nbytes > 0
