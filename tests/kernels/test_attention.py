@@ -106,6 +106,19 @@ def test_scratch_is_used_and_caps_splits(device, dot_dtype, gen) -> None:
     assert scratch.max_splits(1, 4, 32) == 3
 
 
+def test_unwritten_partials_never_reach_the_output(device, dot_dtype, gen) -> None:
+    """Splits past a short sequence's end write no partial rows; the reduction reads the
+    scratch rows beside the log-sum-exps (not after them) and must drop those: with the
+    scratch poisoned with NaN the output is still finite and right."""
+    batch = make_batch(
+        [300, 37, 9], [1, 1, 1], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16,
+        device=device, dtype=dot_dtype, generator=gen,
+    )
+    scratch = AttentionScratch.allocate(3, 4, 32, device, max_splits=8)
+    scratch.partial_out.fill_(float("nan"))
+    run_and_check(batch, scratch=scratch, num_splits=8)
+
+
 def test_splits_follow_the_actual_length_not_max_seq_len(device, dot_dtype, gen) -> None:
     """A decode graph is captured with max_seq_len at the context limit; each sequence's splits
     still divide its own length (ranges of MIN_SPLIT_TOKENS), so a 300-token context is read by
