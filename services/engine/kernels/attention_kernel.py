@@ -405,14 +405,11 @@ def _reduce_splits_kernel(
     lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
     w = tl.math.exp2(lse - lse_max)  # 0 for splits that saw no KV
     used = lse > float("-inf")
-    # the partials load beside the log-sum-exps (masked by the split count, not by `used`,
-    # which would make it wait for them); a split that saw no KV left its rows unwritten
     part = tl.load(
         part_out_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-        mask=(offs_s < num_splits)[:, None] & (offs_d < HEAD_DIM)[None, :],
+        mask=used[:, None] & (offs_d < HEAD_DIM)[None, :],
         other=0.0,
     )
-    part = tl.where(used[:, None], part, 0.0)
     total = tl.sum(w, axis=0)
     if HAS_SINKS:
         total += tl.math.exp2(sink - lse_max)
