@@ -12,8 +12,9 @@ bandwidth, bounds them). A kernel of the chain can issue `cp.async.bulk.prefetch
 fire-and-forget, no registers, no shared memory) for the weights a later kernel reads, so
 DRAM streams them while the GPU is otherwise latency-bound, and the later kernel's loads hit
 L2. Correctness does not depend on it: a prefetch is a hint, and the bytes stay where they
-are. The hooks: the decode attention kernel prefetches the layer's o_proj weight, and the
-fused MoE's decode gate/up programs prefetch their expert's down-projection rows
+are. The hooks: the decode attention kernel prefetches the layer's o_proj weight, the
+one-row gate/up kernel (`skinny_linear.py`, bf16 or e4m3) the down projection's, and the
+fused MoE's decode gate/up programs their expert's down-projection rows
 (`fused_moe_decode.py`).
 
 Each program of the issuing kernel takes chunks `part, part + parts, ...` of CHUNK bytes of
