@@ -109,33 +109,21 @@ def programs_per_sm(registers: int, shared_bytes: int, warps: int) -> int:
 
 def attention() -> None:
     import dataclasses
-    from types import SimpleNamespace
 
     import torch
 
-    from services.engine.kernels import attention as attn
-    from tests.kernels.sm90_compile import capture_launches, compile_launch, report
+    from tests.kernels.sm90_compile import compile_launch, qwen3_8b_decode_attention, report
 
-    attn.sm_count = lambda device: 132             # the H200's multiprocessors
-    batch, ctx, page = 256, 1536, 16                # Qwen3-8B: 32 q / 8 kv heads, D = 128
     print("pages  prefetch  stages  block_n  warps  cap  regs  spills  shared  waits      "
           "programs/SM  K/V in flight a program")
-    for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
-        pages = batch * ctx // page
-        q = torch.zeros(batch, 32, 128, dtype=torch.bfloat16)
-        cache = torch.zeros(pages, page, 8, 128, dtype=kv_dtype)
-        meta = SimpleNamespace(query_start_loc=torch.arange(batch + 1, dtype=torch.int32),
-                               seq_lens=torch.full((batch,), ctx, dtype=torch.int32),
-                               page_table=torch.arange(pages, dtype=torch.int32).view(batch, -1),
-                               max_query_len=1, max_seq_len=2304)
-        with capture_launches() as calls:
-            attn.paged_attention(q, cache, cache, meta, 0.088)
+    for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):     # Qwen3-8B's tile at b256
+        decode = qwen3_8b_decode_attention(256, 1536, kv_dtype)
         for prefetch, stages, block_n, warps, cap in (
                 (False, 2, 64, 4, 0), (False, 3, 64, 4, 0), (True, 3, 64, 4, 0),
                 (True, 3, 64, 4, 128), (True, 4, 64, 4, 0), (True, 3, 64, 8, 0),
                 (True, 3, 128, 4, 0), (True, 3, 128, 8, 0), (True, 4, 32, 4, 0)):
-            launch = dataclasses.replace(calls[0], kwargs={
-                **calls[0].kwargs, "PREFETCH_PAGES": prefetch, "num_stages": stages,
+            launch = dataclasses.replace(decode, kwargs={
+                **decode.kwargs, "PREFETCH_PAGES": prefetch, "num_stages": stages,
                 "BLOCK_N": block_n, "num_warps": warps, "PDL": True,
                 **({"maxnreg": cap} if cap else {})})
             r = report("decode", compile_launch(launch))

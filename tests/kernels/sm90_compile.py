@@ -166,6 +166,52 @@ def qwen3_8b_launches() -> list[tuple[str, Launch]]:
     return list(zip(names, calls, strict=True))
 
 
+def qwen3_8b_decode_attention(batch: int, ctx: int, kv_dtype: Any = None,
+                              max_seq_len: int = 2304) -> Launch:
+    """The attention kernel's launch in a Qwen3-8B decode step (32 q / 8 kv heads, D = 128,
+    pages of 16) of `batch` sequences at `ctx` positions, over bf16 or `kv_dtype` pages,
+    planned for the H200's 132 multiprocessors (a batch-1 step's split reduction left out)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from services.engine.kernels import attention
+
+    pages = batch * -(-ctx // 16)
+    q = torch.zeros(batch, 32, 128, dtype=torch.bfloat16)
+    cache = torch.zeros(pages, 16, 8, 128, dtype=kv_dtype or torch.bfloat16)
+    meta = SimpleNamespace(query_start_loc=torch.arange(batch + 1, dtype=torch.int32),
+                           seq_lens=torch.full((batch,), ctx, dtype=torch.int32),
+                           page_table=torch.arange(pages, dtype=torch.int32).view(batch, -1),
+                           max_query_len=1, max_seq_len=max_seq_len)
+    sm_count = attention.sm_count
+    attention.sm_count = lambda device: 132      # type: ignore[assignment]
+    try:
+        with capture_launches() as calls:
+            attention.paged_attention(q, cache, cache, meta, 0.088)
+    finally:
+        attention.sm_count = sm_count            # type: ignore[assignment]
+    return calls[0]
+
+
+def qwen3_30b_a3b_decode_experts() -> list[Launch]:
+    """The fused MoE's decode launches at Qwen3-30B-A3B (128 experts, top 8, hidden 2048,
+    768 a expert) for one token, routing in the gate/up kernel: [gate/up, down]."""
+    import torch
+
+    from services.engine.kernels.fused_moe_decode import run_decode
+
+    experts, top_k, hidden, inter = 128, 8, 2048, 768
+    bf16 = torch.bfloat16
+    with capture_launches() as calls:
+        run_decode(torch.zeros(1, hidden, dtype=bf16),
+                   torch.zeros(experts, 2 * inter, hidden, dtype=bf16),
+                   torch.zeros(experts, hidden, inter, dtype=bf16), torch.zeros(1, experts),
+                   torch.zeros(1, top_k), torch.zeros(1, top_k, dtype=torch.int32), top_k, True,
+                   None, None, "silu", 0.0, 0.0, None, None)
+    return calls
+
+
 def gpt_oss_moe_launches(fmt: str, tokens: int) -> list[Launch]:
     """The fused-MoE GEMM launches (gate/up, down) at gpt-oss-20b's shape for `tokens` tokens,
     the expert matrices bf16 or "mxfp4" (kept packed: model/mxfp4.py's Mxfp4Weight)."""

@@ -73,25 +73,13 @@ def test_the_switch_sets_decode_plans_only(monkeypatch) -> None:
 
 SM90_CODE = """
 import dataclasses, json, torch
-from types import SimpleNamespace
-from services.engine.kernels import attention
-from tests.kernels.sm90_compile import capture_launches, compile_launch, report
-attention.sm_count = lambda device: 132
-B, CTX, PAGE = 256, 1536, 16           # the Qwen3-8B decode step at batch 256
+from tests.kernels.sm90_compile import compile_launch, qwen3_8b_decode_attention, report
 rows = []
-for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
-    q = torch.zeros(B, 32, 128, dtype=torch.bfloat16)
-    k = torch.zeros(B * CTX // PAGE, PAGE, 8, 128, dtype=kv_dtype)
-    meta = SimpleNamespace(query_start_loc=torch.arange(B + 1, dtype=torch.int32),
-                           seq_lens=torch.full((B,), CTX, dtype=torch.int32),
-                           page_table=torch.arange(B * CTX // PAGE, dtype=torch.int32).view(B, -1),
-                           max_query_len=1, max_seq_len=2304)
-    with capture_launches() as calls:
-        attention.paged_attention(q, k, k, meta, 0.088)
+for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):   # the Qwen3-8B decode step at batch 256
+    decode = qwen3_8b_decode_attention(256, 1536, kv_dtype)
     for prefetch in (False, True):
         for stages in (2, 3):
-            launch = calls[0]
-            launch = dataclasses.replace(launch, kwargs={**launch.kwargs, "PREFETCH_PAGES": prefetch,
+            launch = dataclasses.replace(decode, kwargs={**decode.kwargs, "PREFETCH_PAGES": prefetch,
                                                          "num_stages": stages, "PDL": True})
             compiled = compile_launch(launch)
             r = report("decode", compiled)

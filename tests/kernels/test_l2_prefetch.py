@@ -97,28 +97,15 @@ def test_fp8_projections_pass_the_hint_as_weight_bytes(monkeypatch) -> None:
 
 SM90_CODE = """
 import dataclasses, json, torch
-from types import SimpleNamespace
-from services.engine.kernels import attention
-from services.engine.kernels.fused_moe_decode import run_decode
 from services.engine.kernels.skinny_linear import norm_linear
-from tests.kernels.sm90_compile import capture_launches, compile_launch, report, sass
-attention.sm_count = lambda device: 132
-q = torch.zeros(1, 32, 128, dtype=torch.bfloat16)                  # Qwen3-8B, batch 1
-cache = torch.zeros(64, 16, 8, 128, dtype=torch.bfloat16)
-meta = SimpleNamespace(query_start_loc=torch.arange(2, dtype=torch.int32),
-                       seq_lens=torch.full((1,), 384, dtype=torch.int32),
-                       page_table=torch.arange(24, dtype=torch.int32).view(1, -1),
-                       max_query_len=1, max_seq_len=1024)
-E, K, H, I = 128, 8, 2048, 768                                     # Qwen3-30B-A3B
-x = torch.zeros(1, H, dtype=torch.bfloat16)
-with capture_launches() as calls:
-    attention.paged_attention(q, cache, cache, meta, 0.088)
-    run_decode(x, torch.zeros(E, 2 * I, H, dtype=torch.bfloat16), torch.zeros(E, H, I, dtype=torch.bfloat16),
-               torch.zeros(1, E), torch.zeros(1, K), torch.zeros(1, K, dtype=torch.int32), K, True,
-               None, None, "silu", 0.0, 0.0, None, None)
+from tests.kernels.sm90_compile import (capture_launches, compile_launch, qwen3_8b_decode_attention,
+                                        qwen3_30b_a3b_decode_experts, report, sass)
+calls = [qwen3_8b_decode_attention(1, 384, max_seq_len=1024), *qwen3_30b_a3b_decode_experts()]
+with capture_launches() as more:
     h = torch.zeros(1, 1024, dtype=torch.bfloat16)                   # Qwen3-0.6B gate/up
     norm_linear(h, h, torch.ones(1024, dtype=torch.bfloat16), 1e-6,
                 torch.zeros(6144, 1024, dtype=torch.bfloat16), None, "silu")
+calls += more
 by_name = {launch.fn.fn.__name__: launch for launch in calls}
 rows = []
 for name, launch in (("attention", by_name["_paged_attention"]),

@@ -80,10 +80,10 @@ AHEAD_SM90 = """
 import dataclasses, json, torch
 from services.common.quantization import Fp8Scheme
 from services.engine.kernels.fp8_layers import fp8_linear, fp8_norm_linear
-from services.engine.kernels.fused_moe_decode import run_decode
 from services.engine.kernels.skinny_linear import linear, norm_linear
 from services.engine.model.fp8 import Fp8Weight
-from tests.kernels.sm90_compile import capture_launches, compile_launch, report
+from tests.kernels.sm90_compile import (capture_launches, compile_launch,
+                                        qwen3_30b_a3b_decode_experts, report)
 bf16, e4m3 = torch.bfloat16, torch.float8_e4m3fn
 def fp8(n, k):
     return Fp8Weight(torch.zeros(n, k, dtype=e4m3), torch.ones(n), Fp8Scheme("online", "channel", "token"))
@@ -96,11 +96,7 @@ with capture_launches() as calls:                      # Qwen3-8B's projections 
     fp8_norm_linear(x, x, g, 1e-6, fp8(6144, 4096))
     fp8_norm_linear(x, x, g, 1e-6, fp8(24576, 4096), None, "silu")
     fp8_linear(act, fp8(4096, 12288))
-    E, K, H, I = 128, 8, 2048, 768                      # Qwen3-30B-A3B's decode experts
-    run_decode(torch.zeros(1, H, dtype=bf16), torch.zeros(E, 2 * I, H, dtype=bf16),
-               torch.zeros(E, H, I, dtype=bf16), torch.zeros(1, E), torch.zeros(1, K),
-               torch.zeros(1, K, dtype=torch.int32), K, True, None, None, "silu", 0.0, 0.0,
-               None, None)
+calls += qwen3_30b_a3b_decode_experts()                # the fused MoE's decode kernels
 rows = []
 for launch in calls:
     for ahead in (1, 2):

@@ -86,8 +86,8 @@ def decode_prefetch() -> bool:
     """HELIOS_ATTENTION_PREFETCH=1: decode-only launches load each tile's page numbers an
     iteration ahead and run 3 stages, so the K/V copies are double-buffered (off: one K/V
     buffer, each tile's copy waited for right after it is issued); over FP8 pages capped at
-    128 registers. An A/B switch until the
-    GPU measures it (benchmarks/gpu/pending_benches.txt attn_prefetch). Read once."""
+    128 registers. An A/B switch until the GPU measures it
+    (benchmarks/gpu/pending_benches.txt `step_prefetch`, `step_prefetch_fp8`). Read once."""
     value = os.environ.get("HELIOS_ATTENTION_PREFETCH", "0").strip()
     if value not in ("0", "1"):
         raise ValidationError(f"HELIOS_ATTENTION_PREFETCH={value!r}: expected 0 or 1")

@@ -89,6 +89,17 @@ def plan_decode(hidden: int, inter: int, top_k: int, num_sms: int) -> DecodePlan
                                  num_warps=4, ahead=steps_ahead()))
 
 
+@triton.jit
+def _gate_up_tiles(g_rows, u_rows, k, cmask, hidden, EVICT_FIRST: tl.constexpr):
+    """The gate and up weight tiles [BN, BK] of reduction columns k (zero past `hidden` and
+    outside cmask); EVICT_FIRST: L2 evicts them first (kernels/l2_prefetch.py)."""
+    policy: tl.constexpr = "evict_first" if EVICT_FIRST else ""
+    mask = cmask[:, None] & (k < hidden)[None, :]
+    g = tl.load(g_rows + k[None, :], mask=mask, other=0.0, eviction_policy=policy)
+    u = tl.load(u_rows + k[None, :], mask=mask, other=0.0, eviction_policy=policy)
+    return g, u
+
+
 @triton.jit(do_not_specialize_on_alignment=["num_real_ptr"])   # a view: query_start_loc[-1:]
 def _decode_gate_up_kernel(
     x_ptr, norm_w_ptr, logits_ptr, w_ptr, bias_ptr, out_ptr, weights_ptr, ids_ptr, load_ptr,
@@ -131,18 +142,12 @@ def _decode_gate_up_kernel(
     g_rows = w_ptr + expert * stride_we + cols.to(tl.int64)[:, None] * stride_wn   # [BN, 1]
     u_rows = g_rows + inter * stride_wn
     x_row = x_ptr + token.to(tl.int64) * stride_x
-    tile_mask = cmask[:, None] & (ks < hidden)[None, :]
     # with the prefetch on, the gate/up stream goes first out of L2 (it must not push out the
     # down rows on their way in)
-    policy: tl.constexpr = "evict_first" if PREFETCH_L2 else ""
-    g_next = tl.load(g_rows + ks[None, :], mask=tile_mask, other=0.0, eviction_policy=policy)
-    u_next = tl.load(u_rows + ks[None, :], mask=tile_mask, other=0.0, eviction_policy=policy)
+    g_next, u_next = _gate_up_tiles(g_rows, u_rows, ks, cmask, hidden, PREFETCH_L2)
     if AHEAD == 2:      # the second K step's tiles too: two steps in flight
-        after_mask = cmask[:, None] & (ks + BLOCK_K < hidden)[None, :]
-        g_after = tl.load(g_rows + (ks + BLOCK_K)[None, :], mask=after_mask, other=0.0,
-                          eviction_policy=policy)
-        u_after = tl.load(u_rows + (ks + BLOCK_K)[None, :], mask=after_mask, other=0.0,
-                          eviction_policy=policy)
+        g_after, u_after = _gate_up_tiles(g_rows, u_rows, ks + BLOCK_K, cmask, hidden,
+                                          PREFETCH_L2)
     act_dtype = x_ptr.dtype.element_ty
     rstd = 1.0
     if NORM:
@@ -158,17 +163,11 @@ def _decode_gate_up_kernel(
         g, u = g_next, u_next
         if AHEAD == 2:
             g_next, u_next = g_after, u_after
-            after_mask = cmask[:, None] & (k + 2 * BLOCK_K < hidden)[None, :]
-            g_after = tl.load(g_rows + (k + 2 * BLOCK_K)[None, :], mask=after_mask, other=0.0,
-                              eviction_policy=policy)
-            u_after = tl.load(u_rows + (k + 2 * BLOCK_K)[None, :], mask=after_mask, other=0.0,
-                              eviction_policy=policy)
+            g_after, u_after = _gate_up_tiles(g_rows, u_rows, k + 2 * BLOCK_K, cmask, hidden,
+                                              PREFETCH_L2)
         else:
-            next_mask = cmask[:, None] & (k + BLOCK_K < hidden)[None, :]
-            g_next = tl.load(g_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0,
-                             eviction_policy=policy)
-            u_next = tl.load(u_rows + (k + BLOCK_K)[None, :], mask=next_mask, other=0.0,
-                             eviction_policy=policy)
+            g_next, u_next = _gate_up_tiles(g_rows, u_rows, k + BLOCK_K, cmask, hidden,
+                                            PREFETCH_L2)
         acc_gate += g.to(tl.float32) * a[None, :]
         acc_up += u.to(tl.float32) * a[None, :]
     gate = tl.sum(acc_gate, axis=1)
@@ -276,12 +275,11 @@ def run_decode(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
         ROUTE=route, RENORMALIZE=renormalize, COUNT=count, ACTIVATION=activation,
         HAS_BIAS=gate_up_bias is not None, NORM=norm_weight is not None,
         BLOCK_N=up_plan.block_n, BLOCK_K=up_plan.block_k, PREFETCH_L2=prefetch,
-        num_warps=up_plan.num_warps, **({"AHEAD": 2} if up_plan.ahead == 2 else {}))
+        AHEAD=up_plan.ahead, num_warps=up_plan.num_warps)
     _decode_down_kernel[(num_tokens, cdiv(hidden, down_plan.block_n))](
         hidden_rows, w_down, down_bias if down_bias is not None else w_down, topk_weights,
         topk_ids, out, hidden, inter, hidden_rows.stride(0), w_down.stride(0),
         w_down.stride(1), out.stride(0),
         TOP_K=top_k, HAS_BIAS=down_bias is not None, BLOCK_N=down_plan.block_n,
-        BLOCK_K=down_plan.block_k, num_warps=down_plan.num_warps,
-        **({"AHEAD": 2} if down_plan.ahead == 2 else {}))
+        BLOCK_K=down_plan.block_k, AHEAD=down_plan.ahead, num_warps=down_plan.num_warps)
     return out

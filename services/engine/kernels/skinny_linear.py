@@ -357,8 +357,7 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Te
         prefetch_ptr, prefetch_bytes, prefetch_l2 = prefetch_args(prefetch, x.device, rows, x)
         _skinny_linear_kernel[(cdiv(n_out, plan.block_n), rows)](
             *pointers, scales, *sizes, scale_stride, prefetch_ptr, prefetch_bytes,
-            E4M3_PTX=hardware_e4m3(weight), PREFETCH_L2=prefetch_l2,
-            **({"AHEAD": plan.ahead} if plan.ahead != 1 else {}), **flags)
+            E4M3_PTX=hardware_e4m3(weight), PREFETCH_L2=prefetch_l2, AHEAD=plan.ahead, **flags)
         return
     # "ieee": fp32 operands, fp32 products. fp32 inputs need it (tf32 would round them),
     # and so does Triton's interpreter, whose tl.dot misreads bf16 operands (raw bits);
