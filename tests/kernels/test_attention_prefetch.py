@@ -54,18 +54,25 @@ def test_prefetched_pages_with_a_sliding_window(seq_lens, q_lens, hq, hk, d, pag
 
 
 def test_the_switch_sets_decode_plans_only(monkeypatch) -> None:
+    """auto (the default): the prefetch over FP8 pages only; 1: every decode plan; 0: none.
+    Prefill and mixed plans never prefetch."""
     sizes = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, num_sms=132, max_seq_len=2048)
     with env_switch(monkeypatch, "HELIOS_ATTENTION_PREFETCH",
                     attention.decode_prefetch) as set_switch:
-        for value, stages in (("0", 2), ("1", 3)):
+        for value, bf16_on, fp8_on in (("", False, True), ("auto", False, True),
+                                       ("0", False, False), ("1", True, True)):
             set_switch(value)
             decode = attention.plan_attention(num_tokens=256, num_seqs=256, max_query_len=1, **sizes)
-            assert (decode.prefetch_pages, decode.num_stages) == (value == "1", stages)
-            prefill = attention.plan_attention(num_tokens=512, num_seqs=1, max_query_len=512, **sizes)
-            assert (prefill.prefetch_pages, prefill.num_stages) == (False, 2)
+            assert (decode.prefetch_pages, decode.num_stages) == (bf16_on, 3 if bf16_on else 2)
+            assert decode.max_registers == 0
             fp8 = attention.plan_attention(num_tokens=256, num_seqs=256, max_query_len=1,
                                            kv_itemsize=1, **sizes)
-            assert (fp8.max_registers, decode.max_registers) == (128 if value == "1" else 0, 0)
+            assert (fp8.prefetch_pages, fp8.num_stages, fp8.max_registers) == \
+                ((True, 3, 128) if fp8_on else (False, 2, 0)), value
+            for itemsize in (1, 2):
+                prefill = attention.plan_attention(num_tokens=512, num_seqs=1, max_query_len=512,
+                                                   kv_itemsize=itemsize, **sizes)
+                assert (prefill.prefetch_pages, prefill.num_stages) == (False, 2)
         set_switch("yes")
         with pytest.raises(ValidationError, match="HELIOS_ATTENTION_PREFETCH='yes'"):
             attention.decode_prefetch()

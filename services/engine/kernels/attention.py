@@ -45,6 +45,7 @@ from services.engine.kernels.common import (
     check_out,
     check_rank,
     check_same_device,
+    env_choice,
     next_power_of_2,
     sm_count,
 )
@@ -82,16 +83,16 @@ def short_run_query_tile() -> int | None:
 
 
 @functools.cache
-def decode_prefetch() -> bool:
-    """HELIOS_ATTENTION_PREFETCH=1: decode-only launches load each tile's page numbers an
-    iteration ahead and run 3 stages, so the K/V copies are double-buffered (off: one K/V
-    buffer, each tile's copy waited for right after it is issued); over FP8 pages capped at
-    128 registers. An A/B switch until the GPU measures it
-    (benchmarks/gpu/pending_benches.txt `step_prefetch`, `step_prefetch_fp8`). Read once."""
-    value = os.environ.get("HELIOS_ATTENTION_PREFETCH", "0").strip()
-    if value not in ("0", "1"):
-        raise ValidationError(f"HELIOS_ATTENTION_PREFETCH={value!r}: expected 0 or 1")
-    return value == "1"
+def decode_prefetch() -> str:
+    """HELIOS_ATTENTION_PREFETCH: whether decode-only launches load each tile's page numbers
+    an iteration ahead and run 3 stages, so the K/V copies are double-buffered (without it:
+    one K/V buffer, each tile's copy waited for right after it is issued). "auto" (unset):
+    over FP8 pages only, capped at 128 registers; "1": over every page dtype; "0": never.
+    Measured on an H100 (RESULTS.md 2026-12-07, seventeenth session): the Qwen3-8B b256 step
+    over FP8 pages 18.77 -> 16.69 ms (attention 351.5 -> 293.8 us a layer), over bf16 pages
+    at b64 11.41 -> 12.01 ms (the 3-stage bf16 tile's 72 KB of shared memory leaves fewer
+    programs an SM). Read once."""
+    return env_choice("HELIOS_ATTENTION_PREFETCH", ("auto", "0", "1"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +184,8 @@ def plan_attention(
         # measured on an H200 (docs/kernels.md, call 1): 2 stages beat 3 at every decode shape
         # (with the page numbers loaded in the tile, where the stages never double-buffered)
         num_warps, num_stages = 4, 2
-        prefetch_pages = decode_prefetch()
+        mode = decode_prefetch()
+        prefetch_pages = mode == "1" or (mode == "auto" and kv_itemsize == 1)
         if prefetch_pages:
             num_stages = 3
             if kv_itemsize == 1:
