@@ -108,11 +108,15 @@ def programs_per_sm(registers: int, shared_bytes: int, warps: int) -> int:
 
 
 def attention() -> None:
-    import dataclasses
 
     import torch
 
-    from tests.kernels.sm90_compile import compile_launch, qwen3_8b_decode_attention, report
+    from tests.kernels.sm90_compile import (
+        attention_variant,
+        compile_launch,
+        qwen3_8b_decode_attention,
+        report,
+    )
 
     print("pages  prefetch  stages  block_n  warps  cap  regs  spills  shared  waits      "
           "programs/SM  K/V in flight a program")
@@ -122,10 +126,8 @@ def attention() -> None:
                 (False, 2, 64, 4, 0), (False, 3, 64, 4, 0), (True, 3, 64, 4, 0),
                 (True, 3, 64, 4, 128), (True, 4, 64, 4, 0), (True, 3, 64, 8, 0),
                 (True, 3, 128, 4, 0), (True, 3, 128, 8, 0), (True, 4, 32, 4, 0)):
-            launch = dataclasses.replace(decode, kwargs={
-                **decode.kwargs, "PREFETCH_PAGES": prefetch, "num_stages": stages,
-                "BLOCK_N": block_n, "num_warps": warps, "PDL": True,
-                **({"maxnreg": cap} if cap else {})})
+            launch = attention_variant(decode, prefetch, stages, cap, BLOCK_N=block_n,
+                                       num_warps=warps)
             r = report("decode", compile_launch(launch))
             tiles = max(r.async_waits) // 2 + 1 if r.async_waits else 1   # K and V a tile
             tile_bytes = 2 * block_n * 128 * kv_dtype.itemsize

@@ -194,6 +194,20 @@ def qwen3_8b_decode_attention(batch: int, ctx: int, kv_dtype: Any = None,
     return calls[0]
 
 
+def attention_variant(launch: Launch, prefetch: bool, stages: int, cap: int = 0,
+                      **constants: Any) -> Launch:
+    """`launch` (a paged-attention launch) with the page prefetch on or off, `stages` stages,
+    Triton's `maxnreg` = `cap` (0: none, whatever the plan had set), PDL on, and any other
+    constants replaced: the variants the sm_90 reports and tests compare."""
+    import dataclasses
+
+    kwargs = {k: v for k, v in launch.kwargs.items() if k != "maxnreg"}
+    kwargs.update(PREFETCH_PAGES=prefetch, num_stages=stages, PDL=True, **constants)
+    if cap:
+        kwargs["maxnreg"] = cap
+    return dataclasses.replace(launch, kwargs=kwargs)
+
+
 def qwen3_30b_a3b_decode_experts() -> list[Launch]:
     """The fused MoE's decode launches at Qwen3-30B-A3B (128 experts, top 8, hidden 2048,
     768 a expert) for one token, routing in the gate/up kernel: [gate/up, down]."""

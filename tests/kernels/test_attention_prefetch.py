@@ -79,15 +79,15 @@ def test_the_switch_sets_decode_plans_only(monkeypatch) -> None:
 
 
 SM90_CODE = """
-import dataclasses, json, torch
-from tests.kernels.sm90_compile import compile_launch, qwen3_8b_decode_attention, report
+import json, torch
+from tests.kernels.sm90_compile import (attention_variant, compile_launch,
+                                      qwen3_8b_decode_attention, report)
 rows = []
 for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):   # the Qwen3-8B decode step at batch 256
     decode = qwen3_8b_decode_attention(256, 1536, kv_dtype)
     for prefetch in (False, True):
         for stages in (2, 3):
-            launch = dataclasses.replace(decode, kwargs={**decode.kwargs, "PREFETCH_PAGES": prefetch,
-                                                         "num_stages": stages, "PDL": True})
+            launch = attention_variant(decode, prefetch, stages)
             compiled = compile_launch(launch)
             r = report("decode", compiled)
             rows.append([str(kv_dtype), prefetch, stages, r.registers, r.local_loads, r.shared_bytes,
