@@ -40,7 +40,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -249,12 +248,10 @@ def bench_linear(shape: str, device: torch.device, args) -> list[dict]:
                                    "cublas_gb_s": weight_bytes / (base / sets) / 1e9}
             default = plan_linear(n // 2 if case.silu else n, k, m, sms, case.silu,
                                   case.normed)
-            # one row: the default tiling two K steps ahead too (HELIOS_SKINNY_AHEAD=2's plan)
-            plans = {default, replace(default, ahead=2),
-                     *(LinearPlan(bn, bk, w) for bn, bk, w in args.plans)} if m == 1 \
+            plans = {default, *(LinearPlan(bn, bk, w) for bn, bk, w in args.plans)} if m == 1 \
                 else {default, *(LinearPlan(bn, bk, w, 16, st) for bn, bk, w, st in args.row_plans)}
             best: tuple[str, float] | None = None
-            for plan in sorted(plans, key=lambda p: (p.block_n, p.block_k, p.num_warps, p.ahead)):
+            for plan in sorted(plans, key=lambda p: (p.block_n, p.block_k, p.num_warps)):
                 # PDL on and off for the default tiling, on (the engine's setting) for the rest
                 for use_pdl in (False, True) if plan == default else (True,):
                     os.environ["HELIOS_PDL"] = "1" if use_pdl else "0"
@@ -268,7 +265,7 @@ def bench_linear(shape: str, device: torch.device, args) -> list[dict]:
                     us = seconds / sets * 1e6
                     key = (f"{plan.block_n}x{plan.block_k}w{plan.num_warps}"
                            + (f"m{plan.block_m}s{plan.num_stages}" if plan.block_m > 1 else "")
-                           + ("a2" if plan.ahead == 2 else "") + ("+pdl" if use_pdl else ""))
+                           + ("+pdl" if use_pdl else ""))
                     row[key] = us
                     if plan == default:
                         row["default" + ("_pdl" if use_pdl else "")] = us
@@ -350,12 +347,11 @@ def bench_fp8_linear(shape: str, device: torch.device, args) -> list[dict]:
                                "bf16_gb_s": n * k * 2 / (bf16_s / sets) / 1e9}
         default = fp8_layers.skinny_plan(fp8[0], n // 2 if case.silu else n, 1, device,
                                          case.silu, case.normed)
-        plans = {default, replace(default, ahead=2),
-                 *(LinearPlan(bn, bk, w) for bn, bk, w in args.plans),
+        plans = {default, *(LinearPlan(bn, bk, w) for bn, bk, w in args.plans),
                  *(LinearPlan(bn, bk, w) for bn, bk, w in ((8, 1024, 4), (8, 2048, 8),
                                                            (16, 2048, 8), (32, 1024, 8)))}
         best: tuple[str, float] | None = None
-        for plan in sorted(plans, key=lambda p: (p.block_n, p.block_k, p.num_warps, p.ahead)):
+        for plan in sorted(plans, key=lambda p: (p.block_n, p.block_k, p.num_warps)):
             try:
                 seconds, _ = graph_time(lambda plan=plan: run_fp8(plan), args.replays)
             except Exception as exc:        # a tiling that does not compile or fit: skipped
@@ -363,7 +359,7 @@ def bench_fp8_linear(shape: str, device: torch.device, args) -> list[dict]:
                 row[f"{plan.block_n}x{plan.block_k}w{plan.num_warps}"] = repr(exc)[:80]
                 continue
             us = seconds / sets * 1e6
-            key = f"{plan.block_n}x{plan.block_k}w{plan.num_warps}" + ("a2" if plan.ahead == 2 else "")
+            key = f"{plan.block_n}x{plan.block_k}w{plan.num_warps}"
             row[key] = us
             if plan == default:
                 row["default"] = us

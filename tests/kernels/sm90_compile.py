@@ -208,24 +208,6 @@ def attention_variant(launch: Launch, prefetch: bool, stages: int, cap: int = 0,
     return dataclasses.replace(launch, kwargs=kwargs)
 
 
-def qwen3_30b_a3b_decode_experts() -> list[Launch]:
-    """The fused MoE's decode launches at Qwen3-30B-A3B (128 experts, top 8, hidden 2048,
-    768 a expert) for one token, routing in the gate/up kernel: [gate/up, down]."""
-    import torch
-
-    from services.engine.kernels.fused_moe_decode import run_decode
-
-    experts, top_k, hidden, inter = 128, 8, 2048, 768
-    bf16 = torch.bfloat16
-    with capture_launches() as calls:
-        run_decode(torch.zeros(1, hidden, dtype=bf16),
-                   torch.zeros(experts, 2 * inter, hidden, dtype=bf16),
-                   torch.zeros(experts, hidden, inter, dtype=bf16), torch.zeros(1, experts),
-                   torch.zeros(1, top_k), torch.zeros(1, top_k, dtype=torch.int32), top_k, True,
-                   None, None, "silu", 0.0, 0.0, None, None)
-    return calls
-
-
 def gpt_oss_moe_launches(fmt: str, tokens: int) -> list[Launch]:
     """The fused-MoE GEMM launches (gate/up, down) at gpt-oss-20b's shape for `tokens` tokens,
     the expert matrices bf16 or "mxfp4" (kept packed: model/mxfp4.py's Mxfp4Weight)."""

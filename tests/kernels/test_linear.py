@@ -181,10 +181,6 @@ PLANS = [
     (100, 70, LinearPlan(block_n=128, block_k=32, num_warps=8)),
     (1030, 38, LinearPlan(block_n=32, block_k=128, num_warps=4)),
     (100, 38, LinearPlan(block_n=4, block_k=16, num_warps=1)),
-    # two K steps ahead: K of one step, of two ragged steps, of many
-    (100, 70, LinearPlan(block_n=16, block_k=128, num_warps=4, ahead=2)),
-    (100, 70, LinearPlan(block_n=8, block_k=64, num_warps=4, ahead=2)),
-    (1030, 38, LinearPlan(block_n=4, block_k=16, num_warps=1, ahead=2)),
     # the 2-16-row tl.dot kernel's tilings (any row count through plan=)
     (100, 70, LinearPlan(block_n=16, block_k=16, num_warps=4, block_m=16, num_stages=2)),
     (1030, 38, LinearPlan(block_n=64, block_k=256, num_warps=4, block_m=16, num_stages=3)),

@@ -1,18 +1,13 @@
 """kernels/skinny_linear.py's tilings: plan_linear's measured rules and what the kernels need of
-any plan, the plan's checks, HELIOS_SKINNY_AHEAD (the one-row kernel two K steps ahead) and
-what the H200 compiler makes of it. The kernels' numerics: test_linear.py."""
+any plan, and the plan's checks. The kernels' numerics: test_linear.py."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 
 from services.common.errors import ValidationError
 from services.engine.kernels import skinny_linear
-from services.engine.kernels.fused_moe_decode import plan_decode
 from services.engine.kernels.skinny_linear import LinearPlan, plan_linear
-from tests.support.switches import env_switch
 
 
 def test_plan_rejects_a_small_dot_tile() -> None:
@@ -56,69 +51,3 @@ def test_plan_linear(n, k, rows, gated) -> None:
         programs = -(-n // plan.block_n) * rows
         assert programs >= 2 * num_sms or plan.block_n == 4  # every SM busy where N allows
 
-
-def test_steps_ahead_switch(monkeypatch) -> None:
-    """HELIOS_SKINNY_AHEAD=2 gives one-row plans two K steps ahead (the tiling unchanged), the
-    fused MoE's decode plans too; plans of more rows are the tl.dot kernel's, unchanged;
-    other values are refused."""
-    with env_switch(monkeypatch, "HELIOS_SKINNY_AHEAD", skinny_linear.steps_ahead) as set_switch:
-        set_switch("1")
-        one = plan_linear(4096, 4096, 1, 132)
-        set_switch("2")
-        assert plan_linear(4096, 4096, 1, 132) == dataclasses.replace(one, ahead=2)
-        assert plan_linear(4096, 4096, 5, 132).ahead == 1
-        decode = plan_decode(2048, 768, 8, 132)          # the fused MoE's decode kernels too
-        assert (decode.gate_up.ahead, decode.down.ahead) == (2, 2)
-        set_switch("3")
-        with pytest.raises(ValidationError, match="HELIOS_SKINNY_AHEAD='3'"):
-            skinny_linear.steps_ahead()
-    with pytest.raises(ValidationError, match="ahead must be 1 or 2"):
-        LinearPlan(block_n=8, block_k=64, num_warps=4, ahead=3)
-
-
-AHEAD_SM90 = """
-import dataclasses, json, torch
-from services.common.quantization import Fp8Scheme
-from services.engine.kernels.fp8_layers import fp8_linear, fp8_norm_linear
-from services.engine.kernels.skinny_linear import linear, norm_linear
-from services.engine.model.fp8 import Fp8Weight
-from tests.kernels.sm90_compile import (capture_launches, compile_launch,
-                                        qwen3_30b_a3b_decode_experts, report)
-bf16, e4m3 = torch.bfloat16, torch.float8_e4m3fn
-def fp8(n, k):
-    return Fp8Weight(torch.zeros(n, k, dtype=e4m3), torch.ones(n), Fp8Scheme("online", "channel", "token"))
-g = torch.ones(4096, dtype=bf16)
-x, act = torch.zeros(1, 4096, dtype=bf16), torch.zeros(1, 12288, dtype=bf16)
-with capture_launches() as calls:                      # Qwen3-8B's projections at batch 1
-    norm_linear(x, x, g, 1e-6, torch.zeros(6144, 4096, dtype=bf16))
-    norm_linear(x, x, g, 1e-6, torch.zeros(24576, 4096, dtype=bf16), None, "silu")
-    linear(act, torch.zeros(4096, 12288, dtype=bf16))
-    fp8_norm_linear(x, x, g, 1e-6, fp8(6144, 4096))
-    fp8_norm_linear(x, x, g, 1e-6, fp8(24576, 4096), None, "silu")
-    fp8_linear(act, fp8(4096, 12288))
-calls += qwen3_30b_a3b_decode_experts()                # the fused MoE's decode kernels
-rows = []
-for launch in calls:
-    for ahead in (1, 2):
-        kwargs = {**launch.kwargs, "AHEAD": ahead, "PDL": True}
-        if kwargs.get("W_SCALE") == "channel":
-            kwargs["E4M3_PTX"] = True          # as launched on CUDA
-        r = report("skinny", compile_launch(dataclasses.replace(launch, kwargs=kwargs)))
-        rows.append([launch.fn.fn.__name__, kwargs.get("W_SCALE"), ahead, r.registers,
-                     r.local_loads])
-print(json.dumps(rows))
-"""
-
-
-def test_two_steps_ahead_compile_for_sm90_without_spills() -> None:
-    """The one-row kernel two K steps ahead at Qwen3-8B's batch-1 projections, bf16 and e4m3
-    weights, and the fused MoE's decode kernels at Qwen3-30B-A3B, compiled for the H200: no
-    spills, and the extra step's tiles cost registers (more than one step ahead at each
-    launch), all under 255."""
-    from tests.kernels.test_package import compiled_json
-
-    rows = compiled_json(AHEAD_SM90)
-    assert len(rows) == 16
-    for one, two in zip(rows[::2], rows[1::2], strict=True):
-        assert one[4] == 0 and two[4] == 0, (one, two)
-        assert one[3] < two[3] <= 255, (one, two)

@@ -10,13 +10,11 @@ plain-torch reference. The exported names and signatures match `model/ops.py` ex
     silu_and_mul(x) -> out
     gelu_tanh_and_mul(x) -> out                                 (Gemma's gelu_pytorch_tanh)
     write_kv(k, v, k_cache, v_cache, slot_mapping) -> None     (in place)
-    paged_attention(q, k_cache, v_cache, meta, scale, sliding_window=0, *, sinks=None,
-                    prefetch=None) -> out
+    paged_attention(q, k_cache, v_cache, meta, scale, sliding_window=0, *, sinks=None) -> out
     qkv_prologue(qkv, q_norm, k_norm, eps, positions, cos_sin_cache, is_neox, k_cache,
                  v_cache, slot_mapping, num_q_heads, num_kv_heads) -> q   (writes K/V)
     linear(x, weight, bias=None, out_dtype=None) -> out        (skinny rows; cuBLAS above)
-    norm_linear(x, residual, norm_weight, eps, weight, bias=None, activation=None, *,
-                prefetch=None)
+    norm_linear(x, residual, norm_weight, eps, weight, bias=None, activation=None)
         -> (out, new_residual)          (norm + projection [+ "silu" / "gelu_tanh" and mul])
     fp8_linear(x, weight: Fp8Weight, bias=None, out_dtype=None) -> out
     fp8_norm_linear(x, residual, norm_weight, eps, weight: Fp8Weight, bias=None,
@@ -26,8 +24,7 @@ plain-torch reference. The exported names and signatures match `model/ops.py` ex
     fused_moe_routed(x, router_logits, w_gate_up, w_down, top_k, renormalize, ...)
         -> (out, topk_weights, topk_ids)                  (the routing fused in too)
 
-`prefetch=`: a later kernel's weight the kernel may stream into L2 (kernels/l2_prefetch.py,
-HELIOS_L2_PREFETCH; a hint, no effect on results). Each also takes keyword-only `out=` buffers (and `scratch=` for attention) so a CUDA graph can
+Each also takes keyword-only `out=` buffers (and `scratch=` for attention) so a CUDA graph can
 capture it without allocating. Triton is imported lazily: importing this package on a machine
 without triton (or without CUDA) costs nothing, and the names are simply absent there, so the
 reference path runs. Set TRITON_INTERPRET=1 before first use to run the kernels on the CPU

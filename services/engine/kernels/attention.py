@@ -49,7 +49,6 @@ from services.engine.kernels.common import (
     next_power_of_2,
     sm_count,
 )
-from services.engine.kernels.l2_prefetch import prefetch_args
 from services.engine.kernels.pdl import launch_options
 
 # Split-K heuristic, from the H200 sweeps in docs/kernels.md: split only while the grid has
@@ -298,14 +297,12 @@ def paged_attention(
     out: torch.Tensor | None = None,
     scratch: AttentionScratch | None = None,
     num_splits: int | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the step's query tokens over their sequences' paged KV, each
     query row over its last `sliding_window` positions when that is > 0.
 
     `num_splits` overrides the split heuristic (tests and benchmarks); with `scratch` the split
-    count is capped by what the scratch holds. `prefetch`: a weight the kernel prefetches into
-    L2 for a later kernel (kernels/l2_prefetch.py; only where that is switched on)."""
+    count is capped by what the scratch holds."""
     _check(q, k_cache, v_cache, meta)
     check_sinks(sinks, q)
     sliding_window = check_sliding_window(sliding_window)
@@ -329,7 +326,7 @@ def paged_attention(
         query_tile=short_run_query_tile() if 1 < max_query_len <= SHORT_RUN_TOKENS else None,
         kv_itemsize=k_cache.element_size(),
     )
-    launch(q, k_cache, v_cache, meta, scale, out, plan, scratch, sinks=sinks, prefetch=prefetch)
+    launch(q, k_cache, v_cache, meta, scale, out, plan, scratch, sinks=sinks)
     return out
 
 
@@ -344,7 +341,6 @@ def launch(
     scratch: AttentionScratch | None = None,
     *,
     sinks: torch.Tensor | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> None:
     """Run the kernels for a given plan (benchmarks sweep plans through this)."""
     num_tokens, num_q_heads, head_dim = q.shape
@@ -358,7 +354,6 @@ def launch(
     else:
         part_out, part_lse = out, out  # unused
     page_table = meta.page_table
-    prefetch_ptr, prefetch_bytes, prefetch_l2 = prefetch_args(prefetch, q.device, num_tokens, q)
     grid = (plan.num_blocks, num_kv_heads, plan.num_splits)
     kernel = _paged_attention_kernel if plan.block_q == 1 else _paged_attention_any_size_kernel
     kernel[grid](
@@ -370,12 +365,12 @@ def launch(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         page_table.stride(0),
         plan.num_splits, plan.split_len, plan.min_split_len, plan.sliding_window,
-        q if sinks is None else sinks, prefetch_ptr, prefetch_bytes,
+        q if sinks is None else sinks,
         HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)),
         GROUP=num_q_heads // num_kv_heads, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n, SMALL_BLOCK_Q=plan.small_block_q, SMALL_BLOCK_M=plan.small_block_m,
         PAGE_SIZE=page_size, IS_SPLIT=is_split, SLIDING=plan.sliding_window > 0,
-        HAS_SINKS=sinks is not None, PREFETCH_PAGES=plan.prefetch_pages, PREFETCH_L2=prefetch_l2, num_warps=plan.num_warps, num_stages=plan.num_stages, **launch_options(q.device, num_tokens),
+        HAS_SINKS=sinks is not None, PREFETCH_PAGES=plan.prefetch_pages, num_warps=plan.num_warps, num_stages=plan.num_stages, **launch_options(q.device, num_tokens),
         **({"maxnreg": plan.max_registers} if plan.max_registers else {}),
     )
     if is_split:

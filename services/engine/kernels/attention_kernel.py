@@ -33,7 +33,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from services.engine.kernels.l2_prefetch import prefetch_l2
 from services.engine.kernels.pdl import wait_for_previous_grids
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # sinks are natural-log logits
@@ -295,22 +294,16 @@ def _paged_attention(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_ko, stride_kh, stride_vp, stride_vo, stride_vh,
     stride_pt,
-    num_splits, split_len, min_split_len, window, sinks_ptr, prefetch_ptr, prefetch_bytes,
+    num_splits, split_len, min_split_len, window, sinks_ptr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SMALL_BLOCK_Q: tl.constexpr, SMALL_BLOCK_M: tl.constexpr,
     PAGE_SIZE: tl.constexpr, IS_SPLIT: tl.constexpr, SLIDING: tl.constexpr, PDL: tl.constexpr,
     HAS_SINKS: tl.constexpr = False, PREFETCH_PAGES: tl.constexpr = False,
-    PREFETCH_L2: tl.constexpr = False,
 ):
     block = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    # the next projection's weights into L2 while this latency-bound kernel runs
-    # (kernels/l2_prefetch.py; weights, so before the wait)
-    prefetch_l2(prefetch_ptr, prefetch_bytes,
-                (split * tl.num_programs(1) + kv_head) * tl.num_programs(0) + block,
-                tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2), PREFETCH_L2)
     wait_for_previous_grids(PDL)
 
     seq = _find_sequence(qsl_ptr, num_seqs, block, BLOCK_Q)

@@ -272,7 +272,7 @@ def skinny_plan(weight: Fp8Weight, n_out: int, rows: int, device: torch.device,
     k = weight.shape[1]
     plan = plan_linear(n_out, k, rows, sm_count(device), gated)
     if weight.block:   # one column of weight blocks per K step
-        return LinearPlan(plan.block_n, BLOCK, plan.num_warps, ahead=plan.ahead)
+        return LinearPlan(plan.block_n, BLOCK, plan.num_warps)
     if plan.block_m > 1 or gated or PLANS == "bf16":
         return plan
     if normed:
@@ -292,11 +292,10 @@ def dot_plan(weight: Fp8Weight, n_out: int, gated: bool, normed: bool) -> Linear
 def _skinny(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
             eps: float, weight: Fp8Weight, bias: torch.Tensor | None, out: torch.Tensor,
             residual_out: torch.Tensor | None, activation: str | None,
-            plan: LinearPlan | None = None, prefetch: torch.Tensor | None = None) -> None:
+            plan: LinearPlan | None = None) -> None:
     """skinny_linear's kernels on e4m3 weights: the tl.dot one (e4m3 tiles) where the plan's
-    block_m > 1 or HELIOS_FP8_SKINNY=tensor-cores, else the one-row one (which may prefetch
-    `prefetch` into L2: kernels/l2_prefetch.py); with HELIOS_FP8_SKINNY=w8a8 the W8A8 rows
-    kernel."""
+    block_m > 1 or HELIOS_FP8_SKINNY=tensor-cores, else the one-row one; with
+    HELIOS_FP8_SKINNY=w8a8 the W8A8 rows kernel."""
     if W8A8:
         _w8a8(x, residual, norm_weight, eps, weight, bias, out, residual_out, activation, plan)
         return
@@ -306,8 +305,7 @@ def _skinny(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.T
                 else skinny_plan(weight, n_out, x.shape[0], x.device, gated,
                                  norm_weight is not None))
     launch(x, residual, norm_weight, eps, weight.qweight, bias, out, residual_out, activation,
-           plan, scale=weight.scale, scale_kind="block" if weight.block else "channel",
-           prefetch=prefetch)
+           plan, scale=weight.scale, scale_kind="block" if weight.block else "channel")
 
 
 def _w8a8(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
@@ -369,11 +367,10 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = N
 
 def fp8_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                     eps: float, weight: Fp8Weight, bias: torch.Tensor | None = None,
-                    activation: str | None = None, *, plan: LinearPlan | None = None,
-                    prefetch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    activation: str | None = None, *, plan: LinearPlan | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x [+ residual]) @ W^T + b, then act(gate) * up with a gated activation;
-    the new residual). `prefetch`: the next projection's weight bytes for the one-row
-    kernel's L2 prefetch (kernels/l2_prefetch.py)."""
+    the new residual)."""
     activation = check_activation(activation)
     _check(x, weight, bias)
     rows = x.shape[0]
@@ -396,6 +393,5 @@ def fp8_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
     residual_out = None
     if residual is not None:
         residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _skinny(x, residual, norm_weight, eps, weight, bias, out, residual_out, activation, plan,
-            prefetch)
+    _skinny(x, residual, norm_weight, eps, weight, bias, out, residual_out, activation, plan)
     return out, (residual_out if residual_out is not None else x)

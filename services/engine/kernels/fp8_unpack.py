@@ -28,26 +28,22 @@ from services.engine.kernels.common import env_choice
 
 
 @triton.jit
-def load_weights(rows, k0, k_dim, n_mask, BLOCK_K: tl.constexpr, E4M3_PTX: tl.constexpr,
-                 EVICT_FIRST: tl.constexpr = False):
+def load_weights(rows, k0, k_dim, n_mask, BLOCK_K: tl.constexpr, E4M3_PTX: tl.constexpr):
     """The weight tile of columns [k0, k0 + BLOCK_K) of `rows` ([BN, 1] pointers to each row's
     first weight), zero past k_dim and outside n_mask: with E4M3_PTX as [BN, BLOCK_K // 4]
     32-bit words of four e4m3 weights (k_dim and the row stride multiples of 4), otherwise
-    the [BN, BLOCK_K] weights themselves. EVICT_FIRST: L2 evicts these lines first (streamed
-    once; they should not push out what kernels/l2_prefetch.py brought in)."""
-    policy: tl.constexpr = "evict_first" if EVICT_FIRST else ""
+    the [BN, BLOCK_K] weights themselves."""
     if E4M3_PTX:
         # k0 is a multiple of BLOCK_K; with k_dim // 4 the mask is whole for each 4 words,
         # so a thread's words load 16 bytes at a time
         kw = tl.max_contiguous(tl.multiple_of(k0 // 4 + tl.arange(0, BLOCK_K // 4),
                                               BLOCK_K // 4), BLOCK_K // 4)
         mask = n_mask[:, None] & (kw < k_dim // 4)[None, :]
-        return tl.load(rows.to(tl.pointer_type(tl.int32)) + kw[None, :], mask=mask, other=0,
-                       eviction_policy=policy)
+        return tl.load(rows.to(tl.pointer_type(tl.int32)) + kw[None, :], mask=mask, other=0)
     else:
         k = k0 + tl.arange(0, BLOCK_K)
         mask = n_mask[:, None] & (k < k_dim)[None, :]
-        return tl.load(rows + k[None, :], mask=mask, other=0.0, eviction_policy=policy)
+        return tl.load(rows + k[None, :], mask=mask, other=0.0)
 
 
 @triton.jit

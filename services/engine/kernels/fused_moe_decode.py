@@ -46,10 +46,9 @@ import triton
 import triton.language as tl
 
 from services.engine.kernels.common import cdiv, env_choice, next_power_of_2, sm_count
-from services.engine.kernels.l2_prefetch import prefetch_args, prefetch_l2
 from services.engine.kernels.moe_common import expert_activation, softmax_topk_rows
 from services.engine.kernels.norm import row_rstd
-from services.engine.kernels.skinny_linear import LinearPlan, plan_linear, steps_ahead
+from services.engine.kernels.skinny_linear import LinearPlan, plan_linear
 
 DECODE_TOKENS = 4
 COLLISION_SHARE = 8     # the decode path while the slots are at most 1/8 of the experts
@@ -86,17 +85,16 @@ def plan_decode(hidden: int, inter: int, top_k: int, num_sms: int) -> DecodePlan
     span = top_k * inter
     return DecodePlan(plan_linear(inter, hidden, 1, num_sms, gated=True),
                       LinearPlan(block_n=8, block_k=min(next_power_of_2(span), 1024),
-                                 num_warps=4, ahead=steps_ahead()))
+                                 num_warps=4))
 
 
 @triton.jit
-def _gate_up_tiles(g_rows, u_rows, k, cmask, hidden, EVICT_FIRST: tl.constexpr):
+def _gate_up_tiles(g_rows, u_rows, k, cmask, hidden):
     """The gate and up weight tiles [BN, BK] of reduction columns k (zero past `hidden` and
-    outside cmask); EVICT_FIRST: L2 evicts them first (kernels/l2_prefetch.py)."""
-    policy: tl.constexpr = "evict_first" if EVICT_FIRST else ""
+    outside cmask)."""
     mask = cmask[:, None] & (k < hidden)[None, :]
-    g = tl.load(g_rows + k[None, :], mask=mask, other=0.0, eviction_policy=policy)
-    u = tl.load(u_rows + k[None, :], mask=mask, other=0.0, eviction_policy=policy)
+    g = tl.load(g_rows + k[None, :], mask=mask, other=0.0)
+    u = tl.load(u_rows + k[None, :], mask=mask, other=0.0)
     return g, u
 
 
@@ -104,11 +102,10 @@ def _gate_up_tiles(g_rows, u_rows, k, cmask, hidden, EVICT_FIRST: tl.constexpr):
 def _decode_gate_up_kernel(
     x_ptr, norm_w_ptr, logits_ptr, w_ptr, bias_ptr, out_ptr, weights_ptr, ids_ptr, load_ptr,
     num_real_ptr, num_experts, hidden, inter, eps, stride_x, stride_logits, stride_we,
-    stride_wn, stride_out, limit, alpha, down_ptr, stride_de, down_bytes,
+    stride_wn, stride_out, limit, alpha,
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, ROUTE: tl.constexpr,
     RENORMALIZE: tl.constexpr, COUNT: tl.constexpr, ACTIVATION: tl.constexpr,
     HAS_BIAS: tl.constexpr, NORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PREFETCH_L2: tl.constexpr = False, AHEAD: tl.constexpr = 1,
 ):
     # NORM: x is the layer's residual stream; each program normalizes its token's row as
     # the rms_norm kernel does (1/rms in fp32, x * 1/rms * g rounded to x's dtype)
@@ -132,22 +129,13 @@ def _decode_gate_up_kernel(
         tl.atomic_add(load_ptr + expert, 1,
                       mask=(pid_n == 0) & (token < tl.load(num_real_ptr)))
     expert = expert.to(tl.int64)
-    # the slot's down-projection rows into L2 for the down kernel, a share per column block
-    # (kernels/l2_prefetch.py; HELIOS_L2_PREFETCH)
-    prefetch_l2(down_ptr + expert * stride_de, down_bytes, pid_n, tl.num_programs(1),
-                PREFETCH_L2)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < inter
     ks = tl.arange(0, BLOCK_K)
     g_rows = w_ptr + expert * stride_we + cols.to(tl.int64)[:, None] * stride_wn   # [BN, 1]
     u_rows = g_rows + inter * stride_wn
     x_row = x_ptr + token.to(tl.int64) * stride_x
-    # with the prefetch on, the gate/up stream goes first out of L2 (it must not push out the
-    # down rows on their way in)
-    g_next, u_next = _gate_up_tiles(g_rows, u_rows, ks, cmask, hidden, PREFETCH_L2)
-    if AHEAD == 2:      # the second K step's tiles too: two steps in flight
-        g_after, u_after = _gate_up_tiles(g_rows, u_rows, ks + BLOCK_K, cmask, hidden,
-                                          PREFETCH_L2)
+    g_next, u_next = _gate_up_tiles(g_rows, u_rows, ks, cmask, hidden)
     act_dtype = x_ptr.dtype.element_ty
     rstd = 1.0
     if NORM:
@@ -161,13 +149,7 @@ def _decode_gate_up_kernel(
             gain = tl.load(norm_w_ptr + k, mask=k < hidden, other=0.0).to(tl.float32)
             a = (a * rstd * gain).to(act_dtype).to(tl.float32)
         g, u = g_next, u_next
-        if AHEAD == 2:
-            g_next, u_next = g_after, u_after
-            g_after, u_after = _gate_up_tiles(g_rows, u_rows, k + 2 * BLOCK_K, cmask, hidden,
-                                              PREFETCH_L2)
-        else:
-            g_next, u_next = _gate_up_tiles(g_rows, u_rows, k + BLOCK_K, cmask, hidden,
-                                            PREFETCH_L2)
+        g_next, u_next = _gate_up_tiles(g_rows, u_rows, k + BLOCK_K, cmask, hidden)
         acc_gate += g.to(tl.float32) * a[None, :]
         acc_up += u.to(tl.float32) * a[None, :]
     gate = tl.sum(acc_gate, axis=1)
@@ -203,7 +185,7 @@ def _decode_down_kernel(
     h_ptr, w_ptr, bias_ptr, weights_ptr, ids_ptr, out_ptr, hidden, inter, stride_h,
     stride_we, stride_wn, stride_out,
     TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, AHEAD: tl.constexpr = 1,
+    BLOCK_K: tl.constexpr,
 ):
     # one dot product over the token's k slots end to end: sum_j w_j (W_j h_j) as
     # sum_j W_j (w_j h_j), the weights streamed through one pipeline across the experts
@@ -215,21 +197,12 @@ def _decode_down_kernel(
     span = TOP_K * inter
     a_next, w_next = _slots_step(h_ptr, w_ptr, weights_ptr, ids_ptr, first, ks, span, cols,
                                  cmask, inter, stride_h, stride_we, stride_wn)
-    if AHEAD == 2:      # the second K step too: two steps in flight
-        a_after, w_after = _slots_step(h_ptr, w_ptr, weights_ptr, ids_ptr, first, BLOCK_K + ks,
-                                       span, cols, cmask, inter, stride_h, stride_we, stride_wn)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for k0 in range(0, span, BLOCK_K):
         a, w = a_next, w_next
-        if AHEAD == 2:
-            a_next, w_next = a_after, w_after
-            a_after, w_after = _slots_step(h_ptr, w_ptr, weights_ptr, ids_ptr, first,
-                                           k0 + 2 * BLOCK_K + ks, span, cols, cmask, inter,
-                                           stride_h, stride_we, stride_wn)
-        else:
-            a_next, w_next = _slots_step(h_ptr, w_ptr, weights_ptr, ids_ptr, first,
-                                         k0 + BLOCK_K + ks, span, cols, cmask, inter, stride_h,
-                                         stride_we, stride_wn)
+        a_next, w_next = _slots_step(h_ptr, w_ptr, weights_ptr, ids_ptr, first,
+                                     k0 + BLOCK_K + ks, span, cols, cmask, inter, stride_h,
+                                     stride_we, stride_wn)
         acc += w.to(tl.float32) * a[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
@@ -263,23 +236,21 @@ def run_decode(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     route = router_logits is not None
     logits = router_logits if router_logits is not None else topk_weights
     count = expert_tokens is not None
-    _, down_bytes, prefetch = prefetch_args(w_down[0], x.device, num_tokens, w_down)
     _decode_gate_up_kernel[(slots, cdiv(inter, up_plan.block_n))](
         x, norm_weight if norm_weight is not None else x, logits, w_gate_up,
         gate_up_bias if gate_up_bias is not None else w_gate_up,
         hidden_rows, topk_weights, topk_ids, expert_tokens if count else topk_ids,
         num_real_tokens if count else topk_ids, num_experts, hidden, inter, float(eps),
         x.stride(0), logits.stride(0), w_gate_up.stride(0), w_gate_up.stride(1),
-        hidden_rows.stride(0), float(limit), float(alpha), w_down, w_down.stride(0), down_bytes,
+        hidden_rows.stride(0), float(limit), float(alpha),
         TOP_K=top_k, K_PAD=next_power_of_2(top_k), E_PAD=next_power_of_2(num_experts),
         ROUTE=route, RENORMALIZE=renormalize, COUNT=count, ACTIVATION=activation,
         HAS_BIAS=gate_up_bias is not None, NORM=norm_weight is not None,
-        BLOCK_N=up_plan.block_n, BLOCK_K=up_plan.block_k, PREFETCH_L2=prefetch,
-        AHEAD=up_plan.ahead, num_warps=up_plan.num_warps)
+        BLOCK_N=up_plan.block_n, BLOCK_K=up_plan.block_k, num_warps=up_plan.num_warps)
     _decode_down_kernel[(num_tokens, cdiv(hidden, down_plan.block_n))](
         hidden_rows, w_down, down_bias if down_bias is not None else w_down, topk_weights,
         topk_ids, out, hidden, inter, hidden_rows.stride(0), w_down.stride(0),
         w_down.stride(1), out.stride(0),
         TOP_K=top_k, HAS_BIAS=down_bias is not None, BLOCK_N=down_plan.block_n,
-        BLOCK_K=down_plan.block_k, AHEAD=down_plan.ahead, num_warps=down_plan.num_warps)
+        BLOCK_K=down_plan.block_k, num_warps=down_plan.num_warps)
     return out

@@ -38,8 +38,6 @@ benchmark's sweep).
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import os
 from dataclasses import dataclass
 
@@ -61,7 +59,6 @@ from services.engine.kernels.common import (
     sm_count,
 )
 from services.engine.kernels.fp8_unpack import hardware_e4m3, load_weights, weight_f32
-from services.engine.kernels.l2_prefetch import prefetch_args, prefetch_l2
 from services.engine.kernels.norm import row_rstd
 from services.engine.kernels.pdl import launch_options, wait_for_previous_grids
 from services.engine.kernels.skinny_rows import _skinny_rows_kernel
@@ -81,29 +78,11 @@ class LinearPlan:
     num_warps: int
     block_m: int = 1   # token rows per program: 1 (_skinny_linear_kernel) or >= 16 (tl.dot)
     num_stages: int = 3  # the tl.dot kernel's weight pipeline depth
-    # the one-row kernel: weight K steps loaded ahead of the one being multiplied (1: the
-    # next; 2: the next two, twice the bytes a program keeps in flight; `steps_ahead`)
-    ahead: int = 1
 
     def __post_init__(self) -> None:
         if self.block_m != 1 and (self.block_m < 16 or self.block_n < 16 or self.block_k < 16):
             raise ValidationError(f"{self}: a tl.dot plan (block_m > 1) needs block_m, block_n "
                                   f"and block_k of at least 16")
-        if self.ahead not in (1, 2):
-            raise ValidationError(f"{self}: ahead must be 1 or 2")
-
-
-@functools.cache
-def steps_ahead() -> int:
-    """HELIOS_SKINNY_AHEAD=2: the one-row kernel keeps two weight K steps in flight instead
-    of one (an A/B switch until a GPU measures it: benchmarks/gpu/pending_benches.txt
-    `skinny_ahead`). At small projections a program's bytes in flight bound the kernel:
-    Qwen3-30B-A3B's o_proj has 256 programs of 8 rows, 2 MB in flight at one step ahead,
-    and ran at 2.0 TB/s on an H100 (RESULTS.md 2026-12-07). Read once."""
-    value = os.environ.get("HELIOS_SKINNY_AHEAD", "1").strip()
-    if value not in ("1", "2"):
-        raise ValidationError(f"HELIOS_SKINNY_AHEAD={value!r}: expected 1 or 2")
-    return int(value)
 
 
 def plan_linear(n_out: int, k: int, rows: int, num_sms: int, gated: bool = False,
@@ -125,15 +104,9 @@ def plan_linear(n_out: int, k: int, rows: int, num_sms: int, gated: bool = False
 
     The fp32 accumulator is tile-shaped (one reduction at the end); no tiling here spills.
 
-    More than one row: the tl.dot kernel, 16 rows per program (`plan_rows`). One row with
-    HELIOS_SKINNY_AHEAD=2: the same tiling, two K steps ahead."""
+    More than one row: the tl.dot kernel, 16 rows per program (`plan_rows`)."""
     if rows > 1:
         return plan_rows(n_out, k, gated, normed, elem_bytes)
-    plan = _one_row_plan(n_out, k, rows, num_sms, gated)
-    return plan if steps_ahead() == 1 else dataclasses.replace(plan, ahead=steps_ahead())
-
-
-def _one_row_plan(n_out: int, k: int, rows: int, num_sms: int, gated: bool) -> LinearPlan:
     if gated:
         return LinearPlan(block_n=8, block_k=min(next_power_of_2(k), 512 if k <= 1024 else 256),
                           num_warps=4)
@@ -192,11 +165,10 @@ def _row_step_bytes(block_n: int, block_m: int, gated: bool, normed: bool,
 def _skinny_linear_kernel(
     x_ptr, res_ptr, norm_w_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr, ws_ptr,
     n_out, k_dim, up_offset, eps,
-    stride_x, stride_r, stride_w, stride_o, stride_ro, stride_ws, prefetch_ptr, prefetch_bytes,
+    stride_x, stride_r, stride_w, stride_o, stride_ro, stride_ws,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     W_SCALE: tl.constexpr, SCALE_BLOCK: tl.constexpr, E4M3_PTX: tl.constexpr,
-    PREFETCH_L2: tl.constexpr = False, AHEAD: tl.constexpr = 1,
 ):
     # ACTIVATION "none": y = the projection; "silu" / "gelu_tanh": the weight's rows [0, n_out)
     # are the gate, rows [up_offset, up_offset + n_out) the up half, y = act(gate) * up.
@@ -211,18 +183,9 @@ def _skinny_linear_kernel(
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w               # [BN, 1]
     up_rows = w_rows + up_offset * stride_w
     # the first weight tiles do not depend on the previous kernel: start them before the wait
-    # (AHEAD 2: the second step's tiles too, so two steps stay in flight)
-    w_next = load_weights(w_rows, 0, k_dim, n_mask, BLOCK_K, E4M3_PTX, PREFETCH_L2)
-    if AHEAD == 2:
-        w_after = load_weights(w_rows, BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX, PREFETCH_L2)
+    w_next = load_weights(w_rows, 0, k_dim, n_mask, BLOCK_K, E4M3_PTX)
     if ACTIVATION != "none":
-        u_next = load_weights(up_rows, 0, k_dim, n_mask, BLOCK_K, E4M3_PTX, PREFETCH_L2)
-        if AHEAD == 2:
-            u_after = load_weights(up_rows, BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX,
-                                   PREFETCH_L2)
-    # the next projection's weights into L2 (kernels/l2_prefetch.py; HELIOS_L2_PREFETCH)
-    prefetch_l2(prefetch_ptr, prefetch_bytes, pid_n + row * tl.num_programs(0),
-                tl.num_programs(0) * tl.num_programs(1), PREFETCH_L2)
+        u_next = load_weights(up_rows, 0, k_dim, n_mask, BLOCK_K, E4M3_PTX)
     wait_for_previous_grids(PDL)
     act_dtype = x_ptr.dtype.element_ty
     x_row = x_ptr + row * stride_x
@@ -244,13 +207,7 @@ def _skinny_linear_kernel(
             g = tl.load(norm_w_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
             a = (a * rstd * g).to(act_dtype).to(tl.float32)
         w = w_next
-        if AHEAD == 2:
-            w_next = w_after
-            w_after = load_weights(w_rows, k0 + 2 * BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX,
-                                   PREFETCH_L2)
-        else:
-            w_next = load_weights(w_rows, k0 + BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX,
-                                  PREFETCH_L2)
+        w_next = load_weights(w_rows, k0 + BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX)
         prod = weight_f32(w, BLOCK_N, BLOCK_K, E4M3_PTX) * a[None, :]
         if W_SCALE == "block":
             kb = k0 // SCALE_BLOCK
@@ -259,13 +216,7 @@ def _skinny_linear_kernel(
         acc += prod
         if ACTIVATION != "none":
             u = u_next
-            if AHEAD == 2:
-                u_next = u_after
-                u_after = load_weights(up_rows, k0 + 2 * BLOCK_K, k_dim, n_mask, BLOCK_K,
-                                       E4M3_PTX, PREFETCH_L2)
-            else:
-                u_next = load_weights(up_rows, k0 + BLOCK_K, k_dim, n_mask, BLOCK_K,
-                                      E4M3_PTX, PREFETCH_L2)
+            u_next = load_weights(up_rows, k0 + BLOCK_K, k_dim, n_mask, BLOCK_K, E4M3_PTX)
             prod_up = weight_f32(u, BLOCK_N, BLOCK_K, E4M3_PTX) * a[None, :]
             if W_SCALE == "block":
                 s_u = tl.load(ws_ptr + ((n + up_offset) // SCALE_BLOCK) * stride_ws + kb,
@@ -328,12 +279,10 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Te
            eps: float, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
            residual_out: torch.Tensor | None, activation: str | None,
            plan: LinearPlan | None = None, *, scale: torch.Tensor | None = None,
-           scale_kind: str = "none", prefetch: torch.Tensor | None = None) -> None:
+           scale_kind: str = "none") -> None:
     """One kernel launch of `linear` / `norm_linear` into `out` (and `residual_out`): the
     one-row kernel or, for a plan with block_m > 1, the tl.dot kernel; `scale` /
-    `scale_kind` ("channel", "block"): e4m3 weights and their scales (fp8_layers.py).
-    `prefetch`: a later kernel's weight, which the one-row kernel may prefetch into L2
-    (kernels/l2_prefetch.py)."""
+    `scale_kind` ("channel", "block"): e4m3 weights and their scales (fp8_layers.py)."""
     activation = check_activation(activation)
     rows, k_dim = x.shape
     n_out = out.shape[1]
@@ -354,10 +303,8 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Te
                  BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, num_warps=plan.num_warps,
                  W_SCALE=scale_kind, SCALE_BLOCK=SCALE_BLOCK, **launch_options(x.device, rows))
     if plan.block_m == 1:
-        prefetch_ptr, prefetch_bytes, prefetch_l2 = prefetch_args(prefetch, x.device, rows, x)
         _skinny_linear_kernel[(cdiv(n_out, plan.block_n), rows)](
-            *pointers, scales, *sizes, scale_stride, prefetch_ptr, prefetch_bytes,
-            E4M3_PTX=hardware_e4m3(weight), PREFETCH_L2=prefetch_l2, AHEAD=plan.ahead, **flags)
+            *pointers, scales, *sizes, scale_stride, E4M3_PTX=hardware_e4m3(weight), **flags)
         return
     # "ieee": fp32 operands, fp32 products. fp32 inputs need it (tf32 would round them),
     # and so does Triton's interpreter, whose tl.dot misreads bf16 operands (raw bits);
@@ -392,12 +339,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                 eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 activation: str | None = None, *, plan: LinearPlan | None = None,
-                out_dtype: torch.dtype | None = None, prefetch: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x [+ residual]) @ W^T + b, then act(gate) * up with a gated `activation`
     ("silu" or "gelu_tanh"; None: no activation); the new residual: x + residual, or x when
     residual is None). `out_dtype`: the projection's dtype (x's by default; a router asks
-    for float32 logits). `prefetch`: the next projection's weight (kernels/l2_prefetch.py)."""
+    for float32 logits)."""
     activation = check_activation(activation)
     _check_matrix(x, weight, bias)
     rows = x.shape[0]
@@ -415,6 +361,5 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
     residual_out = None
     if residual is not None:
         residual_out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    launch(x, residual, norm_weight, eps, weight, bias, out, residual_out, activation, plan,
-           prefetch=prefetch)
+    launch(x, residual, norm_weight, eps, weight, bias, out, residual_out, activation, plan)
     return out, (residual_out if residual_out is not None else x)

@@ -161,15 +161,12 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = N
 
 def fp8_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                     eps: float, weight: Fp8Weight, bias: torch.Tensor | None = None,
-                    activation: str | None = None, *, prefetch: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """ops.norm_linear with an FP8 projection: (y, new residual). `prefetch`: the next
-    projection's weight bytes, a hint for the CUDA kernel (kernels/l2_prefetch.py)."""
+                    activation: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """ops.norm_linear with an FP8 projection: (y, new residual)."""
     kernel = _kernel("fp8_norm_linear", x)
     if kernel:
-        extra = {} if prefetch is None else {"prefetch": prefetch}
         return kernel(x, residual, norm_weight, eps, weight, bias,  # type: ignore[no-any-return]
-                      activation, **extra)
+                      activation)
     from services.engine.model import ops
 
     if residual is None:

@@ -110,11 +110,6 @@ def gated_activation(x: torch.Tensor, activation: str) -> torch.Tensor:
     raise ValueError(f"unknown gated activation {activation!r} (known: {GATED_ACTIVATIONS})")
 
 
-def weight_bytes(weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
-    """The tensor holding a projection's weight bytes (an FP8 weight's e4m3 codes)."""
-    return weight.qweight if isinstance(weight, Fp8Weight) else weight
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [T, K] @ weight [N, K]^T + bias -> [T, N] in out_dtype (x's by default). On CUDA a
@@ -130,26 +125,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor
 
 def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                 eps: float, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None,
-                activation: str | None = None, *, out_dtype: torch.dtype | None = None,
-                prefetch: torch.Tensor | Fp8Weight | None = None
+                activation: str | None = None, *, out_dtype: torch.dtype | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A sublayer's way in: (y, new residual) with y = rms_norm(x + residual) @ W^T + b (no
     add when residual is None: then the new residual is x), and with an `activation` (silu,
     gelu_tanh) the weight's gate/up halves combined as act(gate) * up [T, N/2]. One launch on
     CUDA for decode-sized T; elsewhere the composition of the ops above (the same order and
     roundings). An FP8 weight takes the FP8 path (model/fp8.py). `out_dtype`: y's dtype (x's
-    by default; a router's float32 logits). `prefetch`: the next projection's weight, which
-    the batch-1 kernel may prefetch into L2 (kernels/l2_prefetch.py); a hint only."""
+    by default; a router's float32 logits)."""
     if isinstance(weight, Fp8Weight):
-        y, residual = fp8_norm_linear(
-            x, residual, norm_weight, eps, weight, bias, activation,
-            prefetch=None if prefetch is None else weight_bytes(prefetch))
+        y, residual = fp8_norm_linear(x, residual, norm_weight, eps, weight, bias, activation)
     else:
         kernel = _kernel("norm_linear", x)
         if kernel:
-            extra = {} if prefetch is None else {"prefetch": weight_bytes(prefetch)}
             return kernel(x, residual, norm_weight, eps, weight, bias, activation,
-                          out_dtype=out_dtype, **extra)
+                          out_dtype=out_dtype)
         y, residual = composed_norm_linear(x, residual, norm_weight, eps, weight, bias,
                                            activation)
     return (y if out_dtype is None else y.to(out_dtype)), residual
@@ -227,24 +217,19 @@ def composed_qkv_prologue(qkv: torch.Tensor, q_norm: torch.Tensor | None,
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float, sliding_window: int = 0,
-                    sinks: torch.Tensor | None = None, *,
-                    prefetch: torch.Tensor | Fp8Weight | None = None) -> torch.Tensor:
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [T, Hq, D] over the paged KV of each row's sequence -> [T, Hq, D].
 
     With `sliding_window` W > 0 the row at position p sees only positions (p - W, p]. With
     `sinks` [Hq] (gpt-oss's attention sinks) each head's softmax denominator also holds
     exp(sink): a learned logit no value stands behind. The new rows' K/V must already be
-    written (write_kv). Padding rows return finite garbage. `prefetch`: the next projection's
-    weight, which the CUDA kernel may prefetch into L2 (kernels/l2_prefetch.py); a hint only.
+    written (write_kv). Padding rows return finite garbage.
     """
     kernel = _kernel("paged_attention", q)
     if kernel:
-        extra: dict[str, torch.Tensor] = {}
-        if sinks is not None:   # the call without sinks stays what it was
-            extra["sinks"] = sinks
-        if prefetch is not None:
-            extra["prefetch"] = weight_bytes(prefetch)
-        return kernel(q, k_cache, v_cache, meta, scale, sliding_window, **extra)
+        if sinks is None:   # the call without sinks stays what it was
+            return kernel(q, k_cache, v_cache, meta, scale, sliding_window)
+        return kernel(q, k_cache, v_cache, meta, scale, sliding_window, sinks=sinks)
     if q.is_cuda:
         return reference_paged_attention(q, k_cache, v_cache, meta, scale, sliding_window,
                                          sinks)

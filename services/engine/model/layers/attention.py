@@ -83,10 +83,8 @@ class Attention(nn.Module):
         group = self.num_heads // self.num_kv_heads
         if scaled:
             q = q * self.k_scale.repeat_interleave(group)[:, None].to(q.dtype)
-        # the kernel may stream o_proj's weights into L2 meanwhile (HELIOS_L2_PREFETCH)
         out = ops.paged_attention(q, k_cache, v_cache, meta, self.scale,
-                                  self.sliding_window, self.sinks,
-                                  prefetch=self.o_proj.linear_weight)        # [T, Hq, D]
+                                  self.sliding_window, self.sinks)            # [T, Hq, D]
         if scaled:
             out = out * self.v_scale.repeat_interleave(group)[:, None].to(out.dtype)
         return self.o_proj(out.reshape(num_tokens, self.q_size))

@@ -39,9 +39,8 @@ class PreNormDecoderLayer(nn.Module):
         qkv, residual = ops.norm_linear(x, residual, self.input_layernorm.weight, self.eps,
                                         attn.qkv_proj.linear_weight, attn.qkv_proj.bias)  # [T, q+2kv]
         x = attn(qkv, positions, cos_sin_cache, k_cache, v_cache, meta)
-        # the batch-1 kernel may stream down_proj's weights into L2 meanwhile
         activation, residual = ops.norm_linear(
             x, residual, self.post_attention_layernorm.weight, self.eps,
             mlp.gate_up_proj.linear_weight, mlp.gate_up_proj.bias,
-            activation=mlp.activation, prefetch=mlp.down_proj.linear_weight)  # [T, I]
+            activation=mlp.activation)  # [T, I]
         return mlp(activation), residual
