@@ -118,10 +118,16 @@ class DecodeStep:
         self.config = ModelConfig.from_dict(config, quantization)
         self.model = load_dummy_model(self.config, device, torch.bfloat16, max_positions=max_len)
         page = 16
-        pages = -(-max_len // page)              # per sequence; page 0 is left unused
-        self.kv = allocate_kv_cache(self.config, batch * pages + 1, page, device, kv_dtype)
-        table = torch.arange(1, batch * pages + 1, dtype=torch.int32,
-                             device=device).view(batch, pages)
+        # the table is as wide as max_len (the graph's view), but only the pages a sequence's
+        # ctx positions use are allocated; the rest of a row points at page 0, never read
+        # (bf16 pages at b256 would not fit an 80 GB card at max_len 2304 otherwise)
+        pages, used = -(-max_len // page), -(-ctx // page)
+        if not 0 < ctx <= max_len:
+            raise ValueError(f"--ctx {ctx} must be in 1..--max-len {max_len}")
+        self.kv = allocate_kv_cache(self.config, batch * used + 1, page, device, kv_dtype)
+        table = torch.zeros(batch, pages, dtype=torch.int32, device=device)
+        table[:, :used] = torch.arange(1, batch * used + 1, dtype=torch.int32,
+                                       device=device).view(batch, used)
         self.meta = AttentionMetadata(
             query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
             seq_lens=torch.full((batch,), ctx, dtype=torch.int32, device=device),
