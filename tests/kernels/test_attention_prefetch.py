@@ -78,6 +78,37 @@ def test_the_switch_sets_decode_plans_only(monkeypatch) -> None:
             attention.decode_prefetch()
 
 
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+def test_the_default_prefetches_fp8_pages_with_sinks_and_a_window(num_splits, monkeypatch,
+                                                                  device, dot_dtype, gen) -> None:
+    """gpt-oss's decode over FP8 pages (sinks, a sliding window, a padding row): the default
+    plan (auto) takes the prefetch, matches the float64 reference and gives the bits of the
+    plan without it."""
+    from tests.kernels.test_attention_sinks import random_sinks
+    from tests.kernels.test_attention_sinks import run_and_check as check_with_sinks
+    from tests.kernels.test_fp8_kv import to_fp8
+
+    batch = to_fp8(make_batch([1, 37, 300, 9], [1, 1, 1, 1], num_q_heads=8, num_kv_heads=2,
+                              head_dim=64, page_size=16, num_padding=1, device=device,
+                              dtype=dot_dtype, generator=gen, sliding_window=150))
+    sinks = random_sinks(8, gen, device)
+    plan, plans = attention.plan_attention, []
+
+    def recorded(**sizes):
+        plans.append(plan(**sizes))
+        return plans[-1]
+
+    monkeypatch.setattr(attention, "plan_attention", recorded)
+    outs = {}
+    with env_switch(monkeypatch, "HELIOS_ATTENTION_PREFETCH",
+                    attention.decode_prefetch) as set_switch:
+        for value in ("0", "auto"):
+            set_switch(value)
+            outs[value] = check_with_sinks(batch, sinks, 150, num_splits=num_splits)
+    assert [p.prefetch_pages for p in plans] == [False, True]
+    assert torch.equal(outs["0"], outs["auto"])
+
+
 SM90_CODE = """
 import json, torch
 from tests.kernels.sm90_compile import (attention_variant, compile_launch,
