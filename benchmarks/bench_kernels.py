@@ -8,7 +8,8 @@ batch 1/16/64/256 and context 128..8k: achieved bandwidth (KV + q + out bytes ov
 time) against the 4.27 TB/s copy limit of an H200, and the time of torch SDPA on the same KV
 gathered into contiguous tensors. `--kv-dtype fp8` puts the pages in e4m3 (the engine's FP8 KV
 cache; bandwidth counts their bytes), with `--decode-batches`, `--decode-ctxs` and
-`--sweep-points` for the shapes of a serving level. Prefill attention reports TFLOP/s (causal FLOPs only)
+`--sweep-points` for the shapes of a serving level; `--sections mixed_sweep` times C=256's mixed step
+(a 2048-token chunk beside 256 decode rows) with and without the page prefetch. Prefill attention reports TFLOP/s (causal FLOPs only)
 against SDPA's flash path. The fused ops report GB/s of their ideal bytes against torch eager
 (the model's reference ops) and torch.compile of the same references.
 
@@ -286,6 +287,45 @@ def bench_prefill_sweep(device: torch.device, timer: Timer, q_len: int) -> list[
     return rows
 
 
+def bench_mixed_sweep(device: torch.device, timer: Timer, kv_dtype: torch.dtype | None,
+                      smoke: bool) -> list[dict]:
+    """A serving level's mixed step (a prefill chunk beside decode rows: C=256's 2048-token
+    chunk and 256 rows at context 1536) under its default plan and with the page prefetch:
+    whether mixed steps over FP8 pages should prefetch as their decode-only steps do."""
+    from services.engine.kernels.attention import launch, plan_attention
+    from services.engine.kernels.common import sm_count
+    from tests.kernels.batch import make_batch
+
+    chunk, rows, ctx = (6, 2, 20) if smoke else (2048, 256, 1536)
+    q_lens, seq_lens = [chunk] + [1] * rows, [chunk] + [ctx] * rows
+    b = make_batch(seq_lens, q_lens, num_q_heads=HQ, num_kv_heads=HK, head_dim=D, page_size=PAGE,
+                   device=device, generator=torch.Generator().manual_seed(4), poison_unused=False)
+    if kv_dtype is not None:
+        b = replace(b, k_cache=b.k_cache.to(kv_dtype), v_cache=b.v_cache.to(kv_dtype))
+    out = torch.empty_like(b.q)
+    base = plan_attention(num_tokens=sum(q_lens), num_seqs=len(q_lens), num_q_heads=HQ,
+                          num_kv_heads=HK, head_dim=D, max_query_len=chunk, max_seq_len=ctx,
+                          num_sms=sm_count(device), kv_itemsize=b.k_cache.element_size())
+    variants = {
+        "default": base,
+        "p3": replace(base, prefetch_pages=True, num_stages=3),
+        "p3r128": replace(base, prefetch_pages=True, num_stages=3, max_registers=128),
+    }
+    kv_read = sum(seq_lens) * HK * D * 2 * b.k_cache.element_size()
+    results = []
+    for name, plan in variants.items():
+        row = dict(step=f"{chunk} + {rows} decode@{ctx}", variant=name, stages=plan.num_stages,
+                   prefetch=plan.prefetch_pages, splits=plan.num_splits)
+        try:
+            t = timer(lambda plan=plan: launch(b.q, b.k_cache, b.v_cache, b.meta, D**-0.5, out,
+                                               plan))
+            row.update(us=t * 1e6, tb_s=kv_read / t / 1e12)
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+        results.append(row)
+    return results
+
+
 # ---- fused ops --------------------------------------------------------------------------------
 
 
@@ -435,6 +475,11 @@ def main() -> int:
         results["prefill"] = bench_prefill(device, timer, cases, dtype)
         emit("", "prefill attention (causal FLOPs)",
                       table(results["prefill"], ["case", "tokens", "us", "tflops", "sdpa_us", "sdpa_tflops"]))
+    if "mixed_sweep" in sections:
+        results["mixed_sweep"] = bench_mixed_sweep(device, timer, kv_dtype, args.smoke)
+        emit("", "mixed-step plan sweep (KV bytes read at TB/s)",
+             table(results["mixed_sweep"], ["step", "variant", "stages", "prefetch", "splits",
+                                            "us", "tb_s"]))
     if "prefill_sweep" in sections and not args.smoke:
         results["prefill_sweep"] = bench_prefill_sweep(device, timer, 4096)
         emit("", "prefill launch-plan sweep (1 x 4096)",

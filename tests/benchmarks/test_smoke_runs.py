@@ -25,15 +25,20 @@ def run_script(args: list[str], out: Path) -> str:
 
 
 def test_decode_attention_over_fp8_pages_smoke(tmp_path):
-    """bench_kernels.py's decode and sweep sections over e4m3 pages (attn_kv_sweep)."""
-    stdout = run_script(["benchmarks/bench_kernels.py", "--smoke", "--sections", "decode,sweep",
-                         "--kv-dtype", "fp8"], tmp_path)
+    """bench_kernels.py's decode, sweep and mixed-step sections over e4m3 pages (attn_kv_sweep,
+    attn_mixed_fp8)."""
+    stdout = run_script(["benchmarks/bench_kernels.py", "--smoke", "--sections",
+                         "decode,sweep,mixed_sweep", "--kv-dtype", "fp8"], tmp_path)
     report = json.loads((tmp_path / "bench_kernels.json").read_text())
     assert report["kv_dtype"] == "fp8"
     assert {row["variant"] for row in report["decode_sweep"]} == {"default", "splits*2",
                                                                    "n128s3", "p3", "p3r128"}
     assert [row["prefetch"] for row in report["decode_sweep"] if row["variant"] == "p3"] == [True]
     assert all("error" not in row for row in report["decode_sweep"]), stdout
+    mixed = {row["variant"]: row for row in report["mixed_sweep"]}
+    assert set(mixed) == {"default", "p3", "p3r128"}
+    assert (mixed["default"]["prefetch"], mixed["p3"]["prefetch"]) == (False, True)
+    assert all("error" not in row for row in mixed.values()), stdout
     # the smoke pages hold randn values: e4m3 keeps them within a few percent of bf16's
     assert report["decode"][0]["rel_err_vs_sdpa"] < 5e-2
 
