@@ -145,6 +145,19 @@ def bench_decode(device: torch.device, timer: Timer, batches: list[int], ctxs: l
     return rows
 
 
+def timed(row: dict, timer: Timer, run: Callable[[], Any], work: float, unit: str,
+          calls: int = 1) -> dict:
+    """`row` with the median `us` a call and `unit` (work / s / 1e12: bytes for tb_s, FLOPs
+    for tflops), or `error` where the plan does not compile or fit (reported; the sweep goes
+    on)."""
+    try:
+        t = timer(run, calls)
+        row.update(us=t * 1e6, **{unit: work / t / 1e12})
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+    return row
+
+
 def bench_decode_sweep(device: torch.device, timer: Timer, points: list[tuple[int, int]],
                        dtype: torch.dtype, max_sets: int, only: set[str] | None = None,
                        kv_dtype: torch.dtype | None = None) -> list[dict]:
@@ -158,8 +171,13 @@ def bench_decode_sweep(device: torch.device, timer: Timer, points: list[tuple[in
     for batch, ctx in points:
         sets = DecodeSets(batch, ctx, num_sets(kv_bytes(batch, ctx, kv_dtype or dtype), max_sets),
                           device, gen, dtype, kv_dtype)
-        base = plan_attention(num_tokens=batch, num_seqs=batch, num_q_heads=HQ, num_kv_heads=HK,
-                              head_dim=D, max_query_len=1, max_seq_len=ctx, num_sms=sm_count(device))
+        engine = plan_attention(num_tokens=batch, num_seqs=batch, num_q_heads=HQ, num_kv_heads=HK,
+                                head_dim=D, max_query_len=1, max_seq_len=ctx,
+                                num_sms=sm_count(device),
+                                kv_itemsize=(kv_dtype or dtype).itemsize)
+        # the variants below vary the 2-stage tile without the prefetch; "default" is what
+        # the engine launches for these pages (the prefetch over FP8 pages: decode_prefetch)
+        base = replace(engine, prefetch_pages=False, num_stages=2, max_registers=0)
 
         def splits(plan: Any, n: int, ctx: int = ctx) -> Any:
             n = max(1, min(64, n))
@@ -167,7 +185,8 @@ def bench_decode_sweep(device: torch.device, timer: Timer, points: list[tuple[in
             return replace(plan, num_splits=cdiv(ctx, split_len), split_len=split_len)
 
         variants = {
-            "default": base,
+            "default": engine,
+            "noprefetch": base,
             "nosplit": splits(base, 1),
             "splits/2": splits(base, base.num_splits // 2),
             "splits*2": splits(base, base.num_splits * 2),
@@ -189,6 +208,8 @@ def bench_decode_sweep(device: torch.device, timer: Timer, points: list[tuple[in
             "pn32s4": splits(replace(base, block_n=32, prefetch_pages=True, num_stages=4),
                              base.num_splits),
         }
+        if engine == base:
+            del variants["noprefetch"]
         for name, plan in variants.items():
             if only is not None and name not in only:
                 continue
@@ -200,12 +221,7 @@ def bench_decode_sweep(device: torch.device, timer: Timer, points: list[tuple[in
 
             row = dict(batch=batch, ctx=ctx, variant=name, block_n=plan.block_n, warps=plan.num_warps,
                        stages=plan.num_stages, splits=plan.num_splits, prefetch=plan.prefetch_pages)
-            try:
-                t = timer(run, sets.n)
-                row.update(us=t * 1e6, tb_s=sets.bytes_per_call() / t / 1e12)
-            except Exception as exc:  # a plan that does not compile or fit: report it, go on
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
-            rows.append(row)
+            rows.append(timed(row, timer, run, sets.bytes_per_call(), "tb_s", sets.n))
         del sets
     return rows
 
@@ -278,12 +294,9 @@ def bench_prefill_sweep(device: torch.device, timer: Timer, q_len: int) -> list[
     for name, plan in variants.items():
         row = dict(q_len=q_len, variant=name, block_m=plan.block_m, block_n=plan.block_n,
                    warps=plan.num_warps, stages=plan.num_stages, prefetch=plan.prefetch_pages)
-        try:
-            t = timer(lambda plan=plan: launch(b.q, b.k_cache, b.v_cache, b.meta, D**-0.5, out, plan))
-            row.update(us=t * 1e6, tflops=4 * HQ * D * visible / t / 1e12)
-        except Exception as exc:
-            row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
-        rows.append(row)
+        rows.append(timed(row, timer, lambda plan=plan: launch(b.q, b.k_cache, b.v_cache, b.meta,
+                                                              D**-0.5, out, plan),
+                          4 * HQ * D * visible, "tflops"))
     return rows
 
 
@@ -316,13 +329,9 @@ def bench_mixed_sweep(device: torch.device, timer: Timer, kv_dtype: torch.dtype 
     for name, plan in variants.items():
         row = dict(step=f"{chunk} + {rows} decode@{ctx}", variant=name, stages=plan.num_stages,
                    prefetch=plan.prefetch_pages, splits=plan.num_splits)
-        try:
-            t = timer(lambda plan=plan: launch(b.q, b.k_cache, b.v_cache, b.meta, D**-0.5, out,
-                                               plan))
-            row.update(us=t * 1e6, tb_s=kv_read / t / 1e12)
-        except Exception as exc:
-            row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
-        results.append(row)
+        results.append(timed(row, timer, lambda plan=plan: launch(b.q, b.k_cache, b.v_cache,
+                                                                 b.meta, D**-0.5, out, plan),
+                             kv_read, "tb_s"))
     return results
 
 

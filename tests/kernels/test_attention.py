@@ -107,9 +107,9 @@ def test_scratch_is_used_and_caps_splits(device, dot_dtype, gen) -> None:
 
 
 def test_unwritten_partials_never_reach_the_output(device, dot_dtype, gen) -> None:
-    """Splits past a short sequence's end write no partial rows; the reduction reads the
-    scratch rows beside the log-sum-exps (not after them) and must drop those: with the
-    scratch poisoned with NaN the output is still finite and right."""
+    """Splits past a short sequence's end write no partial rows; the reduction must never
+    let those scratch rows reach the output: with the scratch poisoned with NaN the output is
+    still finite and right."""
     batch = make_batch(
         [300, 37, 9], [1, 1, 1], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16,
         device=device, dtype=dot_dtype, generator=gen,

@@ -370,7 +370,9 @@ def launch(
         GROUP=num_q_heads // num_kv_heads, BLOCK_Q=plan.block_q, BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n, SMALL_BLOCK_Q=plan.small_block_q, SMALL_BLOCK_M=plan.small_block_m,
         PAGE_SIZE=page_size, IS_SPLIT=is_split, SLIDING=plan.sliding_window > 0,
-        HAS_SINKS=sinks is not None, PREFETCH_PAGES=plan.prefetch_pages, num_warps=plan.num_warps, num_stages=plan.num_stages, **launch_options(q.device, num_tokens),
+        HAS_SINKS=sinks is not None, PREFETCH_PAGES=plan.prefetch_pages,
+        num_warps=plan.num_warps, num_stages=plan.num_stages,
+        **launch_options(q.device, num_tokens),
         **({"maxnreg": plan.max_registers} if plan.max_registers else {}),
     )
     if is_split:
